@@ -1,0 +1,40 @@
+"""``ort-cpu``: onnxruntime with the CPU provider. The oracle's default engine."""
+from __future__ import annotations
+
+from typing import Any
+
+from engines.engine import Availability, Engine
+
+
+class OrtCpuEngine(Engine):
+    name = "ort-cpu"
+    residency = "host"
+    description = "onnxruntime, CPUExecutionProvider"
+
+    @classmethod
+    def availability(cls) -> Availability:
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as exc:
+            return Availability(False, f"onnxruntime is not importable ({exc}); pip install onnxruntime")
+        return Availability(True, f"onnxruntime {onnxruntime.__version__}")
+
+    def __init__(self, package):
+        super().__init__(package)
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        # One thread: small graphs gain nothing from more, and results stay reproducible.
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        self._sessions = {
+            name: ort.InferenceSession(str(package.component_path(name)), sess_options=options,
+                                       providers=["CPUExecutionProvider"])
+            for name in package.spec.components
+        }
+        self._outputs = {name: [o.name for o in s.get_outputs()] for name, s in self._sessions.items()}
+
+    def run_component(self, component: str, feeds: dict[str, Any]) -> dict[str, Any]:
+        values = self._sessions[component].run(None, feeds)
+        return dict(zip(self._outputs[component], values))

@@ -1,0 +1,121 @@
+"""The array layer the ONNX executor's kernels run on: numpy here, CuPy on a device.
+
+Kernels touch arrays only through ``backend.xp`` (functions numpy and CuPy share, none of
+which reads a value back to the host) and through the two reductions below, whose order is
+fixed so that batching never changes a bit: every output row of ``matmul`` is computed on
+its own with a sequential sum over K, and ``sum`` adds along its axis in index order from
++0, so neither the number of rows nor appended trailing zeros can change a result.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from engines.errors import ExecutionError
+
+# Low-precision floats accumulate in float32 (products of two of them are exact there),
+# then round once at the end; every other dtype accumulates in itself.
+_WIDEN = {np.dtype(np.float16): np.dtype(np.float32)}
+try:  # bfloat16 comes from ml_dtypes on the host
+    import ml_dtypes
+
+    _WIDEN[np.dtype(ml_dtypes.bfloat16)] = np.dtype(np.float32)
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+    pass
+
+
+@runtime_checkable
+class ArrayBackend(Protocol):
+    """What a kernel may use: the array module, adoption, and order-fixed reductions."""
+
+    xp: Any
+    residency: str
+
+    def adopt(self, host_array: np.ndarray) -> Any:
+        """Move a host array to where this backend computes (a contiguous array there)."""
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        """ONNX MatMul, batch-invariant: each row on its own, sequential over K."""
+
+    def sum(self, x: Any, axis: int, keepdims: bool = False) -> Any:
+        """Sum along one axis in index order starting from +0."""
+
+
+def matmul_shapes(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The ONNX MatMul result shape, or an ExecutionError naming both shapes."""
+    if len(a_shape) == 0 or len(b_shape) == 0:
+        raise ExecutionError("MatMul needs operands of rank >= 1", field="shapes",
+                             value=(a_shape, b_shape), remedy="reshape scalars to [1]")
+    a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
+    b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
+    if a2[-1] != b2[-2]:
+        raise ExecutionError("MatMul inner dimensions differ", field="shapes",
+                             value=(a_shape, b_shape),
+                             remedy="the last axis of A must equal the second-to-last of B")
+    try:
+        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+    except ValueError:
+        raise ExecutionError("MatMul batch dimensions do not broadcast", field="shapes",
+                             value=(a_shape, b_shape),
+                             remedy="make the leading dimensions broadcast-compatible") from None
+    out = tuple(batch) + (a2[-2], b2[-1])
+    if len(a_shape) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b_shape) == 1:
+        out = out[:-1]
+    return out
+
+
+class NumpyArrayBackend:
+    """The host backend: numpy arrays, sequential fixed-order reductions."""
+
+    residency = "host"
+
+    def __init__(self) -> None:
+        self.xp = np
+
+    def adopt(self, host_array: Any) -> np.ndarray:
+        # asarray keeps 0-d arrays 0-d (ascontiguousarray would make them 1-d).
+        return np.asarray(host_array, order="C")
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        xp = self.xp
+        out_shape = matmul_shapes(tuple(a.shape), tuple(b.shape))
+        out_dtype = np.result_type(a.dtype, b.dtype)
+        acc_dtype = _WIDEN.get(out_dtype, out_dtype)
+        a2 = a[None, :] if a.ndim == 1 else a
+        b2 = b[:, None] if b.ndim == 1 else b
+        a2 = a2.astype(acc_dtype, copy=False)
+        b2 = b2.astype(acc_dtype, copy=False)
+        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        acc = xp.zeros(tuple(batch) + (a2.shape[-2], b2.shape[-1]), dtype=acc_dtype)
+        # One rank-1 update per k, in order: element (i, j) sees exactly
+        # 0 + a[i,0]b[0,j] + a[i,1]b[1,j] + ... whatever the other rows are.
+        for k in range(a2.shape[-1]):
+            acc += a2[..., :, k:k + 1] * b2[..., k:k + 1, :]
+        return acc.reshape(out_shape).astype(out_dtype, copy=False)
+
+    def sum(self, x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
+        xp = self.xp
+        axis = _norm_axis(axis, x.ndim)
+        acc_dtype = _WIDEN.get(x.dtype, x.dtype)
+        if x.dtype == np.bool_:
+            acc_dtype = np.dtype(np.int64)
+        shape = list(x.shape)
+        shape[axis] = 1
+        acc = xp.zeros(tuple(shape), dtype=acc_dtype)
+        for k in range(x.shape[axis]):
+            idx = (slice(None),) * axis + (slice(k, k + 1),)
+            acc += x[idx].astype(acc_dtype, copy=False)
+        if not keepdims:
+            acc = acc.reshape(tuple(s for i, s in enumerate(x.shape) if i != axis))
+        out_dtype = acc_dtype if x.dtype == np.bool_ else x.dtype
+        return acc.astype(out_dtype, copy=False)
+
+
+def _norm_axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < max(ndim, 1):
+        raise ExecutionError("reduction axis out of range", field="axis", value=axis,
+                             remedy=f"use an axis in [-{ndim}, {ndim - 1}]")
+    return axis % max(ndim, 1)

@@ -1,0 +1,413 @@
+"""Hand-written CUDA kernels for the native-cuda executor, and thin launchers for them.
+
+Why hand-written: cuBLAS cannot be called inside CUDA stream capture, and its float32 rows
+change with the number of rows M (both seen on the H200). Every kernel here computes each
+output element with one fixed reduction order that depends on nothing but the element's
+own operands, so row i of an M-row product is bit-for-bit the M=1 product, and zero terms
+appended to a reduction leave its result unchanged.
+
+- ``gemv_rows``: activations [M, K] x a weight ([K, N], or pre-transposed [N, K]). One warp
+  per output column; lane l accumulates k = l, l+32, ... in float32 with fused
+  multiply-adds, then a fixed butterfly (``shfl_xor`` 16, 8, 4, 2, 1) adds the 32 partial
+  sums. The rows of a chunk (at most 16) share each weight load; the chunk's row count is a
+  template constant (one instantiation per count, nothing predicated), larger M loops over
+  chunks, and a row's arithmetic never depends on where it sits or how many rows there are.
+- ``batched_matmul``: activation x activation ([..., M, K] @ [..., K, N], broadcasting up
+  to four batch axes, any strides). One thread per output element, sequential K loop, each
+  product rounded then added: the host backend's arithmetic exactly, so the two agree bit
+  for bit (the GEMV's lane split cannot; it agrees within the tolerance table).
+- ``sum_axis``: one thread per output element, sequential loop over the reduced extent
+  from +0 (float16 accumulated in float32, rounded once): again the host's arithmetic.
+
+float16 is stored as raw 16-bit words and converted with PTX ``cvt`` instructions, so the
+source needs no header (NVRTC finds none on some installs). Compiled with ``--fmad=false``:
+the only fused multiply-adds are the explicit ones. Every launch names the stream; none
+synchronises with the host. CuPy is imported lazily, so this module (and its source) loads
+on machines without CUDA.
+"""
+from __future__ import annotations
+
+import re
+from string import Template
+from typing import Any
+
+import numpy as np
+
+from engines.errors import ExecutionError, ResidencyError
+
+GEMV_ROWS_PER_CHUNK = 16  # rows that share one pass over the weights
+GEMV_WARPS_PER_BLOCK = 4  # output columns per block of 128 threads
+LINEAR_BLOCK = 256  # threads per block for the one-thread-per-output kernels
+MAX_BATCH_AXES = 4  # batched_matmul broadcasts over at most this many batch axes
+COMPILE_OPTIONS = ("--fmad=false",)
+
+# dtype name -> (suffix, storage type, accumulator type)
+_TYPES = {
+    "float32": ("f32", "float", "float"),
+    "float16": ("f16", "lk_half", "float"),
+    "float64": ("f64", "double", "double"),
+    "int32": ("i32", "int", "long long"),
+    "int64": ("i64", "long long", "long long"),
+}
+GEMV_DTYPES = ("float32", "float16")
+MATMUL_DTYPES = tuple(_TYPES)
+SUM_DTYPES = tuple(_TYPES)
+
+_PRELUDE = r"""
+// lockstep native-cuda kernels: fixed reduction orders, no cuBLAS, no host synchronisation.
+typedef unsigned short lk_half;  // float16 as raw bits; converted with PTX cvt below
+#define LK_GEMV_ROWS $rows
+
+__device__ __forceinline__ float lk_load(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ double lk_load(const double* p, long long i) { return p[i]; }
+__device__ __forceinline__ long long lk_load(const int* p, long long i) { return (long long)p[i]; }
+__device__ __forceinline__ long long lk_load(const long long* p, long long i) { return p[i]; }
+__device__ __forceinline__ float lk_load(const lk_half* p, long long i) {
+    float f;
+    const lk_half h = p[i];
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ void lk_store(float* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void lk_store(double* p, long long i, double v) { p[i] = v; }
+__device__ __forceinline__ void lk_store(int* p, long long i, long long v) { p[i] = (int)v; }
+__device__ __forceinline__ void lk_store(long long* p, long long i, long long v) { p[i] = v; }
+__device__ __forceinline__ void lk_store(lk_half* p, long long i, float v) {
+    lk_half h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    p[i] = h;
+}
+
+"""
+
+_GEMV = r"""
+// One chunk of R rows (R a compile-time constant, so nothing is predicated): lane l adds
+// x[i, k] * w(k, n) for k = l, l+32, ... with fused multiply-adds, in that order, then a
+// fixed butterfly sums the 32 lanes. Row i's arithmetic is the same for every R.
+template <int R>
+__device__ __forceinline__ void lk_gemv_chunk_$S(const $T* __restrict__ xr,
+                                                 const $T* __restrict__ w,
+                                                 $T* __restrict__ out, long long K, long long N,
+                                                 long long n, long long w_base,
+                                                 long long w_step, long long m0, int lane) {
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+#pragma unroll 4
+    for (long long k = lane; k < K; k += 32) {
+        const float wv = lk_load(w, w_base + k * w_step);
+#pragma unroll
+        for (int i = 0; i < R; ++i) acc[i] = __fmaf_rn(lk_load(xr, i * K + k), wv, acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        float v = acc[i];
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        if (lane == 0) lk_store(out, (m0 + i) * N + n, v);
+    }
+}
+
+// out[m, n] = sum_k x[m, k] * w(k, n); w(k, n) = w[k * N + n] (kn) or w[n * K + k] (nk).
+// One warp per column n; rows in chunks of LK_GEMV_ROWS share each weight load.
+extern "C" __global__ void gemv_rows_$S(const $T* __restrict__ x, const $T* __restrict__ w,
+                                        $T* __restrict__ out, long long M, long long K,
+                                        long long N, long long w_is_nk) {
+    const int lane = threadIdx.x & 31;
+    const long long n = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (n >= N) return;  // uniform across the warp: the shuffles see all 32 lanes
+    const long long w_base = w_is_nk ? n * K : n;
+    const long long w_step = w_is_nk ? 1 : N;
+    for (long long m0 = 0; m0 < M; m0 += LK_GEMV_ROWS) {
+        const long long rows = (M - m0) < LK_GEMV_ROWS ? (M - m0) : LK_GEMV_ROWS;
+        const $T* xr = x + m0 * K;
+        switch (rows) {
+$cases
+        }
+    }
+}
+"""
+
+_BMM = r"""
+// out[b0, b1, b2, b3, m, n] = sum_k a(b, m, k) * b(b, k, n), strides in elements (0: broadcast).
+// Each product is rounded, then added (no fusion), k ascending from +0: the arithmetic of
+// NumpyArrayBackend.matmul, so the two backends agree bit for bit here.
+extern "C" __global__ void bmm_$S(const $T* __restrict__ a, const $T* __restrict__ b,
+                                  $T* __restrict__ out, long long total, long long M,
+                                  long long N, long long K, long long d1, long long d2,
+                                  long long d3, long long as0, long long as1, long long as2,
+                                  long long as3, long long a_sm, long long a_sk, long long bs0,
+                                  long long bs1, long long bs2, long long bs3, long long b_sk,
+                                  long long b_sn) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= total) return;
+    const long long n = idx % N;
+    long long t = idx / N;
+    const long long m = t % M;
+    t /= M;
+    const long long i3 = t % d3;
+    t /= d3;
+    const long long i2 = t % d2;
+    t /= d2;
+    const long long i1 = t % d1;
+    const long long i0 = t / d1;
+    const long long a_off = i0 * as0 + i1 * as1 + i2 * as2 + i3 * as3 + m * a_sm;
+    const long long b_off = i0 * bs0 + i1 * bs1 + i2 * bs2 + i3 * bs3 + n * b_sn;
+    $A acc = 0;
+#pragma unroll 8
+    for (long long k = 0; k < K; ++k) {  // unrolled loads run ahead; the adds stay in order
+        const $A prod = lk_load(a, a_off + k * a_sk) * lk_load(b, b_off + k * b_sk);
+        acc = acc + prod;
+    }
+    lk_store(out, idx, acc);
+}
+"""
+
+_SUM = r"""
+// x viewed as [outer, L, inner] (C order); out[o, i] = sum_l x[o, l, i], l ascending.
+extern "C" __global__ void sum_axis_$S(const $T* __restrict__ x, $T* __restrict__ out,
+                                       long long outer, long long L, long long inner) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= outer * inner) return;
+    const long long o = idx / inner;
+    const long long i = idx % inner;
+    const long long base = o * L * inner + i;
+    $A acc = 0;
+#pragma unroll 16
+    for (long long l = 0; l < L; ++l) acc = acc + lk_load(x, base + l * inner);  // loads ahead, adds in order
+    lk_store(out, idx, acc);
+}
+"""
+
+
+def kernel_source() -> str:
+    """The whole CUDA source: one module, every kernel for every dtype it supports."""
+    parts = [Template(_PRELUDE).substitute(rows=GEMV_ROWS_PER_CHUNK)]
+    for dtype, (suffix, storage, acc) in _TYPES.items():
+        fields = {"S": suffix, "T": storage, "A": acc}
+        if dtype in GEMV_DTYPES:
+            cases = "\n".join(
+                f"            case {r}: lk_gemv_chunk_{suffix}<{r}>(xr, w, out, K, N, n, w_base, "
+                f"w_step, m0, lane); break;" for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
+            parts.append(Template(_GEMV).substitute(fields, cases=cases))
+        parts.append(Template(_BMM).substitute(fields))
+        parts.append(Template(_SUM).substitute(fields))
+    return "\n".join(parts)
+
+
+KERNEL_SOURCE = kernel_source()
+KERNEL_NAMES = tuple(re.findall(r'extern "C" __global__ void (\w+)\(', KERNEL_SOURCE))
+
+
+def kernel_name(family: str, dtype) -> str:
+    """``gemv_rows``/``bmm``/``sum_axis`` + dtype -> the compiled function's name."""
+    name = np.dtype(dtype).name
+    supported = {"gemv_rows": GEMV_DTYPES, "bmm": MATMUL_DTYPES, "sum_axis": SUM_DTYPES}[family]
+    if name not in supported:
+        raise ExecutionError(f"{family} has no CUDA kernel for dtype {name}", field="dtype",
+                             value=name, remedy=f"use one of: {', '.join(supported)}")
+    return f"{family}_{_TYPES[name][0]}"
+
+
+def _i64(value: int) -> np.int64:
+    # CuPy passes a Python int as 64-bit; being explicit keeps every argument's width visible.
+    return np.int64(value)
+
+
+def _elem_strides(array) -> tuple[int, ...]:
+    return tuple(s // array.itemsize for s in array.strides)
+
+
+class CudaKernels:
+    """The compiled module for one device and one launcher per kernel family.
+
+    Launchers check shapes, dtypes, layout and device from array metadata only (nothing is
+    read from the device), allocate the output on ``stream`` when none is given, and
+    launch on ``stream``. Empty outputs launch nothing.
+    """
+
+    def __init__(self, device_id: int = 0):
+        from engines.cuda_support import import_cupy
+
+        cupy = import_cupy()
+        self._cupy = cupy
+        self.device_id = int(device_id)
+        with cupy.cuda.Device(self.device_id):
+            self._module = cupy.RawModule(code=KERNEL_SOURCE, options=COMPILE_OPTIONS)
+            # Compile and load now: loading a module inside a stream capture is not allowed.
+            self._functions = {name: self._module.get_function(name) for name in KERNEL_NAMES}
+
+    # -- checks ------------------------------------------------------------------------------
+    def _on_device(self, array, what: str) -> None:
+        cupy = self._cupy
+        if not isinstance(array, cupy.ndarray):
+            raise ResidencyError(f"{what} is a {type(array).__name__}, not a CuPy array on "
+                                 f"cuda:{self.device_id}", field=what,
+                                 value=type(array).__name__,
+                                 remedy="adopt host values once (backend.adopt / "
+                                        "tensor_ops.adopt) before the kernel runs")
+        if array.device.id != self.device_id:
+            raise ResidencyError(f"{what} lives on cuda:{array.device.id}, these kernels run "
+                                 f"on cuda:{self.device_id}", field=what,
+                                 value=f"cuda:{array.device.id}",
+                                 remedy=f"move it with a device-to-device copy, or build the "
+                                        f"backend for cuda:{array.device.id}")
+
+    @staticmethod
+    def _contiguous(array, what: str) -> None:
+        if not array.flags.c_contiguous:
+            raise ExecutionError(f"{what} must be C-contiguous", field=what,
+                                 value=f"strides {array.strides}",
+                                 remedy="pass cupy.ascontiguousarray(...) of it")
+
+    def _out(self, out, shape, dtype, stream, what: str = "out"):
+        if out is None:
+            with self._cupy.cuda.Device(self.device_id), stream:
+                return self._cupy.empty(shape, dtype=dtype)
+        self._on_device(out, what)
+        self._contiguous(out, what)
+        if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+            raise ExecutionError(f"{what} has shape {tuple(out.shape)} and dtype {out.dtype}, "
+                                 f"the result needs {tuple(shape)} {np.dtype(dtype).name}",
+                                 field=what, value=tuple(out.shape),
+                                 remedy="pass an output of the result's shape and dtype, or none")
+        return out
+
+    def _launch(self, name: str, blocks: int, threads: int, args: tuple, stream) -> None:
+        self._functions[name]((int(blocks),), (int(threads),), args, stream=stream)
+
+    # -- launchers ---------------------------------------------------------------------------
+    def gemv_rows(self, x, w, out=None, *, stream, w_layout: str = "nk"):
+        """out[M, N] = x[M, K] @ W; ``w`` is W as [K, N] (``w_layout="kn"``) or W^T as [N, K]
+        (``"nk"``, coalesced: the layout to cache at load time). All C-contiguous, one dtype
+        (float32 or float16), accumulated in float32."""
+        for array, what in ((x, "x"), (w, "w")):
+            self._on_device(array, what)
+            self._contiguous(array, what)
+        if w_layout not in ("kn", "nk"):
+            raise ExecutionError("w_layout must be 'kn' or 'nk'", field="w_layout",
+                                 value=w_layout, remedy="'nk' for W^T [N, K], 'kn' for W [K, N]")
+        if x.ndim != 2 or w.ndim != 2:
+            raise ExecutionError("gemv_rows takes a 2-D x and a 2-D w", field="shape",
+                                 value=(tuple(x.shape), tuple(w.shape)),
+                                 remedy="flatten leading axes of x into rows first")
+        if x.dtype != w.dtype:
+            raise ExecutionError(f"x is {x.dtype} but w is {w.dtype}", field="dtype",
+                                 value=(x.dtype.name, w.dtype.name),
+                                 remedy="cast one operand so both share a dtype")
+        m, k = x.shape
+        n, wk = (w.shape if w_layout == "nk" else w.shape[::-1])
+        if wk != k:
+            raise ExecutionError(f"x has K={k} but w ({w_layout}) has K={wk}", field="shape",
+                                 value=(tuple(x.shape), tuple(w.shape), w_layout),
+                                 remedy="pass matching inner extents")
+        name = kernel_name("gemv_rows", x.dtype)
+        out = self._out(out, (m, n), x.dtype, stream)
+        if m == 0 or n == 0:
+            return out
+        blocks = (n + GEMV_WARPS_PER_BLOCK - 1) // GEMV_WARPS_PER_BLOCK
+        self._launch(name, blocks, 32 * GEMV_WARPS_PER_BLOCK,
+                     (x, w, out, _i64(m), _i64(k), _i64(n), _i64(w_layout == "nk")), stream)
+        return out
+
+    def batched_matmul(self, a, b, out=None, *, stream):
+        """out = a @ b for a [..., M, K], b [..., K, N] with NumPy broadcasting over at most
+        four batch axes; any strides (views, transposes, broadcasts) without a copy. The
+        output is C-contiguous [*batch, M, N]."""
+        self._on_device(a, "a")
+        self._on_device(b, "b")
+        if a.ndim < 2 or b.ndim < 2:
+            raise ExecutionError("batched_matmul takes operands of rank >= 2", field="shape",
+                                 value=(tuple(a.shape), tuple(b.shape)),
+                                 remedy="add the unit axis of a 1-D operand first")
+        if a.dtype != b.dtype:
+            raise ExecutionError(f"a is {a.dtype} but b is {b.dtype}", field="dtype",
+                                 value=(a.dtype.name, b.dtype.name),
+                                 remedy="cast one operand so both share a dtype")
+        m, k = a.shape[-2:]
+        kb, n = b.shape[-2:]
+        if kb != k:
+            raise ExecutionError(f"inner extents differ: a has K={k}, b has K={kb}",
+                                 field="shape", value=(tuple(a.shape), tuple(b.shape)),
+                                 remedy="pass operands with matching inner extents")
+        try:
+            batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        except ValueError:
+            raise ExecutionError("batch axes do not broadcast", field="shape",
+                                 value=(tuple(a.shape), tuple(b.shape)),
+                                 remedy="give batch axes equal extents or extent 1") from None
+        if len(batch) > MAX_BATCH_AXES:
+            raise ExecutionError(f"{len(batch)} batch axes; the kernel takes at most "
+                                 f"{MAX_BATCH_AXES}", field="shape", value=batch,
+                                 remedy="merge batch axes (reshape) before the call")
+        name = kernel_name("bmm", a.dtype)
+        out = self._out(out, batch + (m, n), a.dtype, stream)
+        total = int(np.prod(batch, dtype=np.int64)) * m * n
+        if total == 0:
+            return out
+
+        def batch_strides(array):
+            extents = array.shape[:-2]
+            strides = _elem_strides(array)[:-2]
+            pad = len(batch) - len(extents)
+            own = [0 if e == 1 else s for e, s in zip(extents, strides)]
+            full = [0] * pad + own
+            return [0] * (MAX_BATCH_AXES - len(full)) + full
+
+        dims = [1] * (MAX_BATCH_AXES - len(batch)) + list(batch)
+        a_b, b_b = batch_strides(a), batch_strides(b)
+        a_sm, a_sk = _elem_strides(a)[-2:]
+        b_sk, b_sn = _elem_strides(b)[-2:]
+        args = (a, b, out, _i64(total), _i64(m), _i64(n), _i64(k),
+                _i64(dims[1]), _i64(dims[2]), _i64(dims[3]),
+                *map(_i64, a_b), _i64(a_sm), _i64(a_sk),
+                *map(_i64, b_b), _i64(b_sk), _i64(b_sn))
+        self._launch(name, (total + LINEAR_BLOCK - 1) // LINEAR_BLOCK, LINEAR_BLOCK, args, stream)
+        return out
+
+    def sum_axis(self, x, start: int, stop: int, out=None, *, stream):
+        """Sum a C-contiguous ``x`` over its consecutive axes ``[start, stop)``, ascending
+        along the flattened run; the result has shape ``shape[:start] + shape[stop:]``."""
+        self._on_device(x, "x")
+        self._contiguous(x, "x")
+        if not 0 <= start <= stop <= x.ndim:
+            raise ExecutionError(f"axes [{start}, {stop}) are not a run of x's {x.ndim} axes",
+                                 field="axis", value=(start, stop),
+                                 remedy=f"use 0 <= start <= stop <= {x.ndim}")
+        name = kernel_name("sum_axis", x.dtype)
+        shape = tuple(x.shape)
+        outer = int(np.prod(shape[:start], dtype=np.int64))
+        length = int(np.prod(shape[start:stop], dtype=np.int64))
+        inner = int(np.prod(shape[stop:], dtype=np.int64))
+        out = self._out(out, shape[:start] + shape[stop:], x.dtype, stream)
+        count = outer * inner
+        if count == 0:
+            return out
+        self._launch(name, (count + LINEAR_BLOCK - 1) // LINEAR_BLOCK, LINEAR_BLOCK,
+                     (x, out, _i64(outer), _i64(length), _i64(inner)), stream)
+        return out
+
+
+_COMPILED: dict[int, CudaKernels] = {}
+
+
+def get_kernels(device_id: int = 0) -> CudaKernels:
+    """The compiled kernels for ``device_id``, compiled once per process."""
+    kernels = _COMPILED.get(int(device_id))
+    if kernels is None:
+        kernels = _COMPILED[int(device_id)] = CudaKernels(device_id)
+    return kernels
+
+
+def compile_ptx(arch: str = "compute_90") -> Any:
+    """Compile the source with NVRTC alone (no device needed): catches syntax and type
+    errors on a machine with CuPy and NVRTC but no GPU. Returns the PTX bytes."""
+    from cupy.cuda import compiler
+
+    program = compiler._NVRTCProgram(KERNEL_SOURCE, "lockstep_kernels.cu")
+    ptx, _mapping = program.compile(COMPILE_OPTIONS + (f"-arch={arch}", "-std=c++17"))
+    return ptx

@@ -1,0 +1,308 @@
+"""The tensor ops interface and the rules every backend shares, implemented once here.
+
+A backend (``HostTensorOps``, ``CudaTensorOps``) only supplies the few primitives that
+touch memory (``_adopt``, ``_zeros``, ``_copy``, ``_gather``, ``_scatter``, ``_argmax``,
+``_prepare_ids``). Validation, the view-or-copy rule, the empty-result rule, the residency
+rule and the all-NaN rule live here so both backends cannot drift apart, which is what
+claim 8 (tensor ops agree) checks.
+
+Rules:
+- an empty result is a host-empty numpy array, whatever the backend; a host-empty array is
+  therefore accepted by every backend as input;
+- any other value must live where the ops live (``residency``), else ``ResidencyError``
+  naming both remedies (adopt the host value first, or read the device value back through
+  a sanctioned readback and use the host ops);
+- ``slice_axis`` is the only narrowing: a zero-copy view when every extent before ``axis``
+  is 1, else a C-contiguous copy (on CUDA a device-to-device copy on the engine's stream);
+- ids out of range are ``InputError``, never clamped.
+"""
+from __future__ import annotations
+
+import abc
+import math
+import operator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from engines.errors import InputError, ResidencyError
+from engines.ledger import Ledger
+from engines.residency import HOST, residency_of
+
+SUPPORTED_DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "bool": np.dtype(np.bool_),
+}
+FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16"})
+
+
+def dtype_name(dtype: Any) -> str:
+    """Canonical name of a supported dtype; anything else is an ``InputError``."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = str(dtype)
+    if name not in SUPPORTED_DTYPES:
+        raise InputError("unsupported dtype", field="dtype", value=name,
+                         remedy=f"use one of {', '.join(SUPPORTED_DTYPES)}")
+    return name
+
+
+def _int_arg(value: Any, field: str) -> int:
+    """A Python or numpy integer (not bool) as int, else an InputError naming ``field``."""
+    if isinstance(value, (bool, np.bool_)):
+        raise InputError("must be an integer, not a bool", field=field, value=value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InputError("must be an integer", field=field, value=value,
+                         remedy="pass a Python int") from None
+
+
+def _ndarray_like(value: Any, field: str) -> None:
+    if not (hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "ndim")):
+        raise InputError(f"must be an array, got {type(value).__name__}", field=field,
+                         remedy="pass a numpy array (host) or a CuPy array (device)")
+
+
+def _ids_out_of_range(value: int, position: int, rows: int, count: int) -> InputError:
+    return InputError(f"id {value} at position {position} is out of range for a table of "
+                      f"{rows} rows ({count} id(s) out of range)", field="ids", value=value,
+                      remedy=f"use ids in [0, {rows}); ids are never clamped")
+
+
+def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """The canonical empty result: a host numpy array with a zero extent."""
+    return np.empty(tuple(shape), dtype=np.dtype(dtype))
+
+
+class TensorOps(abc.ABC):
+    """The resident tensor ops a workflow uses to move and narrow values (see module doc)."""
+
+    residency: str  # "host" or "cuda:N"
+
+    def __init__(self, ledger: Ledger):
+        if not isinstance(ledger, Ledger):
+            raise InputError("tensor ops need the session's Ledger", field="ledger",
+                             value=type(ledger).__name__)
+        self.ledger = ledger
+
+    # -- residency ---------------------------------------------------------------------------
+    def residency_error(self, field: str, where: str) -> ResidencyError:
+        return ResidencyError(
+            f"{field} lives on {where} but these tensor ops work on {self.residency}",
+            field=field, value=where,
+            remedy=("adopt the host value first (tensor_ops.adopt) so it lives on the device, "
+                    "or read the device value back through a sanctioned readback and use "
+                    "the host tensor ops (HostTensorOps)"))
+
+    def check_resident(self, value: Any, field: str) -> str:
+        """Residency of ``value``; it must be ``self.residency`` or a host-empty array."""
+        _ndarray_like(value, field)
+        try:
+            where = residency_of(value)
+        except TypeError:
+            raise InputError(f"cannot tell where a {type(value).__name__} lives", field=field,
+                             remedy="pass a numpy or CuPy array") from None
+        if where == self.residency or (where == HOST and value.size == 0):
+            return where
+        raise self.residency_error(field, where)
+
+    # -- the interface -----------------------------------------------------------------------
+    def adopt(self, host_array: Any):
+        """Host to where the ops live; counted ``ledger.record_adopt`` when it crosses."""
+        _ndarray_like(host_array, "host_array")
+        try:
+            where = residency_of(host_array)
+        except TypeError:
+            where = type(host_array).__name__
+        if where != HOST or not isinstance(host_array, np.ndarray):
+            raise ResidencyError(
+                f"adopt takes a host numpy array; this value lives on {where}",
+                field="host_array", value=where,
+                remedy=("pass the host value (adopt is the only host-to-device crossing), "
+                        "or read the device value back through a sanctioned readback first "
+                        "and use the host tensor ops"))
+        dtype_name(host_array.dtype)
+        if host_array.size == 0:
+            return host_array
+        return self._adopt(host_array)
+
+    def zeros(self, shape: Any, dtype: Any):
+        """Zeros of ``shape`` and ``dtype`` where the ops live (host-empty if any extent is 0)."""
+        name = dtype_name(dtype)
+        try:
+            dims = tuple(_int_arg(d, "shape") for d in shape)
+        except TypeError:
+            raise InputError("must be a sequence of integers", field="shape", value=shape) from None
+        if any(d < 0 for d in dims):
+            raise InputError("extents must be >= 0", field="shape", value=dims)
+        if math.prod(dims) == 0:
+            return np.zeros(dims, SUPPORTED_DTYPES[name])
+        return self._zeros(dims, SUPPORTED_DTYPES[name])
+
+    def normalize_axis(self, v: Any, axis: Any) -> int:
+        a = _int_arg(axis, "axis")
+        if not -v.ndim <= a < v.ndim or v.ndim == 0:
+            raise InputError(f"out of range for a rank-{v.ndim} value", field="axis", value=a,
+                             remedy=f"use an axis in [-{v.ndim}, {v.ndim})")
+        return a % v.ndim
+
+    def slice_axis(self, v: Any, axis: Any, start: Any, length: Any):
+        """``v[..., start:start+length, ...]`` along ``axis``: a view when every extent before
+        ``axis`` is 1, else a C-contiguous copy; an empty window is host-empty."""
+        self.check_resident(v, "v")
+        ax = self.normalize_axis(v, axis)
+        s = _int_arg(start, "start")
+        n = _int_arg(length, "length")
+        extent = v.shape[ax]
+        if s < 0:
+            raise InputError("window start must be >= 0", field="start", value=s,
+                             remedy=f"use a start in [0, {extent}]")
+        if n < 0:
+            raise InputError("window length must be >= 0", field="length", value=n)
+        if s + n > extent:
+            raise InputError(f"window [{s}, {s + n}) runs past extent {extent} of axis {ax}",
+                             field="length", value=n,
+                             remedy=f"use start + length <= {extent}")
+        out_shape = v.shape[:ax] + (n,) + v.shape[ax + 1:]
+        if math.prod(out_shape) == 0:
+            return host_empty(out_shape, v.dtype)
+        view = v[(slice(None),) * ax + (slice(s, s + n),)]
+        if math.prod(v.shape[:ax]) == 1:
+            return view
+        return self._copy(view)
+
+    def last_along_axis(self, v: Any, axis: Any):
+        """``slice_axis(v, axis, n - 1, 1)``; an axis of extent 0 has no last element."""
+        self.check_resident(v, "v")
+        ax = self.normalize_axis(v, axis)
+        extent = v.shape[ax]
+        if extent == 0:
+            raise InputError(f"axis {ax} has extent 0, so there is no last element",
+                             field="axis", value=ax)
+        return self.slice_axis(v, ax, extent - 1, 1)
+
+    def truncate_axis(self, v: Any, axis: Any, length: Any):
+        """``slice_axis(v, axis, 0, length)``."""
+        return self.slice_axis(v, axis, 0, length)
+
+    def gather_rows(self, table: Any, ids: Any):
+        """``table[ids]`` along axis 0. Host ids (list, tuple, numpy) are checked against the
+        row count; an id out of range is an ``InputError``, never clamped. Device ids are
+        accepted only by device ops and are the caller's contract (see the backend)."""
+        self.check_resident(table, "table")
+        if table.ndim < 1:
+            raise InputError("gather_rows needs a table of rank >= 1", field="table",
+                             value=tuple(table.shape))
+        rows = table.shape[0]
+        if hasattr(ids, "shape") and not isinstance(ids, np.ndarray):
+            self.check_resident(ids, "ids")
+        prepared = self._prepare_ids(ids, rows)
+        out_shape = (int(prepared.shape[0]),) + tuple(table.shape[1:])
+        if math.prod(out_shape) == 0:
+            return host_empty(out_shape, table.dtype)
+        return self._gather(table, prepared)
+
+    def check_host_ids(self, ids: Any, rows: int) -> np.ndarray:
+        """Host ids as a 1-D int64 array, every id in [0, rows), else ``InputError``."""
+        if isinstance(ids, np.ndarray):
+            arr = ids
+        elif isinstance(ids, (list, tuple)):
+            values = [_int_arg(i, "ids") for i in ids]
+            bad = [i for i in values if not 0 <= i < rows]
+            if bad:  # checked before numpy could wrap an id too large for int64
+                raise _ids_out_of_range(bad[0], values.index(bad[0]), rows, len(bad))
+            arr = np.asarray(values, dtype=np.int64).reshape(len(values))
+        else:
+            raise InputError(f"ids must be a list or array of integers, got {type(ids).__name__}",
+                             field="ids", remedy="pass a list of ints or a 1-D integer array")
+        if arr.ndim != 1:
+            raise InputError("ids must be 1-D", field="ids", value=tuple(arr.shape))
+        if arr.size and arr.dtype.kind not in "iu":
+            raise InputError("ids must have an integer dtype", field="ids", value=arr.dtype.name)
+        if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= rows:
+            big = np.flatnonzero(arr >= rows)  # before int64 could wrap a uint64
+            raise _ids_out_of_range(int(arr[big[0]]), int(big[0]), rows, big.size)
+        arr = arr.astype(np.int64, copy=False)
+        bad = np.flatnonzero((arr < 0) | (arr >= rows))
+        if bad.size:
+            raise _ids_out_of_range(int(arr[bad[0]]), int(bad[0]), rows, bad.size)
+        return arr
+
+    def scatter_into_last_axis(self, dst: Any, offset: Any, src: Any):
+        """``dst[..., offset:offset+w] = src`` in place (w = src's last extent); returns dst."""
+        self.check_resident(dst, "dst")
+        self.check_resident(src, "src")
+        if dst.ndim < 1:
+            raise InputError("dst must have rank >= 1", field="dst", value=tuple(dst.shape))
+        off = _int_arg(offset, "offset")
+        if src.dtype != dst.dtype:
+            raise InputError(f"src dtype {src.dtype.name} differs from dst dtype {dst.dtype.name}",
+                             field="src.dtype", value=src.dtype.name,
+                             remedy="cast src to dst's dtype first; scatter never converts")
+        if src.ndim != dst.ndim or tuple(src.shape[:-1]) != tuple(dst.shape[:-1]):
+            raise InputError(f"src rows {tuple(src.shape[:-1])} differ from dst rows "
+                             f"{tuple(dst.shape[:-1])}", field="src.shape",
+                             value=tuple(src.shape),
+                             remedy="src must match dst in every axis but the last")
+        width = src.shape[-1]
+        if off < 0 or off + width > dst.shape[-1]:
+            raise InputError(f"offset {off} + width {width} does not fit dst width "
+                             f"{dst.shape[-1]}", field="offset", value=off,
+                             remedy=f"use 0 <= offset <= {dst.shape[-1] - width}")
+        if src.size == 0:
+            return dst
+        self._scatter(dst, off, src)
+        return dst
+
+    def argmax_rows(self, logits2d: Any, rows: Any) -> list[int]:
+        """Per row of the first ``rows`` rows: the index of the largest value, ties to the
+        lowest index, NaN ignored; an all-NaN row is an ``InputError``."""
+        self.check_resident(logits2d, "logits2d")
+        if logits2d.ndim != 2:
+            raise InputError("argmax_rows needs a 2-D [rows, vocab] value", field="logits2d",
+                             value=tuple(logits2d.shape))
+        dtype_name(logits2d.dtype)
+        r = _int_arg(rows, "rows")
+        if not 0 <= r <= logits2d.shape[0]:
+            raise InputError(f"rows must be in [0, {logits2d.shape[0]}]", field="rows", value=r)
+        if r == 0:
+            return []
+        if logits2d.shape[1] == 0:
+            raise InputError("rows of width 0 have no argmax", field="logits2d",
+                             value=tuple(logits2d.shape))
+        ids = self._argmax(logits2d, r)
+        for i, t in enumerate(ids):
+            if t < 0:
+                raise InputError(f"row {i} is all NaN, so it has no argmax", field="logits2d",
+                                 value=f"row {i}", remedy="the logits are corrupt upstream")
+        return ids
+
+    # -- backend primitives ------------------------------------------------------------------
+    @abc.abstractmethod
+    def _adopt(self, host_array: np.ndarray): ...
+
+    @abc.abstractmethod
+    def _zeros(self, shape: tuple[int, ...], dtype: np.dtype): ...
+
+    @abc.abstractmethod
+    def _copy(self, view: Any): ...
+
+    @abc.abstractmethod
+    def _prepare_ids(self, ids: Any, rows: int): ...
+
+    @abc.abstractmethod
+    def _gather(self, table: Any, ids: Any): ...
+
+    @abc.abstractmethod
+    def _scatter(self, dst: Any, offset: int, src: Any) -> None: ...
+
+    @abc.abstractmethod
+    def _argmax(self, logits2d: Any, rows: int) -> list[int]:
+        """Row argmaxes as ints, -1 for an all-NaN row (the base raises for it)."""

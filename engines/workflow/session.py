@@ -1,0 +1,103 @@
+"""The workflow interpreter: one decode session drives any engine the same way.
+
+A forward runs over M positions (prefill, a decode step, later verification of W+1
+drafts), feeds the runtime-owned state cells and absorbs their new values. Token ids cross
+only through the engine's tensor ops: ``adopt`` on the way in, ``argmax_rows`` (4 bytes a
+row) on the way out, both counted in the engine's ledger.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engines.ledger import Ledger
+from engines.workflow.state import StateCells
+from engines.workflow.validation import check_request
+
+
+@dataclass
+class DecodeResult:
+    engine: str
+    prompt: list[int]
+    tokens: list[int]
+    ledger: Ledger
+    wall_s: float
+    step_s: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class DecodeSession:
+    """State and position of one sequence on one engine's component."""
+
+    def __init__(self, engine, component: str = "target"):
+        self.engine = engine
+        self.package = engine.package
+        self.spec = self.package.spec
+        self.component = component
+        comp = self.spec.components[component]
+        self.inputs = dict(comp.inputs)
+        self.outputs = dict(comp.outputs)
+        self.cells = StateCells(self.package, component, engine.tensor_ops)
+        self.position = 0
+
+    @property
+    def ops(self):
+        return self.engine.tensor_ops
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.engine.ledger
+
+    def forward(self, tokens: Sequence[int], phase: str) -> dict[str, Any]:
+        """Run the component over ``len(tokens)`` new positions; returns outputs by role."""
+        m = len(tokens)
+        ids = np.asarray(tokens, dtype=np.int64).reshape(1, m)
+        feeds = {self.inputs["tokens"]: self.ops.adopt(ids)}
+        if "positions" in self.inputs:
+            pos = np.arange(self.position, self.position + m, dtype=np.int64).reshape(1, m)
+            feeds[self.inputs["positions"]] = self.ops.adopt(pos)
+        feeds.update(self.cells.feeds())
+        start = time.perf_counter()
+        out = self.engine.run_component(self.component, feeds)
+        self.ledger.record_forward(phase, m, time.perf_counter() - start)
+        self.cells.absorb(out, m)
+        self.position += m
+        return {role: out[name] for role, name in self.outputs.items()}
+
+    def last_token(self, logits) -> int:
+        """Greedy choice at the last position: argmax on the engine, 4 bytes read back."""
+        last = self.ops.last_along_axis(logits, 1)
+        return self.ops.argmax_rows(last.reshape(1, last.shape[-1]), 1)[0]
+
+    def truncate(self, length: int) -> None:
+        self.cells.truncate(length)
+        self.position = length
+
+    def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> DecodeResult:
+        ids = check_request(self.spec, prompt, max_new_tokens)
+        eos = self.spec.eos_id
+        start = time.perf_counter()
+        steps = []
+        out = self.forward(ids, "prefill")
+        tokens = [self.last_token(out["logits"])]
+        steps.append(time.perf_counter() - start)
+        while len(tokens) < max_new_tokens and tokens[-1] != eos:
+            t0 = time.perf_counter()
+            out = self.forward(tokens[-1:], "decode")
+            tokens.append(self.last_token(out["logits"]))
+            steps.append(time.perf_counter() - t0)
+        wall = time.perf_counter() - start
+        return DecodeResult(self.engine.name, ids, tokens, self.ledger, wall, steps)
+
+
+def greedy_decode(engine, prompt: Sequence[int], max_new_tokens: int) -> DecodeResult:
+    """Fresh ledger, fresh session, greedy decode."""
+    engine.reset_ledger()
+    return DecodeSession(engine).greedy(prompt, max_new_tokens)

@@ -1,0 +1,71 @@
+"""Runtime-owned state cells: initial values, feeding, absorbing outputs, truncation.
+
+A ``kv`` cell with ``append`` grows along its sequence axis by the graph's own concat; one
+with ``static`` is a fixed buffer written in-graph, whose valid length the runtime tracks.
+A ``recurrent`` cell is overwritten each forward and cannot be truncated, only restored
+from a snapshot.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engines.errors import InputError
+
+
+@dataclass
+class Cell:
+    name: str
+    spec: Any  # StateCellSpec
+    value: Any
+    length: int  # valid positions (kv); forwards absorbed (recurrent)
+
+
+def dtype_of(name: str):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+class StateCells:
+    """The cells one component owns, at the residency of the engine's tensor ops."""
+
+    def __init__(self, package, component: str, tensor_ops):
+        self.ops = tensor_ops
+        self.cells: dict[str, Cell] = {}
+        for name, spec in package.spec.state.items():
+            if spec.component != component:
+                continue
+            value = tensor_ops.zeros(tuple(spec.shape), dtype_of(spec.dtype))
+            self.cells[name] = Cell(name, spec, value, 0)
+
+    def feeds(self) -> dict[str, Any]:
+        return {c.spec.input: c.value for c in self.cells.values()}
+
+    def absorb(self, outputs: dict[str, Any], positions: int) -> None:
+        for cell in self.cells.values():
+            cell.value = outputs[cell.spec.output]
+            cell.length += positions
+
+    @property
+    def length(self) -> int:
+        """The common valid length of the kv cells (0 without any)."""
+        lengths = {c.length for c in self.cells.values() if c.spec.kind == "kv"}
+        return lengths.pop() if len(lengths) == 1 else 0
+
+    def truncate(self, length: int) -> None:
+        """Roll kv cells back to ``length`` positions; recurrent cells refuse (snapshot them)."""
+        for cell in self.cells.values():
+            if cell.spec.kind != "kv":
+                raise InputError("a recurrent cell cannot be truncated", field=f"state.{cell.name}",
+                                 value=cell.length, remedy="restore it from a snapshot instead")
+            if not 0 <= length <= cell.length:
+                raise InputError("truncate past the cell's length", field=f"state.{cell.name}",
+                                 value=length, remedy=f"truncate to at most {cell.length}")
+            if cell.spec.update == "append":
+                cell.value = self.ops.truncate_axis(cell.value, cell.spec.seq_axis, length)
+            cell.length = length

@@ -1,0 +1,116 @@
+"""``lockstep run``: the parity matrix, a rich table, evidence, and an exit status for CI."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from engines.errors import InputError
+from engines.registry import engine_names
+
+STYLE = {"identical": "green", "near-tie": "yellow", "defect": "bold red", "error": "bold red",
+         "unavailable": "dim"}
+RANK = {"unavailable": 0, "identical": 1, "near-tie": 2, "defect": 3, "error": 4}
+
+
+def parse_prompt(text: str) -> list[int]:
+    """``"1 5 7"`` or ``"1,5,7"`` -> [1, 5, 7]."""
+    parts = [p for p in text.replace(",", " ").split() if p]
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise InputError("a prompt is a list of integer token ids", field="--prompt", value=text,
+                         remedy='write it as "1 5 7" or "1,5,7"') from None
+
+
+def split_list(text: str | None) -> list[str] | None:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
+
+def matrix_table(summary, max_new_tokens: int) -> Table:
+    """Packages down, engines across; a cell counts its prompts by verdict."""
+    engines = list(dict.fromkeys(c.engine for c in summary.cells))
+    packages = list(dict.fromkeys(c.package for c in summary.cells))
+    table = Table(title=f"lockstep parity: greedy, {max_new_tokens} new tokens, vs the oracle")
+    table.add_column("package")
+    for engine in engines:
+        table.add_column(engine, justify="center")
+    for package in packages:
+        row = [package]
+        for engine in engines:
+            cells = [c for c in summary.cells if c.package == package and c.engine == engine]
+            worst = max((c.status for c in cells), key=lambda s: RANK[s], default="unavailable")
+            same = sum(c.status == worst for c in cells)
+            label = worst if worst == "unavailable" else f"{worst} {same}/{len(cells)}"
+            row.append(f"[{STYLE[worst]}]{label}[/]")
+        table.add_row(*row)
+    return table
+
+
+def details_table(cells) -> Table:
+    table = Table(title="cells that are not identical")
+    for col in ("package", "engine", "prompt", "verdict", "first divergence / reason"):
+        table.add_column(col)
+    for c in cells:
+        div = c.divergence
+        where = (f"step {div.step}: engine {div.engine_token}, oracle {div.reference_token} "
+                 f"(oracle margin {div.margin:.3g})" if div else c.reason)
+        table.add_row(c.package, c.engine, c.prompt_name, f"[{STYLE[c.status]}]{c.status}[/]", where)
+    return table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run the parity matrix (engines x packages x prompts)")
+    p.add_argument("--engines", help="comma list (default: every registered engine)")
+    p.add_argument("--packages", help="comma list of fixture names or package folders "
+                                      "(default: every built-in fixture)")
+    p.add_argument("--prompt", action="append", dest="prompts", metavar="IDS",
+                   help='a prompt as token ids, "1 5 7"; repeatable (default: the package\'s prompts)')
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--evidence-dir", type=Path, default=Path("evidence"),
+                   help="where one JSON evidence record per cell is written (default: ./evidence)")
+    p.add_argument("--no-evidence", action="store_true")
+    p.add_argument("--strict", action="store_true",
+                   help="an unavailable engine fails the run instead of being reported")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.packages import fixture_names
+    from harness.runner import run_matrix
+
+    console = Console()
+    engines = split_list(args.engines) or engine_names()
+    packages = split_list(args.packages) or fixture_names()
+    prompts = [parse_prompt(p) for p in args.prompts] if args.prompts else None
+    evidence_dir = None if args.no_evidence else args.evidence_dir
+    if evidence_dir is not None:
+        evidence_dir.mkdir(parents=True, exist_ok=True)
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("parity matrix", total=None)
+
+        def on_cell(cell):
+            progress.update(task, advance=1, description=f"{cell.package} · {cell.engine} · {cell.prompt_name}")
+
+        summary = run_matrix(engines, packages, prompts, args.max_new_tokens, evidence_dir, on_cell)
+
+    console.print(matrix_table(summary, args.max_new_tokens))
+    details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
+    if details:
+        console.print(details_table(details))
+    reasons = {c.engine: c.reason for c in summary.cells if c.status == "unavailable"}
+    for engine, reason in reasons.items():
+        console.print(f"[dim]{engine}: unavailable here: {reason}[/]")
+    counts = {}
+    for c in summary.cells:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    console.print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    if evidence_dir is not None:
+        console.print(f"evidence: {evidence_dir.resolve()} ({sum(1 for c in summary.cells if c.record_path)} records)")
+    unavailable = any(c.status == "unavailable" for c in summary.cells)
+    return 1 if summary.failed or (args.strict and unavailable) else 0

@@ -1,0 +1,271 @@
+"""The evidence record: one JSON file per (package, engine, mode, prompt) cell of a run.
+
+Versioned (``schema_version``) so a report can refuse a file it would misread, and strict
+(unknown fields are errors) so a typo in a writer fails at the writer, not in a report
+months later. The digests are checked on load: a record whose tokens do not hash to its
+digest was edited or truncated.
+"""
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+import numpy as np
+from pydantic_core import PydanticCustomError
+from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, computed_field,
+                      field_validator, model_validator)
+
+from engines.ledger import Ledger
+
+SCHEMA_VERSION = 1
+
+CLAIMS = ("token_identity", "batch_invariance", "zero_staging", "readback_budget",
+          "flat_memory", "graph_replay", "snapshots", "tensor_ops")
+Claim = Literal["token_identity", "batch_invariance", "zero_staging", "readback_budget",
+                "flat_memory", "graph_replay", "snapshots", "tensor_ops"]
+Verdict = Literal["pass", "fail", "skip"]
+ModeKind = Literal["greedy", "draft", "chained", "mtp"]
+
+
+def token_digest(ids: list[int] | np.ndarray) -> str:
+    """sha256 of the ids as little-endian int32: the same stream hashes the same everywhere."""
+    arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
+    if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
+        raise ValueError("token ids must fit in int32")
+    return hashlib.sha256(arr.astype("<i4", copy=False).tobytes()).hexdigest()
+
+
+def _inconsistent(field: str, message: str) -> PydanticCustomError:
+    """A record-level error that still names the field it is about (``ctx['field']``)."""
+    return PydanticCustomError("evidence_inconsistent", message.replace("{", "(").replace("}", ")"),
+                               {"field": field})
+
+
+def new_run_id() -> str:
+    """A run id that sorts by time and is unique across machines: UTC stamp + 8 hex."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class _Strict(BaseModel):
+    # Infinity/NaN are written as strings ("Infinity") so files stay standard JSON and
+    # still round-trip: an infinite margin (the reference stopped) must not become null.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+
+class Environment(_Strict):
+    """Where the evidence was produced; None where not applicable (no GPU, no git)."""
+    host: str
+    platform: str
+    python: str
+    numpy: str | None = None
+    onnx: str | None = None
+    onnxruntime: str | None = None
+    cupy: str | None = None
+    cuda_runtime: str | None = None
+    cuda_driver: str | None = None
+    gpu_name: str | None = None
+    gpu_memory_bytes: int | None = None
+    git_commit: str | None = None
+
+
+class PackageRef(_Strict):
+    name: str
+    content_hash: str
+    path: str | None = None
+
+
+class Mode(_Strict):
+    """greedy has no width; every speculative kind has a width >= 1."""
+    kind: ModeKind
+    width: int | None = None
+
+    @model_validator(mode="after")
+    def _width_matches_kind(self) -> "Mode":
+        if self.kind == "greedy" and self.width is not None:
+            raise ValueError(f"greedy mode takes no width (got {self.width}); use width=None")
+        if self.kind != "greedy" and (self.width is None or self.width < 1):
+            raise ValueError(f"{self.kind} mode needs a width >= 1 (got {self.width})")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.kind if self.width is None else f"{self.kind}/w{self.width}"
+
+
+class PromptRef(_Strict):
+    name: str
+    ids: list[int]
+    text: str | None = None
+
+
+class ReferenceRef(_Strict):
+    """The stream the engine is compared with (the oracle, or greedy for a speculative mode)."""
+    engine: str
+    tokens: list[int]
+    digest: str
+    margins: list[float] = Field(default_factory=list)
+    tokens_text: list[str] | None = None  # decoded pieces, where a tokenizer exists
+
+    @model_validator(mode="after")
+    def _digest_matches(self) -> "ReferenceRef":
+        expected = token_digest(self.tokens)
+        if self.digest != expected:
+            raise _inconsistent("reference.digest",
+                                f"reference digest {self.digest!r} does not match its tokens "
+                                f"(sha256 of int32 ids is {expected!r})")
+        if self.tokens_text is not None and len(self.tokens_text) != len(self.tokens):
+            raise _inconsistent("reference.tokens_text",
+                                f"reference tokens_text has {len(self.tokens_text)} entries "
+                                f"for {len(self.tokens)} tokens")
+        return self
+
+
+class Divergence(_Strict):
+    """The first step where the engine's stream differs from the reference."""
+    step: int = Field(ge=0)
+    reference_token: int | None
+    engine_token: int | None  # None: the engine's stream ended before this step
+    margin: float | None = None  # the reference's top-2 logit margin at ``step``
+    verdict: Literal["near-tie", "defect"]
+
+
+class GraphSlotRecord(_Strict):
+    captures: int = 0
+    replays: int = 0
+    fallbacks: int = 0
+    invalidations: int = 0
+    resets: int = 0
+
+
+class LedgerRecord(_Strict):
+    """Mirror of ``engines.ledger.Ledger.to_dict()``; a suite test keeps the two in sync."""
+    host_staging: int = 0
+    host_staging_bytes: int = 0
+    host_staging_sites: list[str] = Field(default_factory=list)
+    readback_bytes: dict[str, int] = Field(default_factory=dict)
+    readback_count: dict[str, int] = Field(default_factory=dict)
+    h2d_bytes: int = 0
+    h2d_count: int = 0
+    forwards: dict[str, int] = Field(default_factory=dict)
+    forward_positions: dict[str, int] = Field(default_factory=dict)
+    phase_seconds: dict[str, float] = Field(default_factory=dict)
+    graph_slots: dict[str, GraphSlotRecord] = Field(default_factory=dict)
+    snapshots: int = 0
+    restores: int = 0
+    proposals: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    rollbacks: int = 0
+    full_accepts: int = 0
+    live_allocations: int | None = None
+    live_bytes: int | None = None
+
+
+class MemorySample(_Strict):
+    iteration: int = Field(ge=0)
+    live_allocations: int | None = None
+    live_bytes: int | None = None
+    free_bytes: int | None = None
+
+
+class Timings(_Strict):
+    wall_s: float = Field(ge=0)
+    tokens_per_s: float | None = None
+    phase_seconds: dict[str, float] = Field(default_factory=dict)
+
+
+class BudgetCheck(_Strict):
+    """One budget: e.g. claim=zero_staging, budget=0, measured=0, unit=bytes."""
+    claim: Claim
+    budget: float
+    measured: float
+    unit: str | None = None
+    verdict: Literal["pass", "fail"]
+    note: str | None = None
+
+
+class EvidenceRecord(_Strict):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    run_id: str = Field(min_length=1)
+    created: AwareDatetime = Field(default_factory=utc_now)
+    environment: Environment
+    package: PackageRef
+    engine: str = Field(min_length=1)
+    mode: Mode
+    prompt: PromptRef
+    tokens: list[int]
+    tokens_text: list[str] | None = None
+    token_digest: str
+    reference: ReferenceRef
+    divergence: Divergence | None = None
+    ledger: LedgerRecord = Field(default_factory=LedgerRecord)
+    memory_series: list[MemorySample] = Field(default_factory=list)
+    acceptance_per_round: list[int] = Field(default_factory=list)
+    timings: Timings
+    budgets: list[BudgetCheck] = Field(default_factory=list)
+    verdicts: dict[Claim, Verdict] = Field(default_factory=dict)
+
+    @field_validator("ledger", mode="before")
+    @classmethod
+    def _ledger_from_object(cls, value: Any) -> Any:
+        return value.to_dict() if isinstance(value, Ledger) else value
+
+    @field_validator("created")
+    @classmethod
+    def _created_is_utc(cls, value: datetime) -> datetime:
+        if value.utcoffset().total_seconds() != 0:
+            raise ValueError(f"created must be UTC (offset {value.utcoffset()})")
+        return value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _check_written_ok(cls, data: Any, handler):
+        # ``ok`` is written for readers of the JSON (jq '.ok') but always recomputed; a
+        # written value that disagrees with the content means the file was edited.
+        written = None
+        if isinstance(data, dict) and "ok" in data:
+            data = dict(data)
+            written = data.pop("ok")
+        record = handler(data)
+        if written is not None and written != record.ok:
+            raise _inconsistent("ok", f"ok is written as {written!r} but the record's "
+                                      f"divergence, budgets and verdicts give {record.ok!r}")
+        return record
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "EvidenceRecord":
+        expected = token_digest(self.tokens)
+        if self.token_digest != expected:
+            raise _inconsistent("token_digest",
+                                f"token_digest {self.token_digest!r} does not match tokens "
+                                f"(sha256 of int32 ids is {expected!r})")
+        if self.tokens_text is not None and len(self.tokens_text) != len(self.tokens):
+            raise _inconsistent("tokens_text", f"tokens_text has {len(self.tokens_text)} entries for "
+                             f"{len(self.tokens)} tokens")
+        return self
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def ok(self) -> bool:
+        """No defect divergence, no failed budget, no failed claim (near-ties do not fail)."""
+        if self.divergence is not None and self.divergence.verdict == "defect":
+            return False
+        if any(b.verdict == "fail" for b in self.budgets):
+            return False
+        return all(v != "fail" for v in self.verdicts.values())
+
+    @property
+    def cell(self) -> tuple[str, str, str]:
+        """The matrix cell this record belongs to: (package, engine, mode label)."""
+        return (self.package.name, self.engine, self.mode.label)
+
+
+def evidence_json_schema() -> dict[str, Any]:
+    """JSON Schema of an evidence file as written (``ok`` included, read-only)."""
+    return EvidenceRecord.model_json_schema(mode="serialization")

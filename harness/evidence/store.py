@@ -1,0 +1,148 @@
+"""Writing and reading evidence files: atomic, collision-free, and loud about bad files.
+
+A run killed mid-write must never leave half a record where a report would read it, and
+parallel workers (pytest-xdist, several machines on one share) write into one folder. So
+each record goes to a hidden temp file in the target folder, is fsynced, then renamed onto
+a name that carries a random fragment. Readers skip hidden files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import uuid
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from engines.errors import LockstepError
+
+from .schema import SCHEMA_VERSION, EvidenceRecord
+
+SUFFIX = ".json"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class EvidenceError(LockstepError):
+    """An evidence file or folder cannot be read as evidence of this schema version."""
+
+
+def _slug(text: str) -> str:
+    return _UNSAFE.sub("-", text).strip("-.")[:48] or "x"
+
+
+def evidence_file_name(record: EvidenceRecord) -> str:
+    """run_id + package + engine + mode + prompt + a uuid fragment: unique in one folder."""
+    parts = (record.run_id, record.package.name, record.engine, record.mode.label,
+             record.prompt.name, uuid.uuid4().hex[:12])
+    return "__".join(_slug(p) for p in parts) + SUFFIX
+
+
+def write_evidence(record: EvidenceRecord, folder: str | os.PathLike) -> Path:
+    """Write ``record`` atomically into ``folder`` (created if missing); return its path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    payload = record.model_dump_json(indent=2).encode("utf-8")
+    target = folder / evidence_file_name(record)
+    fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if target.exists():  # a uuid collision: astronomically unlikely, never overwrite
+            raise FileExistsError(target)
+        os.replace(tmp_name, target)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(folder)
+    return target
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename durable; not every platform can open a directory, which is fine."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def read_evidence(path: str | os.PathLike) -> EvidenceRecord:
+    """Read one evidence file; any defect is an EvidenceError naming the file and field."""
+    path = Path(path)
+    where = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise EvidenceError(f"cannot read evidence file ({exc.strerror or exc})", where=where,
+                            remedy="check the path and permissions") from exc
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise EvidenceError(f"not UTF-8 text (byte {exc.start})", where=where,
+                            remedy="the file is corrupted; re-run the cell or delete it") from exc
+    except json.JSONDecodeError as exc:
+        what = "truncated (ends mid-record)" if exc.pos >= len(raw.rstrip()) else "not valid JSON"
+        raise EvidenceError(f"{what}: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                            where=where,
+                            remedy="the file is partial or corrupted; re-run the cell "
+                                   "or delete it") from exc
+    if not isinstance(data, dict):
+        raise EvidenceError(f"top level is a JSON {type(data).__name__}, not an object",
+                            where=where, remedy="an evidence file holds one JSON object")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise EvidenceError("unsupported evidence schema version", field="schema_version",
+                            value=version, where=where,
+                            remedy=f"this lockstep reads schema_version {SCHEMA_VERSION}; "
+                                   "use the lockstep version that wrote the file")
+    try:
+        return EvidenceRecord.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        named = (first.get("ctx") or {}).get("field")
+        if named:  # a consistency check between fields names the field it is about
+            loc = f"{loc}.{named}" if loc and not named.startswith(loc) else named
+        value = None if not loc or named else _short(first.get("input"))
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise EvidenceError(f"invalid evidence: {first['msg']}{more}", field=loc or "<record>",
+                            value=value, where=where,
+                            remedy=f"fix or delete the file; the schema is "
+                                   f"harness.evidence.evidence_json_schema()") from exc
+
+
+def evidence_files(folder: str | os.PathLike) -> list[Path]:
+    """The evidence files in ``folder`` (not recursive; hidden temp files skipped), sorted."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise EvidenceError("evidence folder does not exist or is not a folder",
+                            where=str(folder), remedy="pass the folder given to --evidence-dir")
+    return sorted(p for p in folder.iterdir()
+                  if p.suffix == SUFFIX and not p.name.startswith(".") and p.is_file())
+
+
+def load_evidence_dir(folder: str | os.PathLike, *, allow_empty: bool = False
+                      ) -> list[EvidenceRecord]:
+    """Every record in ``folder``; the first bad file raises, naming itself."""
+    files = evidence_files(folder)
+    if not files and not allow_empty:
+        raise EvidenceError(f"no evidence files (*{SUFFIX}) in the folder", where=str(folder),
+                            remedy="run `pytest --evidence-dir DIR` or `lockstep run` first")
+    return [read_evidence(p) for p in files]

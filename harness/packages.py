@@ -1,0 +1,28 @@
+"""Resolve what a user names as a package: a built-in fixture or a folder of their own."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engines.errors import PackageError
+from engines.package import Package, load_package
+
+
+def fixture_names() -> list[str]:
+    from fixtures.catalog import list_fixtures
+
+    return [f if isinstance(f, str) else f.name for f in list_fixtures()]
+
+
+def resolve_package(ref: str | Path) -> Package:
+    """A fixture name builds (or reuses) that fixture; anything else must be a package folder."""
+    text = str(ref)
+    if text in fixture_names():
+        from fixtures.catalog import build
+
+        return load_package(build(text))
+    path = Path(text).expanduser()
+    if path.exists():
+        return load_package(path)
+    raise PackageError("no such package", field="package", value=text,
+                       remedy=f"name a built-in fixture ({', '.join(fixture_names())}) or a folder "
+                              f"holding a package.yaml")

@@ -1,0 +1,36 @@
+"""Shared suite fixtures: the built-in packages, built once per session."""
+from __future__ import annotations
+
+import pytest
+
+from suites.support import fixture_names
+
+
+@pytest.fixture(scope="session")
+def packages():
+    """Every built-in fixture package, built (or reused from the cache) and loaded."""
+    from harness.packages import resolve_package
+
+    return {name: resolve_package(name) for name in fixture_names()}
+
+
+@pytest.fixture(scope="session")
+def engine_cache():
+    """One engine instance per (engine, package): loading is the slow part, decoding is not."""
+    from engines.registry import get_engine_class
+
+    made = {}
+
+    def get(engine_name: str, package):
+        key = (engine_name, package.spec.name, str(package.root))
+        if key not in made:
+            cls = get_engine_class(engine_name)
+            avail = cls.availability()
+            if not avail.ok:
+                pytest.skip(f"{engine_name} unavailable: {avail.reason}")
+            made[key] = cls(package)
+        return made[key]
+
+    yield get
+    for engine in made.values():
+        engine.close()

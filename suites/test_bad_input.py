@@ -1,0 +1,80 @@
+"""Bad input: each a clear error naming the field, the value and the remedy; no deep traceback."""
+from __future__ import annotations
+
+import pytest
+
+from engines.errors import InputError, PackageError, UnknownEngine
+from engines.workflow import greedy_decode
+from harness.cli import main
+
+
+@pytest.fixture(scope="module")
+def lookup(packages):
+    return packages["lookup_chained"]
+
+
+@pytest.mark.parametrize("engine_name", ["native-host", "ort-cpu"])
+@pytest.mark.parametrize("prompt, field, needle", [
+    (lambda v: [1, v], "prompt[1]", "out of range"),
+    (lambda v: [1, -1], "prompt[1]", "out of range"),
+    (lambda v: [], "prompt", "empty"),
+])
+def test_bad_prompt_ids(lookup, engine_cache, engine_name, prompt, field, needle):
+    engine = engine_cache(engine_name, lookup)
+    vocab = lookup.spec.vocab_size
+    with pytest.raises(InputError) as info:
+        greedy_decode(engine, prompt(vocab), 4)
+    err = info.value
+    assert err.field == field
+    assert needle in str(err)
+    assert err.remedy
+
+
+def test_prompt_longer_than_context(lookup, engine_cache):
+    engine = engine_cache("native-host", lookup)
+    n = lookup.spec.max_context + 1
+    with pytest.raises(InputError) as info:
+        greedy_decode(engine, [1] * n, 1)
+    assert info.value.field == "prompt"
+    assert str(lookup.spec.max_context) in info.value.remedy
+
+
+def test_new_tokens_past_context(lookup, engine_cache):
+    engine = engine_cache("native-host", lookup)
+    with pytest.raises(InputError) as info:
+        greedy_decode(engine, [1, 2], lookup.spec.max_context)
+    assert info.value.field == "max_new_tokens"
+    assert str(lookup.spec.max_context - 2) in info.value.remedy
+
+
+def test_unknown_engine_names_the_valid_ones():
+    from engines.registry import get_engine_class
+
+    with pytest.raises(UnknownEngine) as info:
+        get_engine_class("warp-drive")
+    assert info.value.value == "warp-drive"
+    assert "native-host" in info.value.remedy
+
+
+def test_missing_package(tmp_path):
+    from harness.packages import resolve_package
+
+    with pytest.raises(PackageError) as info:
+        resolve_package(tmp_path / "nowhere")
+    assert "lookup_chained" in info.value.remedy
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "--engines", "warp-drive", "--packages", "lookup_chained", "--no-evidence"], "warp-drive"),
+    (["run", "--packages", "/nonexistent/pkg", "--engines", "native-host", "--no-evidence"], "no such package"),
+    (["run", "--packages", "lookup_chained", "--engines", "native-host", "--prompt", "1 999",
+      "--no-evidence"], "prompt[1]"),
+    (["run", "--packages", "lookup_chained", "--engines", "native-host", "--prompt", "1 x",
+      "--no-evidence"], "--prompt"),
+])
+def test_cli_reports_errors_in_one_line(capsys, argv, needle):
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert status == 2
+    assert needle in err
+    assert "Traceback" not in err

@@ -1,0 +1,279 @@
+"""Claim 8 on the device: CudaTensorOps equals HostTensorOps element for element.
+
+The draws, the cases and the error table are the ones in ``test_tensor_ops.py``; here each
+case runs on both backends and the results must have the same shape, dtype and bits (and
+live where the rules say). Also: argmax reads back exactly 4 bytes a row and the ledger
+agrees with the transfer guard; no other op moves a byte to the host; the view-or-copy rule.
+"""
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engines.cuda_support import cuda_availability
+from engines.errors import InputError, ResidencyError
+from engines.ledger import Ledger
+from engines.tensor_ops import SUPPORTED_DTYPES, HostTensorOps
+from engines.tensor_ops.cuda import _BITS_AS, _KERNEL_TYPES, kernel_layout, kernel_source
+from harness.transfer_guard import transfer_guard
+from suites.test_tensor_ops import (
+    CASES,
+    ERROR_CASES,
+    assert_same,
+    draw_argmax,
+    draw_slice,
+    materialize,
+)
+
+
+# -- host-side pieces of the CUDA backend (run in CI) ----------------------------------------
+def test_every_supported_dtype_has_a_kernel_type():
+    assert set(_KERNEL_TYPES) == set(SUPPORTED_DTYPES)
+    for name in SUPPORTED_DTYPES:
+        src = kernel_source(name)
+        assert "__VALUE__" not in src and "__LOAD__" not in src and "__BLOCK__" not in src
+        assert 'extern "C" __global__ void lockstep_argmax_rows' in src
+    for name, as_ in _BITS_AS.items():
+        assert np.dtype(as_).itemsize == SUPPORTED_DTYPES[name].itemsize
+
+
+@pytest.mark.parametrize("shape,strides,itemsize,expected", [
+    ((3, 5), (20, 4), 4, (5, True)),         # C-contiguous
+    ((3, 5), (40, 4), 4, (10, True)),        # row-strided view (every other row)
+    ((3, 5), (-20, 4), 4, (-5, True)),       # reversed rows
+    ((3, 5), (4, 12), 4, (1, False)),        # transposed: columns not unit-stride
+    ((3, 5), (20, -4), 4, (5, False)),       # reversed columns
+    ((1, 5), (999, 2), 2, (0, True)),        # one row: its stride is never used
+    ((3, 1), (6, 77), 2, (3, True)),         # one column: its stride is never used
+])
+def test_kernel_layout(shape, strides, itemsize, expected):
+    assert kernel_layout(shape, strides, itemsize) == expected
+
+
+# -- GPU ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cp():
+    ok, reason = cuda_availability()
+    if not ok:
+        pytest.skip(f"CUDA unavailable: {reason}")
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def stream(cp):
+    return cp.cuda.Stream(non_blocking=True)
+
+
+def cuda_ops(cp, stream):
+    from engines.tensor_ops import CudaTensorOps
+
+    return CudaTensorOps(Ledger(), stream, device_id=0)
+
+
+def to_host(cp, value):
+    if isinstance(value, cp.ndarray):
+        return cp.asnumpy(value)
+    return value
+
+
+def where(value) -> str:
+    from engines.residency import residency_of
+
+    return residency_of(value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+@given(data=st.data())
+def test_gpu_cuda_ops_equal_host_ops(cp, stream, name, data):
+    case = CASES[name]
+    inputs = case.draw(data)
+    host, dev = HostTensorOps(Ledger()), cuda_ops(cp, stream)
+    expected = case.apply(host, materialize(inputs, host))
+    result = case.apply(dev, materialize(inputs, dev))
+    stream.synchronize()
+    if isinstance(expected, np.ndarray):
+        if expected.size == 0:
+            assert isinstance(result, np.ndarray), "an empty result is host-empty numpy"
+        else:
+            assert where(result) == "cuda:0", "a result lives where its principal input lives"
+        assert_same(to_host(cp, result), expected)
+    else:
+        assert result == expected
+
+
+@pytest.mark.gpu
+@given(data=st.data())
+def test_gpu_slice_is_a_view_exactly_when_leading_extents_are_one(cp, stream, data):
+    inputs = draw_slice(data)
+    ops = cuda_ops(cp, stream)
+    v = inputs["v"].on(ops)
+    out = ops.slice_axis(v, inputs["axis"], inputs["start"], inputs["length"])
+    axis = inputs["axis"] % v.ndim
+    if out.size == 0:
+        assert isinstance(out, np.ndarray)
+    elif math.prod(v.shape[:axis]) == 1:
+        assert out.data.mem is v.data.mem, "zero-copy view"
+    else:
+        assert out.data.mem is not v.data.mem and out.flags.c_contiguous, "a copy"
+
+
+@pytest.mark.gpu
+@given(data=st.data())
+def test_gpu_argmax_reads_back_exactly_4_bytes_a_row(cp, stream, data):
+    inputs = draw_argmax(data)
+    ops = cuda_ops(cp, stream)
+    logits = inputs["logits2d"].on(ops)
+    rows = inputs["rows"]
+    with transfer_guard("disallow") as g:
+        try:
+            ops.argmax_rows(logits, rows)
+        except InputError:
+            pass  # an all-NaN row: the ids were still read back once, and counted
+    read = 4 * rows if rows and logits.shape[1] else 0
+    assert ops.ledger.readback_bytes["token_id"] == read
+    assert ops.ledger.readback_count["token_id"] == (1 if read else 0)
+    assert g.readback_bytes["token_id"] == read and g.readback_count["token_id"] == (1 if read else 0)
+    assert g.staging_count == 0 and ops.ledger.host_staging == 0
+
+
+@pytest.mark.gpu
+def test_gpu_no_op_but_argmax_moves_a_byte_to_the_host(cp, stream):
+    ops = cuda_ops(cp, stream)
+    with transfer_guard("disallow") as g:
+        x = ops.adopt(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+        ops.slice_axis(x, 1, 1, 2)
+        ops.last_along_axis(x[:1], 1)
+        ops.truncate_axis(x, 2, 3)
+        ops.gather_rows(x, [1, 0, 1])
+        ops.gather_rows(x, cp.asarray(np.array([1, 0], np.int64)))
+        ops.scatter_into_last_axis(x, 1, ops.zeros((2, 3, 2), "float32"))
+        ops.zeros((3, 3), "bfloat16")
+        stream.synchronize()
+    assert g.events == []
+    assert ops.ledger.readback_total == 0
+    assert ops.ledger.h2d_bytes == 96 + 24 and ops.ledger.h2d_count == 2  # x, then host ids
+
+
+_SLOW_FILL = r"""
+extern "C" __global__ void slow_fill(float* x, long long n, float v, long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) x[i] = (i % 64 == 37) ? 2.0f * v : v;
+}
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_ops_are_ordered_on_the_engine_stream(cp, stream):
+    """A kernel that spins ~50 ms and then writes x is queued on the engine's stream; every
+    op issued after it must see the written values, which holds only if the op runs on that
+    stream (an op on any other non-blocking stream would read x before it is written)."""
+    ops = cuda_ops(cp, stream)
+    x = ops.zeros((4, 64), "float32")
+    dst = ops.zeros((4, 8), "float32")
+    dev_ids = ops.zeros((2,), "int64")  # device ids [0, 0]: no host-to-device sync on gather
+    stream.synchronize()
+    slow = cp.RawKernel(_SLOW_FILL, "slow_fill")
+    with cp.cuda.Device(0), stream:
+        slow((1,), (256,), (x, np.int64(x.size), np.float32(5.0), np.int64(100_000_000)))
+    sliced = ops.slice_axis(x, 1, 56, 8)              # a copy (leading extent 4)
+    ops.scatter_into_last_axis(dst, 0, x[:, :8])      # reads x directly
+    gathered = ops.gather_rows(x, dev_ids)
+    top = ops.argmax_rows(x, 4)                       # its readback syncs the stream
+    assert top == [37, 37, 37, 37]
+    stream.synchronize()
+    assert cp.asnumpy(sliced).tolist() == [[5.0] * 8] * 4
+    assert cp.asnumpy(dst).tolist() == [[5.0] * 8] * 4
+    assert cp.asnumpy(gathered).tolist() == [[5.0] * 37 + [10.0] + [5.0] * 26] * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_gpu_kernel_decodes_every_half_and_bfloat16_pattern(cp, stream, name):
+    from engines.tensor_ops.cuda import _module
+
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    expected = bits.view(SUPPORTED_DTYPES[name]).astype(np.float32)
+    fn = _module(name).get_function("lockstep_keys")
+    with cp.cuda.Device(0), stream:
+        src = cp.asarray(bits)
+        out = cp.empty(bits.size, dtype=cp.float32)
+        fn(((bits.size + 255) // 256,), (256,), (src, np.int64(bits.size), out))
+    got = cp.asnumpy(out, stream=stream)
+    nan = np.isnan(expected)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), expected[~nan].view(np.uint32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [1, 255, 256, 257, 4099, 49152])
+@pytest.mark.parametrize("name", ["float32", "float16", "bfloat16", "int32", "int64", "bool"])
+def test_gpu_argmax_ties_go_to_the_lowest_index_at_any_width(cp, stream, vocab, name):
+    rng = np.random.default_rng(vocab)
+    x = rng.integers(0, 3, size=(5, vocab)).astype(SUPPORTED_DTYPES[name])  # many ties
+    if name in ("float32", "float16", "bfloat16"):
+        x[1, :] = np.nan
+        x[1, vocab - 1] = -np.inf
+        x[2, rng.integers(0, vocab, size=vocab // 2)] = np.nan
+    host = HostTensorOps(Ledger()).argmax_rows(x, 5)
+    assert cuda_ops(cp, stream).argmax_rows(cuda_ops(cp, stream).adopt(x), 5) == host
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,call,error,field", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+def test_gpu_error_rules(cp, stream, name, call, error, field):
+    ops = cuda_ops(cp, stream)
+    with pytest.raises(error) as info:
+        call(ops, ops.adopt)
+    assert info.value.field == field
+
+
+@pytest.mark.gpu
+def test_gpu_residency_errors_name_both_remedies(cp, stream):
+    ops, host = cuda_ops(cp, stream), HostTensorOps(Ledger())
+    d = ops.adopt(np.ones((2, 3), np.float32))
+    h = np.ones((2, 3), np.float32)
+    for call in (lambda: ops.slice_axis(h, 0, 0, 1), lambda: ops.argmax_rows(h, 1),
+                 lambda: ops.scatter_into_last_axis(d, 0, h[:, :1]),
+                 lambda: ops.gather_rows(h, [0]), lambda: ops.adopt(d),
+                 lambda: host.slice_axis(d, 0, 0, 1), lambda: host.gather_rows(h, cp.zeros(1, int))):
+        with pytest.raises(ResidencyError) as info:
+            call()
+        text = str(info.value)
+        assert "adopt" in text and "readback" in text and "host tensor ops" in text
+
+
+@pytest.mark.gpu
+def test_gpu_host_ids_are_validated_then_adopted_device_ids_trusted(cp, stream):
+    ops = cuda_ops(cp, stream)
+    table = ops.adopt(np.arange(12, dtype=np.int32).reshape(4, 3))
+    h2d = ops.ledger.h2d_bytes
+    with pytest.raises(InputError, match="never clamped"):
+        ops.gather_rows(table, [0, 4])
+    assert ops.ledger.h2d_bytes == h2d, "refused ids are not adopted"
+    out = ops.gather_rows(table, [3, 0])
+    assert ops.ledger.h2d_bytes == h2d + 16
+    assert cp.asnumpy(out).tolist() == [[9, 10, 11], [0, 1, 2]]
+    dev_ids = cp.asarray(np.array([2], np.int32))
+    assert cp.asnumpy(ops.gather_rows(table, dev_ids)).tolist() == [[6, 7, 8]]
+    with pytest.raises(InputError, match="1-D integer"):
+        ops.gather_rows(table, cp.zeros(2, dtype=cp.float32))
+
+
+@pytest.mark.gpu
+def test_gpu_bfloat16_round_trips_bit_exactly(cp, stream):
+    ops = cuda_ops(cp, stream)
+    bits = np.arange(1 << 16, dtype=np.uint16).reshape(256, 256)
+    x = bits.view(ml_dtypes.bfloat16)
+    d = ops.adopt(x)
+    assert d.dtype == ml_dtypes.bfloat16
+    back = ops.slice_axis(d, 1, 3, 100)  # a device-to-device copy
+    assert np.array_equal(cp.asnumpy(back).view(np.uint16), bits[:, 3:103])
