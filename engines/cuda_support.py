@@ -48,7 +48,8 @@ def _probe() -> tuple[bool, str, Any]:
         driver = _format_cuda_version(cupy.cuda.runtime.driverGetVersion())
         props = cupy.cuda.runtime.getDeviceProperties(0)
     except Exception as exc:
-        return False, f"CuPy {cupy.__version__} cannot query device 0 ({type(exc).__name__}: {exc})", None
+        return False, (f"CuPy {cupy.__version__} cannot query device 0 "
+                       f"({type(exc).__name__}: {exc})"), None
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     return True, (f"CuPy {cupy.__version__}, CUDA runtime {runtime}, driver {driver}, "
                   f"{count} device(s), device 0: {name}"), cupy

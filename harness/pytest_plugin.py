@@ -10,7 +10,6 @@ GPU machine a skip means the claim was not checked.
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -81,17 +80,9 @@ def pytest_configure(config: pytest.Config) -> None:
 @functools.lru_cache(maxsize=1)
 def cuda_status() -> tuple[bool, str]:
     """(available, reason): CUDA through CuPy with at least one device."""
-    if importlib.util.find_spec("cupy") is None:
-        return False, "CuPy is not installed (pip install cupy-cuda13x)"
-    try:
-        import cupy  # noqa: PLC0415 - optional dependency
+    from engines.cuda_support import cuda_availability
 
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # driver missing or broken: say what CuPy said
-        return False, f"CUDA unavailable: {type(exc).__name__}: {exc}"
-    if count < 1:
-        return False, "CUDA driver reports no device"
-    return True, f"{count} CUDA device(s)"
+    return cuda_availability()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -137,9 +137,11 @@ def _memcpy_nbytes(runtime: Any, kind_index: int, kind_name: str,
         if kind != MEMCPY_DEFAULT:
             return None
         try:
-            dst_type = int(runtime.pointerGetAttributes(_arg(args, kwargs, dst_index, "dst")).type)
-            src_type = (2 if src_index is None else  # a CUDA array source is device memory
-                        int(runtime.pointerGetAttributes(_arg(args, kwargs, src_index, "src")).type))
+            def kind_of(index: int, name: str) -> int:
+                return int(runtime.pointerGetAttributes(_arg(args, kwargs, index, name)).type)
+            dst_type = kind_of(dst_index, "dst")
+            # a CUDA array source (memcpy2DFromArray) is device memory
+            src_type = 2 if src_index is None else kind_of(src_index, "src")
         except Exception:
             return size(args, kwargs)  # direction unknown: count it rather than miss it
         if src_type in _DEVICE_MEMORY_TYPES and dst_type in _HOST_MEMORY_TYPES:
@@ -168,7 +170,8 @@ def cupy_target(cupy: ModuleType | Any) -> Target:
     points: list[InterceptPoint] = []
     array_type = cupy.ndarray
     for name in ARRAY_METHODS:
-        if hasattr(array_type, name) and getattr(array_type, name) is not getattr(object, name, None):
+        inherited_from_object = getattr(array_type, name, None) is getattr(object, name, None)
+        if hasattr(array_type, name) and not inherited_from_object:
             points.append(InterceptPoint(array_type, name, f"cupy.ndarray.{name}",
                                          _array_nbytes(name)))
     if hasattr(cupy, "asnumpy"):

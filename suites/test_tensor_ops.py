@@ -342,13 +342,15 @@ ERROR_CASES: list[tuple[str, Callable[[TensorOps, Callable], Any], type, str]] =
      InputError, "ids"),
     ("gather uint64 id too big", lambda o, m: o.gather_rows(
         m(np.ones((4, 2), np.float32)), np.array([2**63 + 1], dtype=np.uint64)), InputError, "ids"),
-    ("gather float ids", lambda o, m: o.gather_rows(m(np.ones((4, 2), np.float32)), np.array([1.0])),
+    ("gather float ids", lambda o, m: o.gather_rows(
+        m(np.ones((4, 2), np.float32)), np.array([1.0])),
      InputError, "ids"),
     ("gather float in list", lambda o, m: o.gather_rows(m(np.ones((4, 2), np.float32)), [1.5]),
      InputError, "ids"),
     ("gather bool ids", lambda o, m: o.gather_rows(m(np.ones((4, 2), np.float32)), [True]),
      InputError, "ids"),
-    ("gather 2-D ids", lambda o, m: o.gather_rows(m(np.ones((4, 2), np.float32)), np.zeros((1, 1), int)),
+    ("gather 2-D ids", lambda o, m: o.gather_rows(
+        m(np.ones((4, 2), np.float32)), np.zeros((1, 1), int)),
      InputError, "ids"),
     ("gather from an empty table", lambda o, m: o.gather_rows(m(np.ones((0, 2), np.float32)), [0]),
      InputError, "ids"),

@@ -123,7 +123,8 @@ def make_fake_cupy():
     def asnumpy(a, stream=None, order="C", out=None, *, blocking=True):
         return a.get(stream=stream) if isinstance(a, FakeArray) else np.asarray(a)
 
-    return SimpleNamespace(ndarray=FakeArray, asnumpy=asnumpy, cuda=SimpleNamespace(runtime=runtime))
+    return SimpleNamespace(ndarray=FakeArray, asnumpy=asnumpy,
+                           cuda=SimpleNamespace(runtime=runtime))
 
 
 @pytest.fixture
