@@ -16,14 +16,15 @@ from suites.support import fixture_names
 NATIVE_HOST = "native-host"
 
 
-def stepwise_and_batched(engine, prefix, tokens):
+def stepwise_and_batched(engine, prefix, tokens, to_host=np.asarray):
+    """Logits of ``tokens`` after ``prefix``: one M-row forward, and M one-row forwards."""
     engine.reset_ledger()
     batched = DecodeSession(engine)
     batched.forward(prefix, "prefill")
-    rows = np.asarray(batched.forward(tokens, "verify")["logits"])[0]
+    rows = to_host(batched.forward(tokens, "verify")["logits"])[0]
     stepped = DecodeSession(engine)
     stepped.forward(prefix, "prefill")
-    singles = [np.asarray(stepped.forward([t], "decode")["logits"])[0, 0] for t in tokens]
+    singles = [to_host(stepped.forward([t], "decode")["logits"])[0, 0] for t in tokens]
     return rows, np.stack(singles)
 
 

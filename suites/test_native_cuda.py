@@ -1,4 +1,6 @@
-"""native-cuda's kernels, array backend and engine (claims 1 and 2 on the device).
+"""native-cuda's kernels and array backend on the device (claim 2 at the kernel level), and
+ONNX's node tests through the plan on CuPy. The engine end to end (tokens, staging,
+readback, memory, batch invariance of whole forwards) is ``test_native_cuda_decode.py``.
 
 The ``gpu`` tests skip without CUDA (and fail under ``--require-gpu``). Bit-for-bit where
 the arithmetic is defined to be the same: a row of an M-row product equals the M=1 row,
@@ -12,7 +14,6 @@ weight-shape scan, and that the engine reports a missing CUDA cleanly.
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,7 +24,6 @@ from engines.errors import EngineUnavailable, ExecutionError, ResidencyError
 from engines.ledger import Ledger
 from engines.native import cuda_kernels
 from engines.native.array_backend import NumpyArrayBackend
-from engines.tolerances import tolerance_for
 from harness.compare import compare_tensors
 
 GEMV_SHAPES = [(1536, 576), (576, 1536), (2048, 64), (100, 77)]  # weights as N x K
@@ -356,105 +356,50 @@ def test_backend_refuses_host_operands(cp, stream, backend):
 # -- ONNX node conformance on the device ---------------------------------------------------
 
 def _conformance_cases():
-    """ONNX node tests whose every node is an op the fixtures may use, with plain tensors
-    whose dtypes CuPy holds (the host conformance suite runs the rest)."""
-    from onnx.backend.test.case.node import collect_testcases
+    """The host conformance suite's selection (``suites/test_op_conformance.py``), less its
+    known gaps and the cases holding values CuPy cannot (strings, sequences, float8, bfloat16)."""
+    from suites import test_op_conformance as host_suite
 
-    from fixtures.graph import ALLOWED_OPS
+    def plain(values):
+        return all(isinstance(v, (np.ndarray, np.generic)) and v.dtype.kind in "biuf"
+                   for v in values)
 
-    def plain(arrays):
-        return all(isinstance(v, np.ndarray) and v.dtype.kind in "biuf" for v in arrays)
-
-    return [case for case in collect_testcases(None)
-            if all(node.op_type in ALLOWED_OPS for node in case.model.graph.node)
+    return [case for case in host_suite.SELECTED
+            if case.name not in host_suite.KNOWN_GAPS
             and all(plain(inputs) and plain(outputs) for inputs, outputs in case.data_sets)]
 
 
-def _matches(actual: np.ndarray, expected: np.ndarray) -> str:
-    """'' when ``actual`` equals ``expected`` under the table (exact for ints and bools)."""
-    if actual.shape != expected.shape:
-        return f"shape {actual.shape} != {expected.shape}"
-    if actual.dtype != expected.dtype:
-        return f"dtype {actual.dtype} != {expected.dtype}"
-    if expected.dtype.kind != "f":
-        return "" if np.array_equal(actual, expected) else "values differ"
-    nan = np.isnan(expected)
-    if not np.array_equal(np.isnan(actual), nan):
-        return "NaN positions differ"
-    result = compare_tensors(np.where(nan, 0, actual), np.where(nan, 0, expected),
-                             dtype=expected.dtype.name)
-    return "" if result.ok else result.reason
-
-
-def _run_case(case, backend, to_host) -> list[str]:
+def _run_case(case, backend, stream) -> None:
+    """Plan on the CuPy backend; outputs compared as the host suite compares them."""
     from engines.native.plan import Plan, required_host_inputs
+    from suites.test_op_conformance import assert_matches
 
     host_inputs = required_host_inputs(case.model)
     plan = Plan(case.model, backend, host_inputs=host_inputs)
-    problems = []
     for index, (inputs, outputs) in enumerate(case.data_sets):
-        feeds = {name: (value if name in host_inputs else backend.adopt(value))
+        feeds = {name: (np.asarray(value) if name in host_inputs else backend.adopt(value))
                  for name, value in zip(plan.input_names, inputs)}
         result = plan.run(feeds)
+        assert len(plan.output_names) == len(outputs)
         for name, want in zip(plan.output_names, outputs):
-            why = _matches(to_host(result[name]), want)
-            if why:
-                problems.append(f"{case.name}[{index}] output {name}: {why}")
-    return problems
+            assert_matches(host(result[name], stream), want, case.rtol, case.atol,
+                           f"{case.name}[{index}] output {name}")
 
 
 @pytest.mark.gpu
-def test_onnx_node_cases_pass_on_the_device_wherever_they_pass_on_the_host(cp, backend):
-    """Every selected case the host backend passes must pass on CuPy too."""
-    ran, failures = 0, []
-    for case in _conformance_cases():
+def test_onnx_node_cases_pass_on_the_device(cp, stream, backend):
+    """Every case the host suite selects (and CuPy can hold) passes on the device too, and
+    every op the fixtures use is among those run."""
+    from suites.test_op_conformance import FIXTURE_OPS, main_op
+
+    cases = _conformance_cases()
+    failures = []
+    for case in cases:
         try:
-            if _run_case(case, NumpyArrayBackend(), np.asarray):
-                continue  # the host suite owns (and reports) what the host cannot do
-        except Exception:  # noqa: BLE001 - likewise: unsupported on the host
-            continue
-        ran += 1
-        try:
-            failures.extend(_run_case(case, backend, lambda v: host(v, backend.stream)))
+            _run_case(case, backend, stream)
         except Exception as exc:  # noqa: BLE001 - report every case, not the first
-            failures.append(f"{case.name}: {type(exc).__name__}: {exc}")
-    assert ran >= 100, f"only {ran} cases ran on the host; the selection is broken"
-    assert not failures, f"{len(failures)} of {ran} cases fail on the device:\n" + "\n".join(failures)
-
-
-# -- the engine ----------------------------------------------------------------------------
-
-@pytest.mark.gpu
-def test_engine_greedy_equals_oracle_with_nothing_staged(packages, engine_cache):
-    from engines.oracle import oracle_decode
-    from engines.workflow import greedy_decode
-
-    for package in packages.values():
-        engine = engine_cache("native-cuda", package)
-        prompt = list(package.spec.prompts[0])
-        oracle = oracle_decode(package, prompt, 8)
-        result = greedy_decode(engine, prompt, 8)
-        assert result.tokens == oracle.tokens, f"{package.spec.name} diverged from the oracle"
-        ledger = result.ledger
-        assert ledger.host_staging == 0, ledger.host_staging_sites
-        assert ledger.readback_bytes["token_id"] == 4 * len(result.tokens)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 2, 5, 9])
-def test_engine_rows_equal_single_forwards(cp, packages, engine_cache, m):
-    from engines.workflow import DecodeSession
-
-    for package in packages.values():
-        engine = engine_cache("native-cuda", package)
-        spec = package.spec
-        prefix = list(spec.prompts[0])
-        tokens = [(7 * i + 3) % spec.vocab_size for i in range(m)]
-        batched = DecodeSession(engine)
-        batched.forward(prefix, "prefill")
-        rows = host(batched.forward(tokens, "verify")["logits"], engine.stream)[0]
-        stepped = DecodeSession(engine)
-        stepped.forward(prefix, "prefill")
-        singles = np.stack([host(stepped.forward([t], "decode")["logits"], engine.stream)[0, 0]
-                            for t in tokens])
-        assert same_bits(rows, singles), f"{spec.name}: M={m} rows differ from M=1 forwards"
+            failures.append(f"{case.name}: {type(exc).__name__}: {str(exc)[:300]}")
+    missing = sorted(FIXTURE_OPS - {main_op(case) for case in cases})
+    assert not missing, f"no device case for fixture ops {missing}"
+    assert not failures, (f"{len(failures)} of {len(cases)} cases fail on the device:\n"
+                          + "\n".join(failures))

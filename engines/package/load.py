@@ -19,6 +19,7 @@ from engines.errors import InputError, PackageError
 from engines.package.hashing import package_content_hash
 from engines.package.messages import did_you_mean, package_error_from, yaml_kind
 from engines.package.ports import ComponentCheck, graph_inputs, graph_outputs
+from engines.package.speculative_ports import SpeculativeCheck
 from engines.package.schema import (FORMAT_VERSION, PACKAGE_FILE, PackageSpec, StateCellSpec,
                                     field_path)
 from engines.package.yaml_source import YamlSource, read_yaml
@@ -265,6 +266,8 @@ def load_package(path: str | os.PathLike) -> Package:
     for name in spec.components:
         ComponentCheck(spec, name, models[name], paths[name].relative_to(root).as_posix(),
                        source.where).run()
+    SpeculativeCheck(spec, models, {n: paths[n].relative_to(root).as_posix() for n in paths},
+                     source.where).run()
     if spec.tokenizer is not None:
         resolve_inside(root, spec.tokenizer.path, ("tokenizer", "path"), source, "tokenizer",
                        suffix=".json")

@@ -228,6 +228,11 @@ class ComponentCheck:
     # -- coverage ----------------------------------------------------------------------------
     def _all_inputs_fed(self) -> None:
         bound = set(self.comp.inputs.values()) | {c.input for c in self.cells.values()}
+        sp = self.spec.decoding.speculative
+        if sp is not None and sp.proposer == self.name:
+            bound |= set(sp.borrows)  # fed with the target's cells, read-only
+            if sp.carry is not None and sp.carry.input is not None:
+                bound.add(sp.carry.input)
         for port in self.inputs:
             if port not in bound:
                 raise self._error(
@@ -235,5 +240,6 @@ class ComponentCheck:
                     f"graph input {port!r} of {self.file} is bound to no role and no state "
                     f"cell, so no engine could feed it", port,
                     f"bind it under components.{self.name}.inputs (roles: tokens, positions, "
-                    f"embeddings, carry), declare a state cell with input: {port}, or remove "
-                    f"it from the graph")
+                    f"embeddings, carry), declare a state cell with input: {port}, borrow a "
+                    f"target cell through it (decoding.speculative.borrows), or remove it "
+                    f"from the graph")

@@ -122,11 +122,122 @@ class GreedySpec(_Strict):
     """Greedy decoding takes no parameters in format 1; the mapping must be empty."""
 
 
+# -- decoding.speculative -------------------------------------------------------------------
+# Kinds: ``draft`` (a separate draft model with its own state cells, no carry); ``chained``
+# (the proposer reads concat(embed(token) * scale, carry), fused into one input or as token +
+# carry, carry seeded from a declared target output, target cells borrowed read-only);
+# ``mtp`` (a multi-token-prediction head: like chained, the last hidden state seeds the carry
+# and the next token's embedding is the other half; the head may own cells too). Checks that
+# need the graphs (borrowed ports, the embedding initializer) live in ``ports.py``.
+SPECULATIVE_KINDS = ("draft", "chained", "mtp")
+MAX_WIDTH_LIMIT = 16  # verification runs W+1 positions in one forward: keep it bounded
+
+
+class CarrySpec(_Strict):
+    input: NonEmpty | None = Field(
+        default=None, description="proposer graph input of role carry (omit when the carry "
+                                  "travels inside the fused input)")
+    output: NonEmpty = Field(description="proposer graph output that carries to the next step")
+    seed: NonEmpty = Field(description="a declared target output role (e.g. hidden): its row "
+                                       "at the last committed position seeds the carry")
+
+
+class EmbeddingSpec(_Strict):
+    component: Name = Field(description="the component whose initializer holds the token table")
+    initializer: NonEmpty = Field(description="the initializer name of the [vocab, width] table")
+    scale: float = Field(default=1.0, description="applied once to the table at load")
+
+
+class SpeculativeSpec(_Strict):
+    kind: Literal["draft", "chained", "mtp"] = Field(description="draft | chained | mtp")
+    proposer: Name = Field(description="the component that proposes")
+    target: Name = Field(default="target", description="the component that verifies")
+    max_width: int = Field(ge=1, le=MAX_WIDTH_LIMIT,
+                           description="widths 1..max_width are valid")
+    borrows: dict[NonEmpty, Name] = Field(
+        default_factory=dict, description="proposer graph input -> target-owned state cell, "
+                                          "read-only, bound from the target's latest value")
+    carry: CarrySpec | None = Field(default=None, description="chained/mtp: the folded carry")
+    fused_input: Literal["embeddings"] | None = Field(
+        default=None, description="the proposer input role fed concat(embed(token)*scale, "
+                                  "carry)")
+    embedding: EmbeddingSpec | None = Field(
+        default=None, description="the token table used to build the fused input")
+    rollback: list[Name] | None = Field(
+        default=None, description="target kv cells truncated after a rejection "
+                                  "(default: every target kv cell)")
+    snapshot: list[Name] = Field(default_factory=list,
+                                 description="target recurrent cells snapshotted before "
+                                             "verification")
+
+    @model_validator(mode="after")
+    def _shape_of_kind(self) -> SpeculativeSpec:
+        if self.proposer == self.target:
+            raise fail(("proposer",), self.proposer,
+                       f"the proposer and the target are the same component {self.target!r}",
+                       "name a separate proposer component (a drafter, an MTP head)")
+        if self.kind == "draft":
+            for key in ("carry", "fused_input", "embedding"):
+                if getattr(self, key) is not None:
+                    raise fail((key,), _plain(getattr(self, key)),
+                               f"{key} applies to chained and mtp proposers; a draft model "
+                               f"keeps its own state cells instead",
+                               f"remove {key}, or set kind: chained")
+            return self
+        if self.carry is None:
+            raise fail(("carry",), None,
+                       f"a {self.kind} proposer folds a carry from step to step, but no carry "
+                       f"(and so no carry seed) is declared",
+                       "add carry: {output: <proposer carry output>, seed: <target output "
+                       "role, e.g. hidden>} (and input: when not fused)")
+        if self.fused_input is not None:
+            if self.embedding is None:
+                raise fail(("embedding",), None,
+                           "the fused input concat(embed(token) * scale, carry) needs a token "
+                           "table, but no embedding is declared",
+                           "add embedding: {component: <name>, initializer: <table>, "
+                           "scale: 1.0}")
+            if self.carry.input is not None:
+                raise fail(("carry", "input"), self.carry.input,
+                           "the carry travels inside the fused input, so carry.input would "
+                           "bind a second port to it",
+                           "remove carry.input, or remove fused_input to feed token and carry "
+                           "separately")
+        elif self.carry.input is None:
+            raise fail(("carry", "input"), None,
+                       "without fused_input the carry needs its own proposer input",
+                       "add carry.input: <proposer input of role carry>, or set "
+                       "fused_input: embeddings")
+        elif self.embedding is not None:
+            raise fail(("embedding",), _plain(self.embedding),
+                       "an embedding is only used to build a fused input, and none is declared",
+                       "add fused_input: embeddings, or remove embedding")
+        return self
+
+
+def _plain(value: Any) -> Any:
+    return value.model_dump() if isinstance(value, BaseModel) else value
+
+
 class DecodingSpec(_Strict):
     greedy: GreedySpec = Field(default_factory=GreedySpec,
                                description="greedy decoding contract: {}")
-    # Reserved: the speculative issue replaces ``None`` by its own model here.
-    speculative: None = Field(default=None, description="reserved; must be null in format 1")
+    speculative: SpeculativeSpec | None = Field(
+        default=None, description="null, or {kind, proposer, target, max_width, borrows, "
+                                  "carry, fused_input, embedding, rollback, snapshot}")
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _speculative_has_a_kind(cls, value: Any) -> Any:
+        # A mapping without kind is most often a leftover or a guess at the format; say
+        # what the section needs rather than listing every missing field.
+        if isinstance(value, dict) and "kind" not in value:
+            raise fail((), value,
+                       "the speculative section has no kind, so it declares no proposer (a "
+                       "package without speculative decoding keeps the reserved value null)",
+                       "add kind: draft | chained | mtp with proposer and max_width, or set "
+                       "speculative: null")
+        return value
 
 
 class PackageSpec(_Strict):
@@ -196,8 +307,109 @@ class PackageSpec(_Strict):
                                f"but its sequence extent (axis {cell.seq_axis}) is {extent}, "
                                f"not max_context {self.max_context}",
                                f"set shape[{cell.seq_axis}] to {self.max_context}")
+        if self.decoding.speculative is not None:
+            self._speculative_refers_to_what_exists(self.decoding.speculative)
         self._ports_bound_once()
         return self
+
+    def _speculative_refers_to_what_exists(self, sp: SpeculativeSpec) -> None:
+        """The speculative section names components, roles and cells the package declares."""
+        base = ("decoding", "speculative")
+        comps = ", ".join(self.components)
+        for key in ("proposer", "target"):
+            name = getattr(sp, key)
+            if name not in self.components:
+                raise fail((*base, key), name,
+                           f"speculative {key} {name!r} is not a declared component",
+                           f"use one of the components: {comps}")
+        target_cells = self.state_of(sp.target)
+        owned = ", ".join(target_cells) or "(none)"
+        for port, cell in sp.borrows.items():
+            if cell not in self.state:
+                raise fail((*base, "borrows", port), cell,
+                           f"proposer input {port!r} borrows state cell {cell!r}, which the "
+                           f"package does not declare",
+                           f"borrow one of the target's cells: {owned}")
+            if self.state[cell].component != sp.target:
+                raise fail((*base, "borrows", port), cell,
+                           f"proposer input {port!r} borrows state cell {cell!r}, which "
+                           f"component {self.state[cell].component!r} owns, not the target "
+                           f"{sp.target!r}; a borrow is bound from the target's latest value",
+                           f"borrow one of the target's cells: {owned}")
+        proposer = self.components[sp.proposer]
+        target = self.components[sp.target]
+        if "logits" not in proposer.outputs:
+            raise fail(("components", sp.proposer, "outputs"), dict(proposer.outputs),
+                       f"the proposer {sp.proposer!r} has no logits output to draw drafts from",
+                       "bind outputs.logits of the proposer")
+        for role in ("tokens", "logits"):
+            side = target.inputs if role == "tokens" else target.outputs
+            if role not in side:
+                raise fail(("components", sp.target, "inputs" if role == "tokens" else
+                            "outputs"), dict(side),
+                           f"the target {sp.target!r} verifies drafts, so it needs the {role} "
+                           f"role", f"bind {role} on the target")
+        if sp.kind == "draft" and "tokens" not in proposer.inputs:
+            raise fail(("components", sp.proposer, "inputs"), dict(proposer.inputs),
+                       f"a draft model is fed tokens, but {sp.proposer!r} binds no tokens role",
+                       "bind inputs.tokens of the draft model")
+        if sp.carry is not None:
+            if sp.carry.seed not in target.outputs:
+                raise fail((*base, "carry", "seed"), sp.carry.seed,
+                           f"carry seed {sp.carry.seed!r} is not a declared output role of the "
+                           f"target {sp.target!r}",
+                           f"use one of the target's output roles: {', '.join(target.outputs)}"
+                           f" (declare the role under components.{sp.target}.outputs first)")
+            for side, port in (("input", sp.carry.input), ("output", sp.carry.output)):
+                declared = (proposer.inputs if side == "input" else proposer.outputs).get("carry")
+                if port is not None and declared is not None and declared != port:
+                    raise fail((*base, "carry", side), port,
+                               f"carry.{side} {port!r} differs from the proposer's carry role "
+                               f"{declared!r}", f"set carry.{side}: {declared}")
+        if sp.fused_input is not None and sp.fused_input not in proposer.inputs:
+            raise fail((*base, "fused_input"), sp.fused_input,
+                       f"fused_input names role {sp.fused_input!r}, which the proposer "
+                       f"{sp.proposer!r} does not bind",
+                       f"bind components.{sp.proposer}.inputs.{sp.fused_input} to the graph "
+                       f"input fed concat(embed(token) * scale, carry)")
+        if sp.embedding is not None and sp.embedding.component not in self.components:
+            raise fail((*base, "embedding", "component"), sp.embedding.component,
+                       f"embedding component {sp.embedding.component!r} is not declared",
+                       f"use one of the components: {comps}")
+        kv = [n for n, c in target_cells.items() if c.kind == "kv"]
+        recurrent = [n for n, c in target_cells.items() if c.kind == "recurrent"]
+        for i, cell in enumerate(sp.rollback or []):
+            spec = self.state.get(cell)
+            if spec is None or spec.component != sp.target or spec.kind != "kv":
+                what = ("is not a declared cell" if spec is None else
+                        f"is owned by {spec.component!r}" if spec.component != sp.target else
+                        "is recurrent (it cannot be truncated: snapshot it instead)")
+                raise fail((*base, "rollback", i), cell,
+                           f"rollback cell {cell!r} {what}; rollback truncates the target's "
+                           f"kv cells", f"list target kv cells only: {', '.join(kv) or '(none)'}")
+        if sp.rollback is not None:
+            missing = [n for n in kv if n not in sp.rollback]
+            if missing:
+                raise fail((*base, "rollback"), list(sp.rollback),
+                           f"target kv cell(s) {', '.join(missing)} would keep rejected "
+                           f"positions after a partial accept",
+                           f"list every target kv cell ({', '.join(kv)}), or omit rollback")
+        for i, cell in enumerate(sp.snapshot):
+            spec = self.state.get(cell)
+            if spec is None or spec.component != sp.target or spec.kind != "recurrent":
+                what = ("is not a declared cell" if spec is None else
+                        f"is owned by {spec.component!r}" if spec.component != sp.target else
+                        "is a kv cell (roll it back by truncation: list it under rollback)")
+                raise fail((*base, "snapshot", i), cell,
+                           f"snapshot cell {cell!r} {what}; snapshots hold the target's "
+                           f"recurrent cells",
+                           f"list target recurrent cells only: {', '.join(recurrent) or '(none)'}")
+        missing = [n for n in recurrent if n not in sp.snapshot]
+        if missing:
+            raise fail((*base, "snapshot"), list(sp.snapshot),
+                       f"target recurrent cell(s) {', '.join(missing)} cannot be truncated, so "
+                       f"a partial accept could not roll them back without a snapshot",
+                       f"add them to snapshot: {', '.join(recurrent)}")
 
     def _ports_bound_once(self) -> None:
         """One graph input is fed by one thing; one graph output feeds one cell."""
@@ -212,6 +424,15 @@ class PackageSpec(_Strict):
             bindings += [(seen_out, ("state", cell_name, "output"), cell.output)
                          for cell_name, cell in self.state.items()
                          if cell.component == comp_name]
+            sp = self.decoding.speculative
+            if sp is not None and sp.proposer == comp_name:
+                base = ("decoding", "speculative")
+                bindings += [(seen_in, (*base, "borrows", port), port) for port in sp.borrows]
+                comp_carry = (comp.inputs.get("carry"), comp.outputs.get("carry"))
+                if sp.carry is not None and sp.carry.input not in (None, comp_carry[0]):
+                    bindings.append((seen_in, (*base, "carry", "input"), sp.carry.input))
+                if sp.carry is not None and sp.carry.output != comp_carry[1]:
+                    bindings.append((seen_out, (*base, "carry", "output"), sp.carry.output))
             for seen, loc, port in bindings:
                 if port in seen:
                     first = field_path(seen[port])
@@ -222,6 +443,15 @@ class PackageSpec(_Strict):
                 seen[port] = loc
 
     # -- convenience -------------------------------------------------------------------------
+    def rollback_cells(self) -> list[str]:
+        """The target kv cells a partial accept truncates (declared, or every one)."""
+        sp = self.decoding.speculative
+        if sp is None:
+            return []
+        if sp.rollback is not None:
+            return list(sp.rollback)
+        return [n for n, c in self.state_of(sp.target).items() if c.kind == "kv"]
+
     def state_of(self, component: str) -> dict[str, StateCellSpec]:
         """The state cells a component owns, in declaration order."""
         return {n: c for n, c in self.state.items() if c.component == component}

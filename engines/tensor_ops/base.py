@@ -284,7 +284,73 @@ class TensorOps(abc.ABC):
                                  value=f"row {i}", remedy="the logits are corrupt upstream")
         return ids
 
+    def copy_into(self, dst: Any, src: Any):
+        """``dst[...] = src`` in place (same shape and dtype, no conversion); returns dst.
+
+        The snapshot primitive: on CUDA a device-to-device copy on the engine's stream."""
+        self.check_resident(dst, "dst")
+        self.check_resident(src, "src")
+        if src.dtype != dst.dtype:
+            raise InputError(f"src dtype {src.dtype.name} differs from dst dtype {dst.dtype.name}",
+                             field="src.dtype", value=src.dtype.name,
+                             remedy="copy between buffers of one dtype; copy_into never converts")
+        if tuple(src.shape) != tuple(dst.shape):
+            raise InputError(f"src shape {tuple(src.shape)} differs from dst shape "
+                             f"{tuple(dst.shape)}", field="src.shape", value=tuple(src.shape),
+                             remedy="copy between buffers of one shape (preallocate dst like src)")
+        if dst.size:
+            self._copy_into(dst, src)
+        return dst
+
+    def accept_drafts(self, logits2d: Any, drafts: Any) -> tuple[int, int]:
+        """Verification on the residency of the logits: ``(accepted, bonus)``.
+
+        ``logits2d`` holds the target's rows for the W+1 verified positions (at least
+        ``len(drafts) + 1`` rows); row i's argmax (ties to the lowest index, NaN ignored) is
+        compared with ``drafts[i]``; ``accepted`` is the length of the agreeing prefix and
+        ``bonus`` the argmax of row ``accepted``. The only values that come back are those
+        two int32s: 4 bytes ``accept_count`` and 4 bytes ``token_id`` on a device."""
+        self.check_resident(logits2d, "logits2d")
+        if logits2d.ndim != 2:
+            raise InputError("accept_drafts needs a 2-D [rows, vocab] value", field="logits2d",
+                             value=tuple(logits2d.shape))
+        dtype_name(logits2d.dtype)
+        rows, vocab = int(logits2d.shape[0]), int(logits2d.shape[1])
+        if vocab == 0:
+            raise InputError("rows of width 0 have no argmax", field="logits2d",
+                             value=tuple(logits2d.shape))
+        ids = self.check_host_ids(drafts if isinstance(drafts, np.ndarray) else list(drafts),
+                                  vocab)
+        if ids.size + 1 > rows:
+            raise InputError(f"{ids.size} drafts need {ids.size + 1} verified rows, the logits "
+                             f"hold {rows}", field="drafts", value=int(ids.size),
+                             remedy="verify W drafts with a forward over W+1 positions")
+        accepted, bonus = self._accept(logits2d, ids)
+        if bonus < 0:
+            raise InputError(f"row {accepted} is all NaN, so it has no argmax",
+                             field="logits2d", value=f"row {accepted}",
+                             remedy="the logits are corrupt upstream")
+        return accepted, bonus
+
+    def stage_to_host(self, v: Any, site: str) -> np.ndarray:
+        """A host copy of ``v``: host staging, outside every budget but the measured one.
+
+        Only the host-snapshot comparison uses it; on a device it is counted
+        ``ledger.record_staging(nbytes, site)`` (on the host nothing crosses)."""
+        self.check_resident(v, "v")
+        return self._stage(v, site)
+
     # -- backend primitives ------------------------------------------------------------------
+    @abc.abstractmethod
+    def _copy_into(self, dst: Any, src: Any) -> None: ...
+
+    @abc.abstractmethod
+    def _accept(self, logits2d: Any, drafts: np.ndarray) -> tuple[int, int]:
+        """(accepted, bonus); bonus -1 when row ``accepted`` is all NaN."""
+
+    @abc.abstractmethod
+    def _stage(self, v: Any, site: str) -> np.ndarray: ...
+
     @abc.abstractmethod
     def _adopt(self, host_array: np.ndarray): ...
 

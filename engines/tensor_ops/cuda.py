@@ -105,6 +105,18 @@ extern "C" __global__ void lockstep_argmax_rows(const lk_value* __restrict__ x,
     if (threadIdx.x == 0) out[blockIdx.x] = best_i[0];
 }
 
+// Verification: the length of the prefix where the row argmaxes equal the drafts, and the
+// argmax of the first row after it (the bonus token), into out[0] and out[1].
+extern "C" __global__ void lockstep_accept(const int* __restrict__ best,
+                                           const long long* __restrict__ drafts, int width,
+                                           int* __restrict__ out) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    int n = 0;
+    while (n < width && (long long)best[n] == drafts[n]) n++;
+    out[0] = n;
+    out[1] = best[n];
+}
+
 // Test hook: the ordering key of every element, so the bit decoding can be checked
 // against numpy for all 65536 half and bfloat16 patterns.
 extern "C" __global__ void lockstep_keys(const lk_value* __restrict__ x, long long n,
@@ -222,6 +234,51 @@ class CudaTensorOps(TensorOps):
     def _scatter(self, dst: Any, offset: int, src: Any) -> None:
         with self.on_stream():
             self._bits(dst)[..., offset:offset + src.shape[-1]] = self._bits(src)
+
+    def _copy_into(self, dst: Any, src: Any) -> None:
+        with self.on_stream():
+            self._bits(dst)[...] = self._bits(src)  # device to device, on the stream
+
+    def _row_argmax_on_device(self, logits2d: Any, rows: int):
+        """int32 [rows] argmaxes left on the device (-1 for an all-NaN row)."""
+        name = dtype_name(logits2d.dtype)
+        cols = int(logits2d.shape[1])
+        if cols >= 2 ** 31:
+            raise InputError("rows wider than 2**31 - 1 are not supported", field="logits2d",
+                             value=tuple(logits2d.shape))
+        fn = _module(name).get_function("lockstep_argmax_rows")
+        with self.on_stream():
+            x = self._bits(logits2d[:rows])
+            row_stride, usable = kernel_layout(x.shape, x.strides, x.itemsize)
+            if not usable:
+                x = self.cp.ascontiguousarray(x)
+                row_stride = cols
+            out = self.cp.empty((rows,), dtype=self.cp.int32)
+            fn((rows,), (ARGMAX_BLOCK,), (x, np.int64(row_stride), np.int32(cols), out))
+        return out
+
+    def _accept(self, logits2d: Any, drafts: np.ndarray) -> tuple[int, int]:
+        width = int(drafts.size)
+        best = self._row_argmax_on_device(logits2d, width + 1)
+        fn = _module(dtype_name(logits2d.dtype)).get_function("lockstep_accept")
+        with self.on_stream():
+            dev_drafts = (self._adopt(drafts) if width else
+                          self.cp.zeros((1,), dtype=self.cp.int64))
+            out = self.cp.empty((2,), dtype=self.cp.int32)
+            fn((1,), (1,), (best, dev_drafts, np.int32(width), out))
+            with sanctioned_readback("accept_count"):
+                accepted = out[0:1].get(stream=self.stream)
+            with sanctioned_readback("token_id"):
+                bonus = out[1:2].get(stream=self.stream)
+        self.ledger.record_readback("accept_count", accepted.nbytes)
+        self.ledger.record_readback("token_id", bonus.nbytes)
+        return int(accepted[0]), int(bonus[0])
+
+    def _stage(self, v: Any, site: str) -> np.ndarray:
+        with self.on_stream():
+            host = self._bits(v).get(stream=self.stream).view(v.dtype)  # staging, on purpose
+        self.ledger.record_staging(host.nbytes, site)
+        return host
 
     def _argmax(self, logits2d: Any, rows: int) -> list[int]:
         name = dtype_name(logits2d.dtype)

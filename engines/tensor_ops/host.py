@@ -57,3 +57,16 @@ class HostTensorOps(TensorOps):
         hit = (keys == best) & ~nan  # the row maximum among non-NaN values
         first = hit.argmax(axis=1)  # lowest index of the maximum
         return [int(i) if hit[r, i] else -1 for r, i in enumerate(first)]
+
+    def _copy_into(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst, src, casting="no")
+
+    def _accept(self, logits2d: np.ndarray, drafts: np.ndarray) -> tuple[int, int]:
+        best = self._argmax(logits2d, drafts.size + 1)
+        n = 0
+        while n < drafts.size and best[n] == int(drafts[n]):
+            n += 1
+        return n, best[n]
+
+    def _stage(self, v: np.ndarray, site: str) -> np.ndarray:
+        return np.array(v, copy=True)  # nothing crosses on the host: nothing to record

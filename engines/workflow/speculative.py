@@ -1,0 +1,164 @@
+"""Speculative decoding: propose W drafts, verify W+1 positions in one target forward, commit.
+
+One implementation for every engine (the engine only runs components and moves values
+through its ``TensorOps``). A round, with L positions committed and the pending token t
+(emitted, not yet fed to the target):
+
+1. the proposer drafts d1..dW (``proposers.py``): 4 bytes read back per draft;
+2. recurrent target cells are snapshotted device-to-device (``state_service.py``);
+3. the target runs [t, d1..dW] at positions L..L+W (phase ``verify``);
+4. ``accept_drafts`` compares the target's argmax per row with the drafts on the engine's
+   residency: ``accepted`` n (4 bytes, ``accept_count``) and the bonus token (4 bytes,
+   ``token_id``) are the only readbacks;
+5. committed: d1..dn + bonus. Full accept (n = W): nothing to undo. Partial: kv cells roll
+   back by truncation; with recurrent cells, kv roll back to L, the snapshot is restored
+   and [t, d1..dn] re-advanced (phase ``readvance``, n+1 positions), without them kv
+   truncate to L+n+1.
+
+Readback per round on a device: 4 bytes per proposer step + 8 per verification. Decoding
+stops at eos or max_new_tokens exactly like greedy, so the streams are equal token for token
+including their length (a round's width shrinks near max_new_tokens; with one token left a
+plain decode step ends the stream).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engines.errors import InputError
+from engines.workflow.proposers import CarryProposer, DraftModelProposer, argmax_last_row
+from engines.workflow.session import DecodeResult, DecodeSession
+from engines.workflow.state_service import SNAPSHOT_MODES, StateService
+from engines.workflow.validation import check_request
+
+
+@dataclass
+class SpeculativeResult(DecodeResult):
+    kind: str = ""
+    width: int = 0
+    acceptance_per_round: list[int] = field(default_factory=list)
+    widths_per_round: list[int] = field(default_factory=list)
+
+
+def check_width(spec, width) -> int:
+    sp = spec.decoding.speculative
+    if sp is None:
+        raise InputError(f"package {spec.name!r} declares no speculative decoding",
+                         field="decoding.speculative", value=None,
+                         remedy="decode greedily, or use a package with a speculative section")
+    if isinstance(width, bool) or not isinstance(width, int):
+        raise InputError("width must be an integer", field="width", value=width,
+                         remedy=f"use a width in 1..{sp.max_width}")
+    if not 1 <= width <= sp.max_width:
+        raise InputError(f"width {width} is outside 1..max_width {sp.max_width} of "
+                         f"{spec.name!r}", field="width", value=width,
+                         remedy=f"use a width in 1..{sp.max_width} (decoding.speculative."
+                                f"max_width)")
+    return width
+
+
+class SpeculativeSession:
+    """One sequence decoded speculatively on one engine."""
+
+    def __init__(self, engine, snapshot_mode: str = "device"):
+        spec = engine.package.spec
+        self.engine = engine
+        self.spec = spec
+        sp = spec.decoding.speculative
+        if sp is None:
+            check_width(spec, 1)  # the clear error
+        if snapshot_mode not in SNAPSHOT_MODES:
+            raise InputError("unknown snapshot mode", field="snapshot_mode", value=snapshot_mode,
+                             remedy=f"use one of: {', '.join(SNAPSHOT_MODES)}")
+        self.sp = sp
+        self.target = DecodeSession(engine, component=sp.target)
+        self.state = StateService.over(self.target.cells, sp.snapshot, snapshot_mode)
+        self.rollback = spec.rollback_cells()
+        self.proposer = (DraftModelProposer(engine, self.target, sp) if sp.kind == "draft"
+                         else CarryProposer(engine, self.target, sp))
+
+    @property
+    def ops(self):
+        return self.engine.tensor_ops
+
+    @property
+    def ledger(self):
+        return self.engine.ledger
+
+    def decode(self, prompt: Sequence[int], max_new_tokens: int, width: int) -> SpeculativeResult:
+        width = check_width(self.spec, width)
+        ids = check_request(self.spec, prompt, max_new_tokens)
+        eos = self.spec.eos_id
+        ledger, ops = self.ledger, self.ops
+        logits_role = "logits"
+        start = time.perf_counter()
+        steps: list[float] = []
+        out = self.target.forward(ids, "prefill")
+        tokens = [argmax_last_row(ops, out[logits_role])]
+        seed_out, seed_row = out, len(ids) - 1  # target outputs holding the last committed row
+        steps.append(time.perf_counter() - start)
+        accepted_log: list[int] = []
+        widths: list[int] = []
+        while len(tokens) < max_new_tokens and tokens[-1] != eos:
+            t0 = time.perf_counter()
+            w = min(width, max_new_tokens - len(tokens) - 1)
+            pending = tokens[-1]
+            base = self.target.position  # L: positions committed into the target's cells
+            if w == 0:  # one token left: a round could only verify the pending token
+                out = self.target.forward([pending], "decode")
+                tokens.append(argmax_last_row(ops, out[logits_role]))
+                seed_out, seed_row = out, 0
+                steps.append(time.perf_counter() - t0)
+                continue
+            sequence = ids + tokens
+            if isinstance(self.proposer, DraftModelProposer):
+                drafts = self.proposer.propose(sequence, w)
+            else:
+                seed = self.proposer.seed_from(seed_out, seed_row)
+                drafts = self.proposer.propose(pending, w, seed, base)
+            if self.state.snapshot_cells:
+                self.state.snapshot()
+            verify = self.target.forward([pending] + drafts, "verify")
+            logits = verify[logits_role]
+            n, bonus = ops.accept_drafts(logits.reshape(w + 1, logits.shape[-1]), drafts)
+            ledger.proposals += 1
+            ledger.accepted += n
+            ledger.rejected += w - n
+            accepted_log.append(n)
+            widths.append(w)
+            if n == w:
+                ledger.full_accepts += 1
+                seed_out, seed_row = verify, w
+            else:
+                ledger.rollbacks += 1
+                if self.state.snapshot_cells:
+                    self.state.truncate(base, self.rollback)
+                    self.state.restore()
+                    self.target.position = base
+                    seed_out = self.target.forward([pending] + drafts[:n], "readvance")
+                    seed_row = n
+                else:
+                    self.state.truncate(base + n + 1, self.rollback)
+                    self.target.position = base + n + 1
+                    seed_out, seed_row = verify, n
+            new = drafts[:n] + [bonus]
+            if eos is not None and eos in new:
+                new = new[:new.index(eos) + 1]
+            tokens += new
+            self.proposer.after_round(ids + tokens, start=base, accepted=n, width=w,
+                                      drafts=drafts, target_out=verify,
+                                      row_of_position=lambda pos: pos - base)
+            steps.append(time.perf_counter() - t0)
+        wall = time.perf_counter() - start
+        return SpeculativeResult(self.engine.name, ids, tokens, ledger, wall, steps,
+                                 kind=self.sp.kind, width=width,
+                                 acceptance_per_round=accepted_log, widths_per_round=widths)
+
+
+def speculative_decode(engine, prompt: Sequence[int], max_new_tokens: int, width: int,
+                       snapshot_mode: str = "device") -> SpeculativeResult:
+    """Fresh ledger, fresh session, speculative decode at ``width``."""
+    check_width(engine.package.spec, width)
+    engine.reset_ledger()
+    return SpeculativeSession(engine, snapshot_mode).decode(prompt, max_new_tokens, width)

@@ -1,0 +1,121 @@
+"""native-cuda end to end (claims 1, 3, 4, 5 on the device): tokens equal the oracle, zero
+host staging by the ledger and by the independent transfer guard, exactly 4 bytes read back
+per generated token, flat device memory, and a planted host read caught at its call site.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+
+from engines.oracle import oracle_decode
+from engines.package import load_package
+from engines.tolerances import tolerance_for
+from engines.workflow import greedy_decode
+from fixtures.strategies import build_generated, decoder_configs
+from harness.compare import DEFECT, compare_tokens
+from suites.support import fixture_names
+
+pytestmark = pytest.mark.gpu
+ENGINE = "native-cuda"
+NEW_TOKENS = 32
+FREE_MEMORY_DRIFT = 64 * 2**20  # bytes: the driver's free memory may move this much, no more
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("package_name", fixture_names())
+def test_greedy_equals_oracle_with_zero_staging(packages, engine_cache, package_name):
+    from harness.transfer_guard import transfer_guard
+
+    package = packages[package_name]
+    engine = engine_cache(ENGINE, package)
+    for prompt in package.spec.prompts:
+        oracle = oracle_decode(package, prompt, NEW_TOKENS)
+        with transfer_guard("disallow") as guard:
+            result = greedy_decode(engine, prompt, NEW_TOKENS)
+        assert result.tokens == oracle.tokens
+        ledger = result.ledger
+        assert ledger.host_staging == 0 and guard.staging_count == 0, guard.staging_sites
+        assert ledger.readback_bytes["token_id"] == 4 * len(result.tokens)
+        assert guard.readback_bytes["token_id"] == ledger.readback_bytes["token_id"]
+        assert guard.readback_count["token_id"] == ledger.readback_count["token_id"] == len(result.tokens)
+        assert ledger.readback_bytes["accept_count"] == 0
+
+
+@settings(max_examples=int(os.environ.get("LOCKSTEP_GPU_EXAMPLES", "12")))
+@given(case=decoder_configs())
+def test_generated_models_agree_with_the_oracle(tmp_path_factory, case):
+    from engines.registry import get_engine_class
+
+    package = load_package(build_generated(case, tmp_path_factory.mktemp("gen")))
+    oracle = oracle_decode(package, list(case.prompt), 8)
+    engine = get_engine_class(ENGINE)(package)
+    try:
+        result = greedy_decode(engine, list(case.prompt), 8)
+    finally:
+        engine.close()
+    div = compare_tokens(oracle.tokens, oracle.margins, result.tokens,
+                         tolerance_for(case.config.dtype).near_tie_margin)
+    assert div is None or div.verdict != DEFECT, (div, case)
+
+
+@pytest.mark.parametrize("package_name", fixture_names())
+def test_batch_invariance_on_device(packages, engine_cache, package_name):
+    """Row i of an M-row forward equals the M=1 forward bit for bit, M = 1..9."""
+    from suites.test_batch_invariance import stepwise_and_batched
+
+    package = packages[package_name]
+    engine = engine_cache(ENGINE, package)
+    prefix = list(package.spec.prompts[0])
+    for m in range(1, 10):
+        tokens = [(7 * i + 3) % package.spec.vocab_size for i in range(m)]
+        rows, singles = stepwise_and_batched(engine, prefix, tokens, to_host=lambda x: x.get())
+        assert rows.shape == singles.shape and rows.tobytes() == singles.tobytes(), m
+
+
+@pytest.mark.parametrize("package_name", ["tiny_llama", "tiny_llama_static"])
+def test_device_memory_stays_flat(package_name):
+    """In its own process: 100 decode steps at a fixed length leave live allocations and
+    bytes unchanged exactly, and the driver's free memory within 64 MiB."""
+    steps = 100
+    proc = subprocess.run([sys.executable, "-m", "suites.gpu_memory_probe", package_name, str(steps)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    probe = json.loads(proc.stdout.strip().splitlines()[-1])
+    series = probe["series"]
+    assert len(series) == steps + 1
+    first = series[0]
+    assert all(s["live_allocations"] == first["live_allocations"] for s in series), series[:5]
+    assert all(s["live_bytes"] == first["live_bytes"] for s in series)
+    assert abs(probe["free_before"] - probe["free_after"]) <= FREE_MEMORY_DRIFT
+    assert probe["host_staging"] == 0
+
+
+def test_planted_host_read_is_caught_at_its_call_site(packages, monkeypatch):
+    """The guard in disallow mode turns a .get() hidden inside a decode step into an error."""
+    from engines.registry import get_engine_class
+    from harness.transfer_guard import TransferGuardError, transfer_guard
+
+    package = packages["tiny_llama"]
+    engine = get_engine_class(ENGINE)(package)
+    real = engine.run_component
+    planted_line = None
+
+    def leaky(component, feeds):
+        nonlocal planted_line
+        out = real(component, feeds)
+        planted_line = sys._getframe().f_lineno + 1
+        next(iter(out.values())).get()  # planted host staging
+        return out
+
+    monkeypatch.setattr(engine, "run_component", leaky)
+    with transfer_guard("disallow"):
+        with pytest.raises(TransferGuardError) as info:
+            greedy_decode(engine, list(package.spec.prompts[0]), 4)
+    assert f"test_native_cuda_decode.py:{planted_line}" in str(info.value)
+    engine.close()
