@@ -20,6 +20,7 @@ BUILTIN: dict[str, str] = {
     "native-host": "engines.backends.native_host:NativeHostEngine",
     "native-cuda": "engines.backends.native_cuda:NativeCudaEngine",
     "ort-cuda": "engines.backends.ort_cuda:OrtCudaEngine",
+    "hf": "engines.backends.hf:HfEngine",
 }
 
 REFERENCE_ENGINE = "ort-cpu"

@@ -1,7 +1,10 @@
-"""The matrix runner: engines x packages x prompts, each greedy stream against the oracle.
+"""The matrix runner: engines x packages x modes x prompts, each stream against the oracle.
 
 The oracle is computed once per (package, prompt); every engine's stream is compared to it
 exactly, divergences get a margin-aware verdict, and one evidence record is written per cell.
+Mode ``greedy`` is one cell per (package, engine, prompt); mode ``speculative`` is one cell
+per width as well, and each speculative stream is compared with that engine's greedy stream
+AND with the oracle (claim 1: speculative == greedy == oracle, exactly).
 """
 from __future__ import annotations
 
@@ -14,10 +17,13 @@ from engines.errors import LockstepError
 from engines.oracle import OracleTrace, oracle_decode
 from engines.registry import REFERENCE_ENGINE, get_engine_class
 from engines.tolerances import tolerance_for
+from engines.errors import InputError
 from engines.workflow import DecodeResult, greedy_decode
+from engines.workflow.speculative import SpeculativeResult, speculative_decode
 from harness.compare import DEFECT, TokenDivergence, compare_tokens
 from harness.packages import resolve_package
 
+MODES = ("greedy", "speculative")
 IDENTICAL = "identical"
 UNAVAILABLE = "unavailable"
 ERROR = "error"
@@ -36,6 +42,9 @@ class CellResult:
     reason: str = ""
     tokens_per_s: float | None = None
     record_path: Path | None = None
+    mode: str = "greedy"  # greedy, or <kind>/w<width> for a speculative cell
+    acceptance_per_round: list[int] = field(default_factory=list)
+    tallies: dict[str, int] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -69,41 +78,99 @@ def budgets_for(engine: Engine, result: DecodeResult):
     return [staging, readback], {"zero_staging": staging.verdict, "readback_budget": readback.verdict}
 
 
+def speculative_budgets(engine: Engine, result: SpeculativeResult):
+    """Claims 3 and 4 for a speculative cell: zero staging, and exactly 4 bytes per token of
+    the prefill and of a last decode step, 4 per proposer step, 8 per verification."""
+    from harness.evidence import BudgetCheck
+
+    if engine.residency == "host":
+        return [], {"zero_staging": "skip", "readback_budget": "skip"}
+    ledger = result.ledger
+    expected = (4 * (1 + ledger.forwards["decode"] + sum(result.widths_per_round))
+                + 8 * ledger.proposals)
+    measured = ledger.readback_total
+    staging = BudgetCheck(claim="zero_staging", budget=0, measured=ledger.host_staging,
+                          unit="events", verdict="pass" if ledger.host_staging == 0 else "fail")
+    readback = BudgetCheck(claim="readback_budget", budget=expected, measured=measured,
+                           unit="bytes", verdict="pass" if measured == expected else "fail",
+                           note="4 bytes per proposer step (draft id), 8 per verification "
+                                "(accept count + bonus id), 4 per prefill or decode token")
+    return [staging, readback], {"zero_staging": staging.verdict,
+                                 "readback_budget": readback.verdict}
+
+
 def evidence_record(run_id, env, package, engine: Engine, prompt_name, result: DecodeResult,
-                    oracle: OracleTrace, divergence: TokenDivergence | None):
+                    oracle: OracleTrace, divergence: TokenDivergence | None,
+                    greedy_divergence: TokenDivergence | None = None):
     from harness import evidence as ev
 
-    budgets, verdicts = budgets_for(engine, result)
-    verdicts["token_identity"] = "fail" if divergence and divergence.verdict == DEFECT else "pass"
+    speculative = isinstance(result, SpeculativeResult)
+    budgets, verdicts = (speculative_budgets(engine, result) if speculative
+                         else budgets_for(engine, result))
+    first = divergence or greedy_divergence
+    defect = any(d is not None and d.verdict == DEFECT for d in (divergence, greedy_divergence))
+    verdicts["token_identity"] = "fail" if defect else "pass"
+    mode = (ev.Mode(kind=result.kind, width=result.width) if speculative
+            else ev.Mode(kind="greedy"))
     return ev.EvidenceRecord(
         run_id=run_id, environment=env,
         package=ev.PackageRef(name=package.spec.name, content_hash=package.content_hash,
                               path=str(package.root)),
-        engine=engine.name, mode=ev.Mode(kind="greedy"),
+        engine=engine.name, mode=mode,
         prompt=ev.PromptRef(name=prompt_name, ids=list(result.prompt)),
         tokens=list(result.tokens), token_digest=ev.token_digest(result.tokens),
         reference=ev.ReferenceRef(engine=f"oracle:{oracle.engine}", tokens=list(oracle.tokens),
                                   digest=ev.token_digest(oracle.tokens),
                                   margins=list(oracle.margins)),
-        divergence=None if divergence is None else ev.Divergence(
-            step=divergence.step, reference_token=divergence.reference_token,
-            engine_token=divergence.engine_token,
-            margin=divergence.margin if divergence.margin != float("inf") else None,
-            verdict=divergence.verdict),
+        divergence=None if first is None else ev.Divergence(
+            step=first.step, reference_token=first.reference_token,
+            engine_token=first.engine_token,
+            margin=first.margin if first.margin != float("inf") else None,
+            verdict=first.verdict),
         ledger=result.ledger.to_dict(),
+        acceptance_per_round=list(result.acceptance_per_round) if speculative else [],
         timings=ev.Timings(wall_s=result.wall_s, tokens_per_s=result.tokens_per_s,
                            phase_seconds=dict(result.ledger.phase_seconds)),
         budgets=budgets, verdicts=verdicts,
     )
 
 
+def widths_for(package, mode: str, widths: Sequence[int] | str | None) -> list[int | None]:
+    """The widths a package runs at: [None] for greedy; for speculative, ``"all"`` (or None)
+    is 1..max_width, a list must lie within it (else ``InputError``)."""
+    if mode not in MODES:
+        raise InputError("unknown mode", field="--mode", value=mode,
+                         remedy=f"use one of: {', '.join(MODES)}")
+    if mode == "greedy":
+        return [None]
+    sp = package.spec.decoding.speculative
+    if sp is None:
+        raise InputError(f"package {package.spec.name!r} declares no speculative decoding",
+                         field="--packages", value=package.spec.name,
+                         remedy="drop it from --packages, or run it with --mode greedy")
+    if widths is None or widths == "all":
+        return list(range(1, sp.max_width + 1))
+    for w in widths:
+        if not 1 <= w <= sp.max_width:
+            raise InputError(f"width {w} is outside 1..max_width {sp.max_width} of "
+                             f"{package.spec.name!r}", field="--width", value=w,
+                             remedy=f"use --width in 1..{sp.max_width}, or --width all")
+    return list(widths)
+
+
 def run_matrix(engines: Sequence[str], packages: Sequence[str], prompts: Sequence[Sequence[int]] | None,
                max_new_tokens: int, evidence_dir: Path | None = None,
-               on_cell: Callable[[CellResult], None] | None = None) -> RunSummary:
-    """Run every engine on every package and prompt; never stops at the first failure."""
+               on_cell: Callable[[CellResult], None] | None = None, mode: str = "greedy",
+               widths: Sequence[int] | str | None = None) -> RunSummary:
+    """Run every engine on every package, width and prompt; never stops at the first failure.
+
+    Bad requests (an unknown engine or mode, a width outside a package's range, a package
+    without a speculative section in speculative mode) fail before anything runs."""
     from harness import evidence as ev
 
     classes = {name: get_engine_class(name) for name in engines}  # unknown names fail here
+    resolved = [resolve_package(ref) for ref in packages]
+    plan = [(package, widths_for(package, mode, widths)) for package in resolved]
     run_id = ev.new_run_id()
     env = ev.collect_environment()
     cells: list[CellResult] = []
@@ -113,8 +180,9 @@ def run_matrix(engines: Sequence[str], packages: Sequence[str], prompts: Sequenc
         if on_cell:
             on_cell(cell)
 
-    for ref in packages:
-        package = resolve_package(ref)
+    for package, package_widths in plan:
+        sp = package.spec.decoding.speculative
+        labels = {w: ("greedy" if w is None else f"{sp.kind}/w{w}") for w in package_widths}
         chosen = [list(p) for p in prompts] if prompts else [list(p) for p in package.spec.prompts]
         named = [(f"p{i}", p) for i, p in enumerate(chosen)]
         near_tie = tolerance_for(package.spec.dtype).near_tie_margin
@@ -122,35 +190,64 @@ def run_matrix(engines: Sequence[str], packages: Sequence[str], prompts: Sequenc
         for engine_name, cls in classes.items():
             avail = cls.availability()
             if not avail.ok:
-                for name, p in named:
-                    emit(CellResult(package.spec.name, engine_name, name, p, UNAVAILABLE,
-                                    reason=avail.reason))
+                for w in package_widths:
+                    for name, p in named:
+                        emit(CellResult(package.spec.name, engine_name, name, p, UNAVAILABLE,
+                                        reason=avail.reason, mode=labels[w]))
                 continue
             try:
                 engine = cls(package)
             except LockstepError as err:
-                for name, p in named:
-                    emit(CellResult(package.spec.name, engine_name, name, p, ERROR, reason=str(err)))
+                for w in package_widths:
+                    for name, p in named:
+                        emit(CellResult(package.spec.name, engine_name, name, p, ERROR,
+                                        reason=str(err), mode=labels[w]))
                 continue
-            for name, p in named:
-                oracle = oracles[name]
-                try:
-                    result = greedy_decode(engine, p, max_new_tokens)
-                except LockstepError as err:
-                    emit(CellResult(package.spec.name, engine_name, name, p, ERROR, reason=str(err)))
-                    continue
-                div = compare_tokens(oracle.tokens, oracle.margins, result.tokens, near_tie)
-                cell = CellResult(package.spec.name, engine_name, name, p,
-                                  IDENTICAL if div is None else div.verdict, list(result.tokens),
-                                  list(oracle.tokens), div, tokens_per_s=result.tokens_per_s)
-                if evidence_dir is not None:
-                    record = evidence_record(run_id, env, package, engine, name, result, oracle, div)
-                    cell.record_path = ev.write_evidence(record, evidence_dir)
-                    if not record.ok and cell.status == IDENTICAL:
-                        cell.status, cell.reason = ERROR, "a budget failed: see the evidence"
-                emit(cell)
+            greedy_streams: dict[str, list[int] | LockstepError] = {}
+            if mode == "speculative":
+                for name, p in named:
+                    try:
+                        greedy_streams[name] = greedy_decode(engine, p, max_new_tokens).tokens
+                    except LockstepError as err:
+                        greedy_streams[name] = err
+            for w in package_widths:
+                for name, p in named:
+                    oracle = oracles[name]
+                    greedy = greedy_streams.get(name)
+                    try:
+                        if isinstance(greedy, LockstepError):
+                            raise greedy
+                        result = (greedy_decode(engine, p, max_new_tokens) if w is None else
+                                  speculative_decode(engine, p, max_new_tokens, w))
+                    except LockstepError as err:
+                        emit(CellResult(package.spec.name, engine_name, name, p, ERROR,
+                                        reason=str(err), mode=labels[w]))
+                        continue
+                    div = compare_tokens(oracle.tokens, oracle.margins, result.tokens, near_tie)
+                    gdiv = None if greedy is None else compare_tokens(
+                        greedy, oracle.margins, result.tokens, near_tie)
+                    worst = div if div is not None else gdiv
+                    cell = CellResult(package.spec.name, engine_name, name, p,
+                                      IDENTICAL if worst is None else worst.verdict,
+                                      list(result.tokens), list(oracle.tokens), worst,
+                                      tokens_per_s=result.tokens_per_s, mode=labels[w])
+                    if gdiv is not None and div is None:
+                        cell.reason = "the speculative stream differs from greedy"
+                    if isinstance(result, SpeculativeResult):
+                        led = result.ledger
+                        cell.acceptance_per_round = list(result.acceptance_per_round)
+                        cell.tallies = {k: getattr(led, k) for k in (
+                            "proposals", "accepted", "rejected", "rollbacks", "full_accepts",
+                            "snapshots", "restores")}
+                    if evidence_dir is not None:
+                        record = evidence_record(run_id, env, package, engine, name, result,
+                                                 oracle, div, gdiv)
+                        cell.record_path = ev.write_evidence(record, evidence_dir)
+                        if not record.ok and cell.status == IDENTICAL:
+                            cell.status, cell.reason = ERROR, "a budget failed: see the evidence"
+                    emit(cell)
             engine.close()
     return RunSummary(cells, evidence_dir)
 
 
-__all__ = ["CellResult", "RunSummary", "run_matrix", "REFERENCE_ENGINE"]
+__all__ = ["MODES", "CellResult", "RunSummary", "run_matrix", "widths_for", "REFERENCE_ENGINE"]

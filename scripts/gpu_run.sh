@@ -30,16 +30,17 @@ python3 scripts/gpu_selfcheck.py > "$OUT/selfcheck.log" 2>&1 || status=1
 tail -n 40 "$OUT/selfcheck.log"
 
 python3 -m harness.cli fixtures build > /dev/null || status=1
+rm -rf /tmp/lockstep-evidence /tmp/lockstep-gpu-evidence
+mkdir -p /tmp/lockstep-gpu-evidence
 kexpr=${1:-}
 python3 -m pytest -m gpu --require-gpu -p no:cacheprovider -q --timeout=300 \
-  ${kexpr:+-k "$kexpr"} --junitxml="$OUT/junit-gpu.xml" suites > "$OUT/pytest-gpu.log" 2>&1 || status=1
+  ${kexpr:+-k "$kexpr"} --junitxml="$OUT/junit-gpu.xml" --evidence-dir /tmp/lockstep-gpu-evidence suites > "$OUT/pytest-gpu.log" 2>&1 || status=1
 tail -n 60 "$OUT/pytest-gpu.log"
 
-rm -rf /tmp/lockstep-evidence
 python3 -m harness.cli run --engines ort-cpu,native-host,native-cuda --strict \
   --evidence-dir /tmp/lockstep-evidence > "$OUT/matrix.txt" 2>&1 || status=1
 cat "$OUT/matrix.txt"
 python3 -m harness.cli report /tmp/lockstep-evidence -o "$OUT/report.html" || status=1
-tar czf "$OUT/evidence.tgz" -C /tmp lockstep-evidence
+tar czf "$OUT/evidence.tgz" -C /tmp lockstep-evidence lockstep-gpu-evidence
 echo "gpu_run status $status"
 exit $status

@@ -183,20 +183,33 @@ def test_lookup_chained_target_reads_its_cache(built):
 
 
 def test_lookup_chained_drafter_borrows_the_target_cache(built):
+    """The chained drafter's answer depends on the borrowed cache and on the carry half of
+    its fused input (the rule in closed form: ``lookup_chained.draft_next_token``)."""
     folder = built["lookup_chained"]
     target, spec = session_for(folder)
-    drafter, _ = session_for(folder, path=folder / lookup_chained.DRAFTER_FILE)
+    drafter, _ = session_for(folder, component="drafter")
     prompt = [1, 3, 7, 11, 12]
     out, cache = forward(target, spec, prompt, 0, zero_state(spec))
-    feeds = {"input_ids": np.asarray([prompt]), "position_ids": np.arange(len(prompt))[None],
-             "carry_in": out["hidden"], **cache}
-    logits, carry = drafter.run(["logits", "carry_out"], feeds)
-    assert logits[0].argmax(-1).tolist() == [lookup_chained.draft_next_token(t) for t in prompt]
-    assert [lookup_chained.draft_next_token(t) == lookup_chained.next_token(t)
-            for t in prompt] == [True, False, False, False, True]
-    assert carry.shape == out["hidden"].shape
-    stale = drafter.run(["logits"], {**feeds, "past_key_0": cache["past_key_0"][:, :, :2]})[0]
-    assert np.abs(stale - logits).max() > 1e-3
+    key = cache["past_key_0"]
+    token = prompt[-1]
+
+    def draft(carry0: float, borrowed) -> int:
+        fused = np.zeros((1, 1, lookup_chained.VOCAB + lookup_chained.HIDDEN), np.float32)
+        fused[0, 0, token] = 1.0  # the scaled embedding is one-hot
+        fused[0, 0, lookup_chained.VOCAB:] = out["hidden"][0, -2]
+        fused[0, 0, lookup_chained.VOCAB] = carry0
+        logits = drafter.run(["logits"], {"fused_in": fused, "past_key_0": borrowed})[0]
+        return int(logits[0, -1].argmax())
+
+    kv_sign = float(np.sign(key[0, 0, -1, 0]))
+    for carry0 in (-0.7, 0.7):
+        assert draft(carry0, key) == lookup_chained.draft_next_token(token, kv_sign, carry0)
+        flipped = key.copy()
+        flipped[0, 0, -1, 0] *= -1  # the last key's channel 0 flips the cache feature
+        assert draft(carry0, flipped) == lookup_chained.draft_next_token(token, -kv_sign, carry0)
+        empty = np.zeros((1, 1, 0, lookup_chained.KV_WIDTH), np.float32)  # the seed cache
+        assert draft(carry0, empty) == lookup_chained.next_token(token)
+    assert lookup_chained.wrong_draft(token) != lookup_chained.next_token(token)
 
 
 def test_lookup_chained_margin_is_planted(tmp_path):

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail as OrtFail
 
-from engines.errors import LockstepError
+from engines.errors import ExecutionError, InputError
 from engines.oracle import oracle_decode
 from engines.package import load_package
 from engines.registry import get_engine_class
 from engines.tolerances import tolerance_for
 from engines.workflow import DecodeSession, greedy_decode
 from fixtures import hybrid_mtp
-from fixtures.hybrid_graph import successor
+from fixtures.hybrid_graph import HybridConfig, successor
 from fixtures.package_writer import content_hash
 from suites.support import HOST_ENGINES
 from suites.test_fixtures import check_graph_contract
@@ -75,6 +76,16 @@ def test_builds_deterministically_and_validates(tmp_path, package):
         check_graph_contract(package.component_model(comp), "float32")
 
 
+@pytest.mark.parametrize("field, value, remedy", [("conv_kernel", 1, "conv_kernel 3 or 4"),
+                                                  ("vocab", 48, "vocab 64"),
+                                                  ("head_dim", 15, "16")])
+def test_bad_config_is_a_clear_error(field, value, remedy):
+    with pytest.raises(InputError) as err:
+        HybridConfig(**{field: value})
+    assert err.value.field == field and err.value.value == value
+    assert remedy in err.value.remedy
+
+
 def test_speculative_section_declares_the_mtp_contract(package):
     spec = package.spec
     sp = spec.decoding.speculative
@@ -114,7 +125,8 @@ def test_greedy_equals_the_oracle(engines, package, oracle_streams, engine_name)
     for prompt, trace in oracle_streams.items():
         result = greedy_decode(engine, list(prompt), NEW)
         assert result.tokens == trace.tokens, f"{engine_name} diverges on prompt {prompt}"
-        assert result.ledger.to_dict()  # the session recorded its forwards
+        forwards = result.ledger.forwards
+        assert (forwards["prefill"], forwards["decode"]) == (1, NEW - 1)  # one token a step
 
 
 def test_the_interpreter_carries_the_recurrent_cells(engines, package):
@@ -160,13 +172,13 @@ def test_m_positions_equal_m_single_positions(engines, package, engine_name, pre
                                        rtol=TOL.max_rel)
 
 
-def test_more_positions_than_the_context_fail(engines, package):
+def test_more_positions_than_the_unrolled_recurrence_fail(engines, package):
+    """The recurrence is unrolled over max_context steps: more rows fail, never truncate."""
     spec = package.spec
     too_many = [1] * (spec.max_context + 1)
-    with pytest.raises(Exception) as err:  # onnxruntime's own error type
+    with pytest.raises(OrtFail, match="broadcast"):
         target_forward(engines("ort-cpu"), spec, too_many, 0, zero_state(spec))
-    assert not isinstance(err.value, AssertionError)
-    with pytest.raises(LockstepError):
+    with pytest.raises(ExecutionError, match="broadcast"):
         target_forward(engines("native-host"), spec, too_many, 0, zero_state(spec))
 
 
@@ -244,3 +256,44 @@ def test_mtp_rows_are_independent_and_the_carry_matters(engines, package):
         assert row_carry.tobytes() == carry_out[:, i:i + 1].tobytes()
     other, _ = mtp_run(engine, spec, tokens, -carry)
     assert np.abs(other - logits).max() > 100 * TOL.max_abs
+
+
+def greedy_by_hand(engine, spec, prompt, n, corrupt):
+    """Greedy decoding that passes the state through ``corrupt(state, position)`` before
+    every decode step: the bugs an interpreter could have, planted on purpose."""
+    out, state = target_forward(engine, spec, prompt, 0, zero_state(spec))
+    tokens = [int(out["logits"][0, -1].argmax())]
+    while len(tokens) < n:
+        position = len(prompt) + len(tokens) - 1
+        out, state = target_forward(engine, spec, tokens[-1:], position,
+                                    corrupt(state, position, tokens[-1]))
+        tokens.append(int(out["logits"][0, -1].argmax()))
+    return tokens
+
+
+def test_recurrent_cells_decide_tokens(engines, package, oracle_streams):
+    """Forgetting the recurrent cells, or missing the snapshot restore after rejected drafts
+    (every fourth step), changes the greedy stream on every default prompt: token identity
+    alone catches either bug."""
+    engine = engines("ort-cpu")
+    spec = package.spec
+    recurrent = [c.input for c in spec.state_of("target").values() if c.kind == "recurrent"]
+
+    def intact(state, position, token):
+        return state
+
+    def forgotten(state, position, token):
+        return {**state, **{k: np.zeros_like(state[k]) for k in recurrent}}
+
+    def missed_restore(state, position, token):
+        if position % 4:
+            return state
+        rejected = (token + 1) % spec.vocab_size  # a draft verified, then rejected
+        _, advanced = target_forward(engine, spec, [rejected], position, state)
+        return {**state, **{k: advanced[k] for k in recurrent}}  # kv rolled back, rest not
+
+    for prompt, trace in oracle_streams.items():
+        assert greedy_by_hand(engine, spec, list(prompt), NEW, intact) == trace.tokens
+        for bug in (forgotten, missed_restore):
+            assert greedy_by_hand(engine, spec, list(prompt), NEW, bug) != trace.tokens, (
+                f"{bug.__name__} leaves the stream of {prompt} unchanged")

@@ -79,14 +79,18 @@ def test_batch_invariance_on_device(packages, engine_cache, package_name):
 
 
 @pytest.mark.parametrize("package_name", ["tiny_llama", "tiny_llama_static"])
-def test_device_memory_stays_flat(package_name):
+def test_device_memory_stays_flat(package_name, evidence_dir):
     """In its own process: 100 decode steps at a fixed length leave live allocations and
-    bytes unchanged exactly, and the driver's free memory within 64 MiB."""
+    bytes unchanged exactly, and the driver's free memory within 64 MiB. The probe's series
+    is kept under ``<evidence dir>/figures/`` for the evidence write-up."""
     steps = 100
     proc = subprocess.run([sys.executable, "-m", "suites.gpu_memory_probe", package_name, str(steps)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     probe = json.loads(proc.stdout.strip().splitlines()[-1])
+    figures = Path(evidence_dir) / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    (figures / f"memory_flatness_{package_name}.json").write_text(json.dumps(probe, indent=1))
     series = probe["series"]
     assert len(series) == steps + 1
     first = series[0]

@@ -197,6 +197,38 @@ def draw_adopt(data) -> dict:
     return {"host_array": data.draw(array_specs()).host()}
 
 
+def draw_copy_into(data) -> dict:
+    dst = data.draw(array_specs(max_rank=4))
+    src = data.draw(array_specs(dtype=dst.values.dtype.name, shape=dst.values.shape))
+    return {"dst": dst, "src": src}
+
+
+def draw_accept(data) -> dict:
+    """Logits rows and drafts that agree with the rows' argmax for a drawn prefix."""
+    inputs = draw_argmax(data)
+    rows, vocab = inputs["logits2d"].values.shape
+    width = data.draw(st.integers(0, rows - 1))
+    status, best = ref_argmax({"logits2d": inputs["logits2d"].values, "rows": rows})
+    agree = data.draw(st.integers(0, width))
+    drafts = data.draw(st.lists(st.integers(0, vocab - 1), min_size=width, max_size=width))
+    if status == "ok":
+        drafts[:agree] = best[:agree]
+    return {"logits2d": inputs["logits2d"], "drafts": drafts}
+
+
+def ref_accept(i: dict) -> tuple[str, Any]:
+    """The agreeing prefix of row argmaxes and drafts, and the next row's argmax."""
+    drafts = i["drafts"]
+    n = 0
+    while True:
+        status, best = ref_argmax({"logits2d": i["logits2d"][n:n + 1], "rows": 1})
+        if status != "ok":
+            return status, best
+        if n == len(drafts) or best[0] != drafts[n]:
+            return "ok", (n, best[0])
+        n += 1
+
+
 CASES: dict[str, OpCase] = {c.name: c for c in [
     OpCase("slice_axis", draw_slice,
            lambda o, i: o.slice_axis(i["v"], i["axis"], i["start"], i["length"]),
@@ -219,6 +251,11 @@ CASES: dict[str, OpCase] = {c.name: c for c in [
            lambda o, i: outcome(lambda: o.argmax_rows(i["logits2d"], i["rows"])), ref_argmax),
     OpCase("adopt", draw_adopt, lambda o, i: o.adopt(i["host_array"]),
            lambda i: i["host_array"]),
+    OpCase("copy_into", draw_copy_into, lambda o, i: o.copy_into(i["dst"], i["src"]),
+           lambda i: i["src"]),
+    OpCase("accept_drafts", draw_accept,
+           lambda o, i: outcome(lambda: o.accept_drafts(i["logits2d"], i["drafts"])),
+           ref_accept),
 ]}
 
 
@@ -386,6 +423,18 @@ ERROR_CASES: list[tuple[str, Callable[[TensorOps, Callable], Any], type, str]] =
      InputError, "logits2d"),
     ("argmax float64", lambda o, m: o.argmax_rows(m(np.ones((2, 3), np.float32)).astype(
         np.float64), 1), InputError, "dtype"),
+    ("copy_into shape mismatch", lambda o, m: o.copy_into(
+        m(np.zeros((2, 4), np.float32)), m(np.ones((2, 3), np.float32))), InputError, "src.shape"),
+    ("copy_into dtype mismatch", lambda o, m: o.copy_into(
+        m(np.zeros((2, 4), np.float32)), m(np.ones((2, 4), np.float16))), InputError, "src.dtype"),
+    ("accept too few rows", lambda o, m: o.accept_drafts(
+        m(np.ones((2, 3), np.float32)), [0, 1]), InputError, "drafts"),
+    ("accept draft out of range", lambda o, m: o.accept_drafts(
+        m(np.ones((3, 3), np.float32)), [0, 3]), InputError, "ids"),
+    ("accept 3-D logits", lambda o, m: o.accept_drafts(
+        m(np.ones((1, 2, 3), np.float32)), [0]), InputError, "logits2d"),
+    ("accept all-NaN bonus row", lambda o, m: o.accept_drafts(
+        m(np.array([[1, 2], [np.nan, np.nan]], np.float32)), [1]), InputError, "logits2d"),
 ]
 
 

@@ -106,12 +106,10 @@ class HfEngine(Engine):
             return numpy_helper.to_array(inits[names[key]])
 
         state = self._state_dict(get, a)
-        with torch.device("meta"):
-            model = cls(config)
+        torch.manual_seed(0)  # the random init is overwritten; seeded only to be repeatable
+        model = cls(config).to(self.dtype)
         model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)).to(self.dtype)
-                               for k, v in state.items()}, strict=True, assign=True)
-        if a["tied"]:
-            model.tie_weights()
+                               for k, v in state.items()}, strict=True)
         model.eval()
         model.generation_config.do_sample = False
         return model

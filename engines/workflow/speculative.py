@@ -39,6 +39,9 @@ class SpeculativeResult(DecodeResult):
     width: int = 0
     acceptance_per_round: list[int] = field(default_factory=list)
     widths_per_round: list[int] = field(default_factory=list)
+    drafts_per_round: list[list[int]] = field(default_factory=list)
+    # positions committed into the target before each round (L): where its drafts start
+    start_per_round: list[int] = field(default_factory=list)
 
 
 def check_width(spec, width) -> int:
@@ -49,7 +52,8 @@ def check_width(spec, width) -> int:
                          remedy="decode greedily, or use a package with a speculative section")
     if isinstance(width, bool) or not isinstance(width, int):
         raise InputError("width must be an integer", field="width", value=width,
-                         remedy=f"use a width in 1..{sp.max_width}")
+                         remedy=f"use an integer width in 1..{sp.max_width} (decoding."
+                                f"speculative.max_width)")
     if not 1 <= width <= sp.max_width:
         raise InputError(f"width {width} is outside 1..max_width {sp.max_width} of "
                          f"{spec.name!r}", field="width", value=width,
@@ -100,6 +104,8 @@ class SpeculativeSession:
         steps.append(time.perf_counter() - start)
         accepted_log: list[int] = []
         widths: list[int] = []
+        drafted: list[list[int]] = []
+        starts: list[int] = []
         while len(tokens) < max_new_tokens and tokens[-1] != eos:
             t0 = time.perf_counter()
             w = min(width, max_new_tokens - len(tokens) - 1)
@@ -127,6 +133,8 @@ class SpeculativeSession:
             ledger.rejected += w - n
             accepted_log.append(n)
             widths.append(w)
+            drafted.append(list(drafts))
+            starts.append(base)
             if n == w:
                 ledger.full_accepts += 1
                 seed_out, seed_row = verify, w
@@ -153,7 +161,8 @@ class SpeculativeSession:
         wall = time.perf_counter() - start
         return SpeculativeResult(self.engine.name, ids, tokens, ledger, wall, steps,
                                  kind=self.sp.kind, width=width,
-                                 acceptance_per_round=accepted_log, widths_per_round=widths)
+                                 acceptance_per_round=accepted_log, widths_per_round=widths,
+                                 drafts_per_round=drafted, start_per_round=starts)
 
 
 def speculative_decode(engine, prompt: Sequence[int], max_new_tokens: int, width: int,
