@@ -7,6 +7,7 @@ EVIDENCE ?= evidence/demo
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test fixtures nightly-gpu clean
+NIGHTLY_OUT ?= evidence/nightly
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,6 +27,12 @@ demo: fixtures
 # The test suite (what CI runs).
 test: fixtures
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
+
+# The nightly GPU evidence run (a CUDA machine): GPU suites under --require-gpu with the
+# nightly Hypothesis profile, the parity matrix with native-cuda, evidence and the report.
+nightly-gpu: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[cuda13]'
+	OUT=$(NIGHTLY_OUT) PY=$(BIN)/python LOCKSTEP_HYPOTHESIS_PROFILE=nightly scripts/gpu_run.sh
 
 clean:
 	rm -rf $(VENV) .lockstep evidence .pytest_cache .hypothesis

@@ -3,13 +3,17 @@
 # machine): installs the carried wheels, runs the kernel self-check, the GPU suites under
 # --require-gpu, the parity matrix with native-cuda, and writes everything under $OUT.
 # Usage (repo root): OUT=/some/dir scripts/gpu_run.sh [pytest -k expression]
+# Environment: PY (the interpreter, default python3), LOCKSTEP_ENGINES (the matrix's engines),
+# LOCKSTEP_HYPOTHESIS_PROFILE (ci or nightly). Exit status: non-zero on any failed claim.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
+PY=${PY:-python3}
+ENGINES=${LOCKSTEP_ENGINES:-ort-cpu,native-host,native-cuda}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export LOCKSTEP_CACHE=${LOCKSTEP_CACHE:-/tmp/lockstep-fixtures}
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
 else
@@ -20,27 +24,27 @@ export LOCKSTEP_HYPOTHESIS_PROFILE=${LOCKSTEP_HYPOTHESIS_PROFILE:-ci}
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c "import sys,numpy,onnx,onnxruntime,cupy;print('python',sys.version.split()[0]);print('numpy',numpy.__version__);print('onnx',onnx.__version__);print('onnxruntime',onnxruntime.__version__, onnxruntime.get_available_providers());print('cupy',cupy.__version__,'runtime',cupy.cuda.runtime.runtimeGetVersion(),'driver',cupy.cuda.runtime.driverGetVersion())"
+  "$PY" -c "import sys,numpy,onnx,onnxruntime,cupy;print('python',sys.version.split()[0]);print('numpy',numpy.__version__);print('onnx',onnx.__version__);print('onnxruntime',onnxruntime.__version__, onnxruntime.get_available_providers());print('cupy',cupy.__version__,'runtime',cupy.cuda.runtime.runtimeGetVersion(),'driver',cupy.cuda.runtime.driverGetVersion())"
   git rev-parse HEAD 2>/dev/null || true
 } > "$OUT/environment.txt" 2>&1
 cat "$OUT/environment.txt"
 
 status=0
-python3 scripts/gpu_selfcheck.py > "$OUT/selfcheck.log" 2>&1 || status=1
+"$PY" scripts/gpu_selfcheck.py > "$OUT/selfcheck.log" 2>&1 || status=1
 tail -n 40 "$OUT/selfcheck.log"
 
-python3 -m harness.cli fixtures build > /dev/null || status=1
+"$PY" -m harness.cli fixtures build > /dev/null || status=1
 rm -rf /tmp/lockstep-evidence /tmp/lockstep-gpu-evidence
 mkdir -p /tmp/lockstep-gpu-evidence
 kexpr=${1:-}
-python3 -m pytest -m gpu --require-gpu -p no:cacheprovider -q --timeout=300 \
+"$PY" -m pytest -m gpu --require-gpu -p no:cacheprovider -q --timeout=300 \
   ${kexpr:+-k "$kexpr"} --junitxml="$OUT/junit-gpu.xml" --evidence-dir /tmp/lockstep-gpu-evidence suites > "$OUT/pytest-gpu.log" 2>&1 || status=1
 tail -n 60 "$OUT/pytest-gpu.log"
 
-python3 -m harness.cli run --engines ort-cpu,native-host,native-cuda --strict \
+"$PY" -m harness.cli run --engines "$ENGINES" --strict \
   --evidence-dir /tmp/lockstep-evidence > "$OUT/matrix.txt" 2>&1 || status=1
 cat "$OUT/matrix.txt"
-python3 -m harness.cli report /tmp/lockstep-evidence -o "$OUT/report.html" || status=1
+"$PY" -m harness.cli report /tmp/lockstep-evidence -o "$OUT/report.html" || status=1
 tar czf "$OUT/evidence.tgz" -C /tmp lockstep-evidence lockstep-gpu-evidence
 echo "gpu_run status $status"
 exit $status
