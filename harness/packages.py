@@ -13,16 +13,25 @@ def fixture_names() -> list[str]:
     return [f if isinstance(f, str) else f.name for f in list_fixtures()]
 
 
+REAL_CHECKPOINTS = ("smollm2",)
+
+
 def resolve_package(ref: str | Path) -> Package:
-    """A fixture name builds (or reuses) that fixture; anything else must be a package folder."""
+    """A fixture name builds (or reuses) that fixture; ``smollm2`` converts (or reuses) the
+    real SmolLM2 checkpoint; anything else must be a package folder."""
     text = str(ref)
     if text in fixture_names():
         from fixtures.catalog import build
 
         return load_package(build(text))
+    if text in REAL_CHECKPOINTS:
+        from fixtures.real_checkpoints import smollm2_package
+
+        return load_package(smollm2_package())
     path = Path(text).expanduser()
     if path.exists():
         return load_package(path)
     raise PackageError("no such package", field="package", value=text,
-                       remedy=f"name a built-in fixture ({', '.join(fixture_names())}) or a folder "
-                              f"holding a package.yaml")
+                       remedy=f"name a built-in fixture ({', '.join(fixture_names())}), a real "
+                              f"checkpoint ({', '.join(REAL_CHECKPOINTS)}) or a folder holding a "
+                              f"package.yaml")

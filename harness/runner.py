@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engines.engine import Engine
-from engines.errors import LockstepError
+from engines.errors import EngineUnavailable, InputError, LockstepError
 from engines.oracle import OracleTrace, oracle_decode
 from engines.registry import REFERENCE_ENGINE, get_engine_class
 from engines.tolerances import tolerance_for
-from engines.errors import InputError
 from engines.workflow import DecodeResult, greedy_decode
 from engines.workflow.speculative import SpeculativeResult, speculative_decode
 from harness.compare import DEFECT, TokenDivergence, compare_tokens
@@ -61,52 +60,67 @@ class RunSummary:
         return any(c.failed for c in self.cells)
 
 
-def budgets_for(engine: Engine, result: DecodeResult):
-    """Claims 3 and 4 for a device-resident engine: zero staging, 4 bytes per token exactly."""
+def expected_readback(result: DecodeResult | SpeculativeResult) -> tuple[int, str]:
+    """Claim 4's exact budget for a decode, in bytes, and how it is made up."""
+    if not isinstance(result, SpeculativeResult):
+        return 4 * len(result.tokens), "exactly 4 bytes (one int32 token id) per generated token"
+    ledger = result.ledger
+    return ((4 * (1 + ledger.forwards["decode"] + sum(result.widths_per_round))
+             + 8 * ledger.proposals),
+            "4 bytes per proposer step (draft id), 8 per verification (accept count + bonus "
+            "id), 4 per prefill or decode token")
+
+
+def device_budgets(engine: Engine, result, guard=None):
+    """Claims 3 and 4 on a device-resident engine, by its own ledger and, where the decode ran
+    under it, by the independent transfer guard: zero staging, the exact readback budget."""
     from harness.evidence import BudgetCheck
 
     if engine.residency == "host":
         return [], {"zero_staging": "skip", "readback_budget": "skip"}
+    expected, note = expected_readback(result)
     ledger = result.ledger
-    expected = 4 * len(result.tokens)
-    measured = ledger.readback_bytes["token_id"] + ledger.readback_bytes["accept_count"]
-    staging = BudgetCheck(claim="zero_staging", budget=0, measured=ledger.host_staging,
-                          unit="events", verdict="pass" if ledger.host_staging == 0 else "fail")
-    readback = BudgetCheck(claim="readback_budget", budget=expected, measured=measured,
-                           unit="bytes", verdict="pass" if measured == expected else "fail",
-                           note="exactly 4 bytes (one int32 token id) per generated token")
-    return [staging, readback], {"zero_staging": staging.verdict, "readback_budget": readback.verdict}
+    measured = [("zero_staging", ledger.host_staging, "events (ledger)"),
+                ("readback_budget", ledger.readback_total, "bytes (ledger)")]
+    if guard is not None:
+        measured += [("zero_staging", guard.staging_count, "events (transfer guard)"),
+                     ("readback_budget", sum(guard.readback_bytes.values()), "bytes (transfer guard)")]
+    checks = []
+    for claim, value, unit in measured:
+        budget = 0 if claim == "zero_staging" else expected
+        checks.append(BudgetCheck(claim=claim, budget=budget, measured=value, unit=unit,
+                                  verdict="pass" if value == budget else "fail",
+                                  note=None if claim == "zero_staging" else note))
+    verdicts = {claim: ("fail" if any(c.claim == claim and c.verdict == "fail" for c in checks)
+                        else "pass") for claim in ("zero_staging", "readback_budget")}
+    return checks, verdicts
 
 
-def speculative_budgets(engine: Engine, result: SpeculativeResult):
-    """Claims 3 and 4 for a speculative cell: zero staging, and exactly 4 bytes per token of
-    the prefill and of a last decode step, 4 per proposer step, 8 per verification."""
-    from harness.evidence import BudgetCheck
+def decode(engine: Engine, prompt, max_new_tokens: int, width: int | None):
+    """One greedy (width None) or speculative decode; on a device engine under the transfer
+    guard in count mode, so the evidence carries an independent account of every crossing."""
+    def run():
+        if width is None:
+            return greedy_decode(engine, prompt, max_new_tokens)
+        return speculative_decode(engine, prompt, max_new_tokens, width)
 
     if engine.residency == "host":
-        return [], {"zero_staging": "skip", "readback_budget": "skip"}
-    ledger = result.ledger
-    expected = (4 * (1 + ledger.forwards["decode"] + sum(result.widths_per_round))
-                + 8 * ledger.proposals)
-    measured = ledger.readback_total
-    staging = BudgetCheck(claim="zero_staging", budget=0, measured=ledger.host_staging,
-                          unit="events", verdict="pass" if ledger.host_staging == 0 else "fail")
-    readback = BudgetCheck(claim="readback_budget", budget=expected, measured=measured,
-                           unit="bytes", verdict="pass" if measured == expected else "fail",
-                           note="4 bytes per proposer step (draft id), 8 per verification "
-                                "(accept count + bonus id), 4 per prefill or decode token")
-    return [staging, readback], {"zero_staging": staging.verdict,
-                                 "readback_budget": readback.verdict}
+        return run(), None
+    from harness.transfer_guard import transfer_guard
+
+    with transfer_guard("count") as guard:
+        result = run()
+    return result, guard
 
 
 def evidence_record(run_id, env, package, engine: Engine, prompt_name, result: DecodeResult,
                     oracle: OracleTrace, divergence: TokenDivergence | None,
-                    greedy_divergence: TokenDivergence | None = None):
+                    greedy_divergence: TokenDivergence | None = None, guard=None):
+    from engines.tokenizer import decode_each
     from harness import evidence as ev
 
     speculative = isinstance(result, SpeculativeResult)
-    budgets, verdicts = (speculative_budgets(engine, result) if speculative
-                         else budgets_for(engine, result))
+    budgets, verdicts = device_budgets(engine, result, guard)
     first = divergence or greedy_divergence
     defect = any(d is not None and d.verdict == DEFECT for d in (divergence, greedy_divergence))
     verdicts["token_identity"] = "fail" if defect else "pass"
@@ -117,8 +131,10 @@ def evidence_record(run_id, env, package, engine: Engine, prompt_name, result: D
         package=ev.PackageRef(name=package.spec.name, content_hash=package.content_hash,
                               path=str(package.root)),
         engine=engine.name, mode=mode,
-        prompt=ev.PromptRef(name=prompt_name, ids=list(result.prompt)),
+        prompt=ev.PromptRef(name=prompt_name, ids=list(result.prompt),
+                            text=decode_each(package, result.prompt, joined=True)),
         tokens=list(result.tokens), token_digest=ev.token_digest(result.tokens),
+        tokens_text=decode_each(package, result.tokens),
         reference=ev.ReferenceRef(engine=f"oracle:{oracle.engine}", tokens=list(oracle.tokens),
                                   digest=ev.token_digest(oracle.tokens),
                                   margins=list(oracle.margins)),
@@ -161,7 +177,8 @@ def widths_for(package, mode: str, widths: Sequence[int] | str | None) -> list[i
 def run_matrix(engines: Sequence[str], packages: Sequence[str], prompts: Sequence[Sequence[int]] | None,
                max_new_tokens: int, evidence_dir: Path | None = None,
                on_cell: Callable[[CellResult], None] | None = None, mode: str = "greedy",
-               widths: Sequence[int] | str | None = None) -> RunSummary:
+               widths: Sequence[int] | str | None = None,
+               max_prompts: int | None = None) -> RunSummary:
     """Run every engine on every package, width and prompt; never stops at the first failure.
 
     Bad requests (an unknown engine or mode, a width outside a package's range, a package
@@ -184,6 +201,7 @@ def run_matrix(engines: Sequence[str], packages: Sequence[str], prompts: Sequenc
         sp = package.spec.decoding.speculative
         labels = {w: ("greedy" if w is None else f"{sp.kind}/w{w}") for w in package_widths}
         chosen = [list(p) for p in prompts] if prompts else [list(p) for p in package.spec.prompts]
+        chosen = chosen[:max_prompts] if max_prompts else chosen
         named = [(f"p{i}", p) for i, p in enumerate(chosen)]
         near_tie = tolerance_for(package.spec.dtype).near_tie_margin
         oracles = {name: oracle_decode(package, p, max_new_tokens) for name, p in named}
@@ -197,6 +215,12 @@ def run_matrix(engines: Sequence[str], packages: Sequence[str], prompts: Sequenc
                 continue
             try:
                 engine = cls(package)
+            except EngineUnavailable as err:  # e.g. an engine that loads only some packages
+                for w in package_widths:
+                    for name, p in named:
+                        emit(CellResult(package.spec.name, engine_name, name, p, UNAVAILABLE,
+                                        reason=str(err), mode=labels[w]))
+                continue
             except LockstepError as err:
                 for w in package_widths:
                     for name, p in named:
@@ -207,7 +231,7 @@ def run_matrix(engines: Sequence[str], packages: Sequence[str], prompts: Sequenc
             if mode == "speculative":
                 for name, p in named:
                     try:
-                        greedy_streams[name] = greedy_decode(engine, p, max_new_tokens).tokens
+                        greedy_streams[name] = decode(engine, p, max_new_tokens, None)[0].tokens
                     except LockstepError as err:
                         greedy_streams[name] = err
             for w in package_widths:
@@ -217,8 +241,7 @@ def run_matrix(engines: Sequence[str], packages: Sequence[str], prompts: Sequenc
                     try:
                         if isinstance(greedy, LockstepError):
                             raise greedy
-                        result = (greedy_decode(engine, p, max_new_tokens) if w is None else
-                                  speculative_decode(engine, p, max_new_tokens, w))
+                        result, guard = decode(engine, p, max_new_tokens, w)
                     except LockstepError as err:
                         emit(CellResult(package.spec.name, engine_name, name, p, ERROR,
                                         reason=str(err), mode=labels[w]))
@@ -241,7 +264,7 @@ def run_matrix(engines: Sequence[str], packages: Sequence[str], prompts: Sequenc
                             "snapshots", "restores")}
                     if evidence_dir is not None:
                         record = evidence_record(run_id, env, package, engine, name, result,
-                                                 oracle, div, gdiv)
+                                                 oracle, div, gdiv, guard)
                         cell.record_path = ev.write_evidence(record, evidence_dir)
                         if not record.ok and cell.status == IDENTICAL:
                             cell.status, cell.reason = ERROR, "a budget failed: see the evidence"

@@ -46,17 +46,32 @@ def test_rows_equal_single_forwards(packages, engine_cache, package_name, data):
 
 
 @pytest.mark.parametrize("package_name", fixture_names())
-def test_truncate_then_redecode_reproduces(packages, engine_cache, package_name):
-    """Roll the cells back and decode the same tokens again: the same logits, bit for bit."""
+def test_roll_back_then_redecode_reproduces(packages, engine_cache, package_name):
+    """Roll the cells back (kv by truncation, recurrent by snapshot restore) and decode the
+    same tokens again: the same logits, bit for bit."""
+    from engines.workflow.state_service import StateService
+
     package = packages[package_name]
     engine = engine_cache(NATIVE_HOST, package)
     prompt = list(package.spec.prompts[0])
     session = DecodeSession(engine)
+    cells = session.cells.cells
+    recurrent = [n for n, c in cells.items() if c.spec.kind == "recurrent"]
+    kv = [n for n, c in cells.items() if c.spec.kind == "kv"]
+    service = StateService.over(session.cells, recurrent)
     session.forward(prompt, "prefill")
     tail = [3, 1, 4, 1, 5]
-    first = [np.asarray(session.forward([t], "decode")["logits"]).copy() for t in tail]
-    session.truncate(len(prompt) + 2)
-    assert session.cells.length == len(prompt) + 2 == session.position
+    first = []
+    for i, t in enumerate(tail):
+        if i == 2:
+            service.snapshot()
+        first.append(np.asarray(session.forward([t], "decode")["logits"]).copy())
+    keep = len(prompt) + 2
+    if recurrent:
+        service.restore()
+    service.truncate(keep, kv)
+    session.position = keep
+    assert all(cells[n].length == keep for n in kv)
     again = [np.asarray(session.forward([t], "decode")["logits"]) for t in tail[2:]]
     for a, b in zip(first[2:], again):
         assert a.tobytes() == b.tobytes()

@@ -58,6 +58,9 @@ class HfEngine(Engine):
         import torch
 
         self._torch = torch
+        # One intra-op thread, as ort-cpu: on a shared 2-core runner (pytest -n 2) torch's
+        # OpenMP threads otherwise spin against each other, ten times slower. Process-wide.
+        torch.set_num_threads(1)
         sidecar_path = package.root / SIDECAR
         if not sidecar_path.is_file():
             raise EngineUnavailable(
@@ -108,7 +111,7 @@ class HfEngine(Engine):
         state = self._state_dict(get, a)
         torch.manual_seed(0)  # the random init is overwritten; seeded only to be repeatable
         model = cls(config).to(self.dtype)
-        model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)).to(self.dtype)
+        model.load_state_dict({k: torch.from_numpy(np.array(v, order="C")).to(self.dtype)
                                for k, v in state.items()}, strict=True)
         model.eval()
         model.generation_config.do_sample = False

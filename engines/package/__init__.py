@@ -7,13 +7,15 @@ from engines.package.hashing import package_content_hash
 from engines.package.load import Package, load_package, locate, read_spec
 from engines.package.ports import graph_inputs, graph_outputs
 from engines.package.schema import (DTYPES, FORMAT_VERSION, INPUT_ROLES, KV_UPDATES,
-                                    OUTPUT_ROLES, PACKAGE_FILE, STATE_KINDS, ComponentSpec,
-                                    DecodingSpec, GreedySpec, PackageSpec, StateCellSpec,
+                                    OUTPUT_ROLES, PACKAGE_FILE, SPECULATIVE_KINDS, STATE_KINDS,
+                                    CarrySpec, ComponentSpec, DecodingSpec, EmbeddingSpec,
+                                    GreedySpec, PackageSpec, SpeculativeSpec, StateCellSpec,
                                     TokenizerSpec, field_path)
 
 __all__ = [
     "DTYPES", "FORMAT_VERSION", "INPUT_ROLES", "KV_UPDATES", "OUTPUT_ROLES", "PACKAGE_FILE",
-    "STATE_KINDS", "ComponentSpec", "DecodingSpec", "GreedySpec", "Package", "PackageSpec",
+    "SPECULATIVE_KINDS", "STATE_KINDS", "CarrySpec", "ComponentSpec", "DecodingSpec",
+    "EmbeddingSpec", "GreedySpec", "Package", "PackageSpec", "SpeculativeSpec",
     "StateCellSpec", "TokenizerSpec", "field_path", "graph_inputs", "graph_outputs",
     "load_package", "locate", "package_content_hash", "read_spec",
 ]

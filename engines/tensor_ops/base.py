@@ -85,6 +85,9 @@ class TensorOps(abc.ABC):
     """The resident tensor ops a workflow uses to move and narrow values (see module doc)."""
 
     residency: str  # "host" or "cuda:N"
+    # whether next_token_feed / advance_positions are implemented (the greedy loop then
+    # feeds the next step from where the ops live, with no host input but the decision)
+    supports_device_feed: bool = False
 
     def __init__(self, ledger: Ledger):
         if not isinstance(ledger, Ledger):
@@ -331,6 +334,47 @@ class TensorOps(abc.ABC):
                              field="logits2d", value=f"row {accepted}",
                              remedy="the logits are corrupt upstream")
         return accepted, bonus
+
+    def next_token_feed(self, logits2d: Any) -> tuple[int, Any]:
+        """Greedy choice for a ``[1, vocab]`` row: ``(id, feed)``, the id read back (4 bytes
+        ``token_id`` on a device, the only crossing) and the same id as an int64 ``[1, 1]``
+        value where the ops live, ready to be the next forward's ``tokens`` feed. Ties to
+        the lowest index, NaN ignored; an all-NaN row is an ``InputError``."""
+        self.check_resident(logits2d, "logits2d")
+        if logits2d.ndim != 2 or logits2d.shape[0] != 1:
+            raise InputError("next_token_feed needs one [1, vocab] row", field="logits2d",
+                             value=tuple(logits2d.shape),
+                             remedy="pass the last position's logits reshaped to [1, vocab]")
+        dtype_name(logits2d.dtype)
+        if logits2d.shape[1] == 0:
+            raise InputError("rows of width 0 have no argmax", field="logits2d",
+                             value=tuple(logits2d.shape))
+        token, feed = self._argmax_feed(logits2d)
+        if token < 0:
+            raise InputError("row 0 is all NaN, so it has no argmax", field="logits2d",
+                             value="row 0", remedy="the logits are corrupt upstream")
+        return token, feed
+
+    def advance_positions(self, positions: Any, step: Any = 1):
+        """``positions[0, -1] + step`` (``positions``: int64 ``[1, M]``, M >= 1) as an int64
+        ``[1, 1]`` value where the ops live, computed there: the next forward's positions."""
+        self.check_resident(positions, "positions")
+        if positions.ndim != 2 or positions.shape[0] != 1 or positions.shape[1] < 1:
+            raise InputError("positions must be [1, M] with M >= 1", field="positions",
+                             value=tuple(positions.shape))
+        if positions.dtype != np.int64:
+            raise InputError("positions must be int64", field="positions.dtype",
+                             value=positions.dtype.name, remedy="feed int64 positions")
+        return self._advance_positions(positions, _int_arg(step, "step"))
+
+    def _argmax_feed(self, logits2d: Any) -> tuple[int, Any]:
+        """(id or -1 for an all-NaN row, the id as int64 [1, 1] where the ops live)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no device feed "
+                                  "(supports_device_feed is False)")
+
+    def _advance_positions(self, positions: Any, step: int):
+        raise NotImplementedError(f"{type(self).__name__} keeps no device feed "
+                                  "(supports_device_feed is False)")
 
     def stage_to_host(self, v: Any, site: str) -> np.ndarray:
         """A host copy of ``v``: host staging, outside every budget but the measured one.

@@ -154,6 +154,8 @@ def _module(name: str):
 class CudaTensorOps(TensorOps):
     """CuPy implementation of ``TensorOps`` on ``device_id``, ordered on ``stream``."""
 
+    supports_device_feed = True
+
     def __init__(self, ledger: Ledger, stream: Any, device_id: int = 0):
         super().__init__(ledger)
         self.cp = import_cupy()
@@ -273,6 +275,21 @@ class CudaTensorOps(TensorOps):
         self.ledger.record_readback("accept_count", accepted.nbytes)
         self.ledger.record_readback("token_id", bonus.nbytes)
         return int(accepted[0]), int(bonus[0])
+
+    def _argmax_feed(self, logits2d: Any) -> tuple[int, Any]:
+        """The argmax stays on the device as the next tokens feed (int64 [1, 1]); only its
+        4 bytes come back, in one synchronous copy ordered after the feed's cast."""
+        best = self._row_argmax_on_device(logits2d, 1)
+        with self.on_stream():
+            feed = best.astype(self.cp.int64).reshape(1, 1)
+            with sanctioned_readback("token_id"):
+                host = best.get(stream=self.stream)
+        self.ledger.record_readback("token_id", host.nbytes)
+        return int(host[0]), feed
+
+    def _advance_positions(self, positions: Any, step: int):
+        with self.on_stream():
+            return positions[:, -1:] + np.int64(step)  # a new int64 [1, 1], on the stream
 
     def _stage(self, v: Any, site: str) -> np.ndarray:
         with self.on_stream():

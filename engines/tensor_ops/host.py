@@ -27,6 +27,7 @@ class HostTensorOps(TensorOps):
     """numpy implementation of ``TensorOps``."""
 
     residency = HOST
+    supports_device_feed = True
 
     def __init__(self, ledger: Ledger):
         super().__init__(ledger)
@@ -67,6 +68,13 @@ class HostTensorOps(TensorOps):
         while n < drafts.size and best[n] == int(drafts[n]):
             n += 1
         return n, best[n]
+
+    def _argmax_feed(self, logits2d: np.ndarray) -> tuple[int, np.ndarray]:
+        token = self._argmax(logits2d, 1)[0]
+        return token, np.full((1, 1), token, dtype=np.int64)
+
+    def _advance_positions(self, positions: np.ndarray, step: int) -> np.ndarray:
+        return positions[:, -1:] + np.int64(step)
 
     def _stage(self, v: np.ndarray, site: str) -> np.ndarray:
         return np.array(v, copy=True)  # nothing crosses on the host: nothing to record

@@ -25,7 +25,7 @@ from engines.errors import InputError, PackageError
 from engines.package.speculative_ports import embedding_table
 from engines.residency import residency_of
 from engines.workflow.session import DecodeSession
-from engines.workflow.state import StateCells, dtype_of
+from engines.workflow.state import StateCells
 
 
 def argmax_last_row(ops, logits) -> int:

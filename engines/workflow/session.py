@@ -98,6 +98,10 @@ class DecodeSession:
 
 
 def greedy_decode(engine, prompt: Sequence[int], max_new_tokens: int) -> DecodeResult:
-    """Fresh ledger, fresh session, greedy decode."""
+    """Fresh ledger, fresh session, greedy decode. An engine that decodes by itself (an
+    external reference such as ``hf``, through its own ``generate``) supplies ``greedy``."""
+    own = getattr(engine, "greedy", None)
+    if own is not None:
+        return own(prompt, max_new_tokens)
     engine.reset_ledger()
     return DecodeSession(engine).greedy(prompt, max_new_tokens)

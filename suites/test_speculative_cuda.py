@@ -1,0 +1,212 @@
+"""Speculative decoding on ``native-cuda`` (claims 1, 3, 4, 5, 7 on the device).
+
+Every test here is marked ``gpu``: without CUDA they skip (a failure under
+``--require-gpu``). The budgets, exact:
+
+- host staging 0, by the engine's ledger and by the independent transfer guard;
+- readback: 4 bytes per proposer step (the draft id, ``token_id``), 8 per verification (the
+  accept count, 4 bytes ``accept_count``, and the bonus id, 4 bytes ``token_id``), plus 4 for
+  the prefill's token and 4 for a last plain decode step;
+- rolled-back kv cells still live on the device, at the committed length;
+- a device-to-device snapshot restores byte-identical state, and moves no byte to the host;
+- live device allocations unchanged exactly across 100 proposals after warm-up.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from engines.ledger import Ledger
+from engines.oracle import oracle_decode
+from engines.workflow import greedy_decode
+from engines.workflow.speculative import SpeculativeSession, speculative_decode
+from fixtures.catalog import speculative_fixtures
+
+pytestmark = pytest.mark.gpu
+ENGINE = "native-cuda"
+NEW_TOKENS = 32
+SPECULATIVE = speculative_fixtures()
+CELLS = [(name, width) for name, top in SPECULATIVE.items() for width in range(1, top + 1)]
+
+
+def expected_readback(result) -> dict[str, int]:
+    led = result.ledger
+    steps = sum(result.widths_per_round)
+    return {"token_id": 4 * (1 + led.forwards["decode"] + steps + led.proposals),
+            "accept_count": 4 * led.proposals}
+
+
+@pytest.mark.parametrize("package_name,width", CELLS, ids=[f"{n}-w{w}" for n, w in CELLS])
+def test_speculative_equals_greedy_with_zero_staging_and_exact_readback(
+        packages, engine_cache, package_name, width):
+    from harness.transfer_guard import transfer_guard
+
+    package = packages[package_name]
+    engine = engine_cache(ENGINE, package)
+    for prompt in package.spec.prompts:
+        oracle = oracle_decode(package, prompt, NEW_TOKENS)
+        greedy = greedy_decode(engine, prompt, NEW_TOKENS)
+        with transfer_guard("disallow") as guard:
+            result = speculative_decode(engine, prompt, NEW_TOKENS, width)
+        assert result.tokens == greedy.tokens == oracle.tokens
+        led = result.ledger
+        assert led.host_staging == 0 and guard.staging_count == 0, guard.staging_sites
+        want = expected_readback(result)
+        assert dict(led.readback_bytes) == want
+        assert {p: guard.readback_bytes[p] for p in want} == want
+        assert led.readback_count["accept_count"] == led.proposals
+        assert led.proposals == len(result.acceptance_per_round) > 0
+
+
+@pytest.mark.parametrize("package_name", list(SPECULATIVE))
+def test_rolled_back_cells_stay_on_the_device_at_the_committed_length(packages, engine_cache,
+                                                                      package_name):
+    package = packages[package_name]
+    engine = engine_cache(ENGINE, package)
+    checked = 0
+    for prompt in package.spec.prompts:
+        engine.reset_ledger()
+        session = SpeculativeSession(engine)
+        result = session.decode(prompt, NEW_TOKENS, SPECULATIVE[package_name])
+        if not result.ledger.rollbacks:
+            continue  # the check means something only after a rollback
+        checked += 1
+        assert_cells_at_committed_length(package, engine, session)
+    assert checked, "no prompt rolled back"
+
+
+def assert_cells_at_committed_length(package, engine, session) -> None:
+    from engines.residency import residency_of
+
+    for name in package.spec.rollback_cells():
+        cell = session.target.cells.cells[name]
+        assert residency_of(cell.value) == engine.residency
+        assert cell.length == session.target.position
+        if cell.spec.update == "append":
+            assert cell.value.shape[cell.spec.seq_axis] == session.target.position
+
+
+def test_device_snapshot_restores_byte_identical_state_without_a_host_byte():
+    import cupy
+    import ml_dtypes
+
+    from engines.package.schema import StateCellSpec
+    from engines.tensor_ops import CudaTensorOps
+    from engines.workflow.state_service import StateService
+    from harness.transfer_guard import transfer_guard
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    ops = CudaTensorOps(Ledger(), stream)
+    specs = {"r": StateCellSpec(kind="recurrent", component="target", input="a", output="b",
+                                dtype="bfloat16", shape=[1, 3, 257])}
+    service = StateService.fresh(ops, specs, snapshot_cells=["r"])
+    rng = np.random.default_rng(0)
+    before = rng.standard_normal((1, 3, 257)).astype(ml_dtypes.bfloat16)
+    service.absorb({"r": ops.adopt(before)}, 1)
+    with transfer_guard("disallow") as guard:
+        service.snapshot()
+        service.absorb({"r": ops.zeros((1, 3, 257), ml_dtypes.bfloat16)}, 4)
+        service.restore()
+        stream.synchronize()
+    assert guard.events == [] and ops.ledger.readback_total == 0
+    restored = service.value("r")
+    assert isinstance(restored, cupy.ndarray)
+    assert cupy.asnumpy(restored, stream=stream).tobytes() == before.tobytes()
+    assert service.length("r") == 1
+
+
+def test_accept_drafts_reads_back_exactly_8_bytes_and_copy_into_none():
+    import cupy
+
+    from engines.tensor_ops import CudaTensorOps
+    from harness.transfer_guard import transfer_guard
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    ops = CudaTensorOps(Ledger(), stream)
+    logits = ops.adopt(np.array([[0, 3, 1], [5, 1, 1], [0, 0, 9]], np.float32))
+    with transfer_guard("disallow") as guard:
+        assert ops.accept_drafts(logits, [1, 0]) == (2, 2)
+        assert ops.accept_drafts(logits, [1, 2]) == (1, 0)
+        ops.copy_into(ops.zeros((3, 3), np.float32), logits)
+        stream.synchronize()
+    assert ops.ledger.readback_bytes == {"token_id": 8, "accept_count": 8}
+    assert guard.readback_bytes["token_id"] == 8 and guard.readback_bytes["accept_count"] == 8
+    assert guard.staging_count == 0
+
+
+@pytest.mark.parametrize("package_name", list(SPECULATIVE))
+def test_live_allocations_flat_across_100_proposals(packages, engine_cache, package_name):
+    """Rounds at a fixed length (propose, verify, accept, roll the target back): after two
+    warm-up rounds, every further round leaves the live allocation count and bytes exactly
+    where they were."""
+    package = packages[package_name]
+    engine = engine_cache(ENGINE, package)
+    engine.reset_ledger()
+    session = SpeculativeSession(engine)
+    width = SPECULATIVE[package_name]
+    prompt = list(package.spec.prompts[0])
+    ops = engine.tensor_ops
+    series = []
+    with engine.allocator.scope():
+        out = session.target.forward(prompt, "prefill")
+        pending = ops.argmax_rows(ops.last_along_axis(out["logits"], 1).reshape(1, -1), 1)[0]
+        base = session.target.position
+        for i in range(102):
+            if session.sp.kind == "draft":
+                drafts = session.proposer.propose(prompt + [pending], width)
+            else:
+                seed = session.proposer.seed_from(out, base - 1)
+                drafts = session.proposer.propose(pending, width, seed, base)
+            if session.state.snapshot_cells:
+                session.state.snapshot()
+            verify = session.target.forward([pending] + drafts, "verify")
+            logits = verify["logits"]
+            ops.accept_drafts(logits.reshape(width + 1, logits.shape[-1]), drafts)
+            session.state.truncate(base, session.rollback)
+            if session.state.snapshot_cells:
+                session.state.restore()
+            session.target.position = base
+            if session.sp.kind == "draft":
+                session.proposer.after_round(prompt)  # the round is undone: back to L
+            del verify, logits
+            engine.allocator.publish(engine.ledger)
+            series.append((engine.ledger.live_allocations, engine.ledger.live_bytes))
+    assert len(set(series[2:])) == 1, series[:6]
+
+
+def test_device_versus_host_snapshot_timing(packages, engine_cache, evidence_dir,
+                                            tmp_path_factory):
+    """The measured comparison: the host-snapshot variant stages every snapshot (counted),
+    the device variant none; both decode the same tokens. Timings kept as evidence. Runs
+    on every catalog fixture with recurrent cells and on the suites' recurrent_pair."""
+    from engines.package import load_package
+    from suites.recurrent_pair import build_recurrent_pair
+
+    chosen = {n: packages[n] for n in SPECULATIVE if packages[n].spec.decoding.speculative.snapshot}
+    chosen["recurrent_pair"] = load_package(
+        build_recurrent_pair(tmp_path_factory.mktemp("recurrent_pair")))
+    out = {}
+    for name, package in chosen.items():
+        engine = engine_cache(ENGINE, package)
+        prompt = package.spec.prompts[0]
+        width = package.spec.decoding.speculative.max_width
+        runs = {}
+        for mode in ("device", "host"):
+            speculative_decode(engine, prompt, NEW_TOKENS, width, snapshot_mode=mode)  # warm-up
+            start = time.perf_counter()
+            result = speculative_decode(engine, prompt, NEW_TOKENS, width, snapshot_mode=mode)
+            runs[mode] = (time.perf_counter() - start, result)
+        dev, host = runs["device"][1], runs["host"][1]
+        assert dev.tokens == host.tokens
+        cells = len(package.spec.decoding.speculative.snapshot)
+        assert dev.ledger.host_staging == 0
+        assert host.ledger.host_staging == cells * host.ledger.snapshots > 0
+        out[name] = {"width": width, "device_s": runs["device"][0], "host_s": runs["host"][0],
+                     "snapshots": dev.ledger.snapshots, "restores": dev.ledger.restores,
+                     "host_staging_bytes": host.ledger.host_staging_bytes}
+    figures = evidence_dir / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    (figures / "snapshot_device_vs_host.json").write_text(json.dumps(out, indent=1))
