@@ -28,6 +28,7 @@ $(REAL_STAMP): $(STAMP)
 
 real: $(REAL_STAMP)
 	$(BIN)/lockstep convert smollm2
+	$(BIN)/lockstep convert smollm2 --draft-layers 24
 
 fixtures: real
 	$(BIN)/lockstep fixtures build
@@ -40,6 +41,8 @@ demo: fixtures
 	$(BIN)/lockstep run --mode speculative --evidence-dir $(EVIDENCE)
 	$(BIN)/lockstep run --packages smollm2 --engines ort-cpu,native-host,hf --max-prompts 2 \
 	  --evidence-dir $(EVIDENCE)
+	$(BIN)/lockstep run --mode speculative --width all --packages smollm2-selfspec --engines ort-cpu \
+	  --max-prompts 2 --max-new-tokens 16 --evidence-dir $(EVIDENCE)
 	$(BIN)/lockstep report $(EVIDENCE) -o $(EVIDENCE)/report.html
 
 # The test suite (what CI runs).

@@ -13,21 +13,23 @@ def fixture_names() -> list[str]:
     return [f if isinstance(f, str) else f.name for f in list_fixtures()]
 
 
-REAL_CHECKPOINTS = ("smollm2",)
+REAL_CHECKPOINTS = ("smollm2", "smollm2-selfspec")  # the second adds a layer-skip drafter
 
 
 def resolve_package(ref: str | Path) -> Package:
     """A fixture name builds (or reuses) that fixture; ``smollm2`` converts (or reuses) the
-    real SmolLM2 checkpoint; anything else must be a package folder."""
+    real SmolLM2 checkpoint, ``smollm2-selfspec`` the same with a layer-skip drafter;
+    anything else must be a package folder."""
     text = str(ref)
     if text in fixture_names():
         from fixtures.catalog import build
 
         return load_package(build(text))
     if text in REAL_CHECKPOINTS:
-        from fixtures.real_checkpoints import smollm2_package
+        from fixtures.real_checkpoints import smollm2_package, smollm2_selfspec_package
 
-        return load_package(smollm2_package())
+        return load_package(smollm2_selfspec_package() if text == "smollm2-selfspec"
+                            else smollm2_package())
     path = Path(text).expanduser()
     if path.exists():
         return load_package(path)

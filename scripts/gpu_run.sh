@@ -43,6 +43,8 @@ tail -n 60 "$OUT/pytest-gpu.log"
 
 "$PY" -m harness.cli run --engines "$ENGINES" --strict \
   --evidence-dir /tmp/lockstep-evidence > "$OUT/matrix.txt" 2>&1 || status=1
+"$PY" -m harness.cli run --mode speculative --width all --engines "$ENGINES" --strict \
+  --evidence-dir /tmp/lockstep-evidence >> "$OUT/matrix.txt" 2>&1 || status=1
 cat "$OUT/matrix.txt"
 "$PY" -m harness.cli report /tmp/lockstep-evidence -o "$OUT/report.html" || status=1
 tar czf "$OUT/evidence.tgz" -C /tmp lockstep-evidence lockstep-gpu-evidence

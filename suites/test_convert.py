@@ -188,7 +188,6 @@ def test_layer_skip_drafter_with_every_block_is_the_target(tiny_gguf, tmp_path):
     full = load_package(convert(tiny_gguf, tmp_path / "full", draft_layers=2).folder)
     short = load_package(convert(tiny_gguf, tmp_path / "short", draft_layers=1).folder)
     assert set(full.spec.components) == {"target", "drafter"}
-    assert full.spec.decoding.speculative is None  # until the speculative section lands
     prompt = full.spec.prompts[1]
 
     def logits(pkg, component):
@@ -204,6 +203,46 @@ def test_layer_skip_drafter_with_every_block_is_the_target(tiny_gguf, tmp_path):
     assert np.array_equal(logits(full, "drafter"), logits(full, "target"))
     assert len(short.spec.state_of("drafter")) == 2  # one block: k and v
     assert not np.allclose(logits(short, "drafter"), logits(short, "target"))
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_layer_skip_drafter_declares_a_draft_section_and_speculates_like_greedy(
+        tiny_gguf, tmp_path, cache):
+    """kind draft: the drafter proposes with its own cells, a rejection rolls back every
+    target kv cell; speculative == greedy == oracle at every width on the host engines."""
+    pkg = load_package(convert(tiny_gguf, tmp_path / "p", draft_layers=1, cache=cache,
+                               max_context=64).folder)
+    sp = pkg.spec.decoding.speculative
+    target_cells = list(pkg.spec.state_of("target"))
+    assert (sp.kind, sp.proposer, sp.target, sp.max_width) == ("draft", "drafter", "target", 4)
+    assert sp.rollback == target_cells == ["k0", "v0", "k1", "v1"]
+    assert list(pkg.spec.state_of("drafter")) == ["draft_k0", "draft_v0"]
+    assert pkg.spec.name.endswith(f"-{cache}-float32-draft1")
+    from engines.workflow.speculative import speculative_decode
+
+    prompt = pkg.spec.prompts[1]
+    oracle = oracle_decode(pkg, prompt, TOKENS)
+    for engine_name in ("ort-cpu", "native-host"):
+        engine = get_engine_class(engine_name)(pkg)
+        greedy = greedy_decode(engine, prompt, TOKENS).tokens
+        assert compare_tokens(oracle.tokens, oracle.margins, greedy, 1e-2) is None
+        for width in range(1, 5):
+            result = speculative_decode(engine, prompt, TOKENS, width)
+            assert result.tokens == greedy, (engine_name, width)
+            assert result.ledger.proposals > 0
+        engine.close()
+
+
+def test_draft_layers_are_part_of_the_conversion_key(tiny_gguf, tmp_path):
+    plain = convert(tiny_gguf, tmp_path / "a")
+    drafted = convert(tiny_gguf, tmp_path / "a", draft_layers=1)
+    assert not drafted.reused and drafted.key != plain.key
+    assert convert(tiny_gguf, tmp_path / "a", draft_layers=1).reused
+    other = convert(tiny_gguf, tmp_path / "a", draft_layers=2)
+    assert not other.reused and other.key not in (plain.key, drafted.key)
+    assert len(load_package(other.folder).spec.state_of("drafter")) == 4
+    assert load_package(convert(tiny_gguf, tmp_path / "a").folder).spec.decoding.speculative \
+        is None
 
 
 # -- tokenizer ---------------------------------------------------------------------------
@@ -286,6 +325,14 @@ def test_cli_converts_and_reports_errors_without_traceback(tiny_gguf, tmp_path, 
     assert "converted" in capsys.readouterr().out
     assert main(["convert", str(tmp_path / "absent.gguf"), "-o", str(tmp_path / "q")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert main(["convert", str(tiny_gguf), "-o", str(tmp_path / "d"), "--draft-layers", "1"]) == 0
+    assert load_package(tmp_path / "d").spec.decoding.speculative.proposer == "drafter"
+    assert "--mode speculative" in capsys.readouterr().out
+    for bad in ("3", "0"):  # the tiny checkpoint has 2 blocks
+        assert main(["convert", str(tiny_gguf), "-o", str(tmp_path / "e"),
+                     "--draft-layers", bad]) == 2
+        err = capsys.readouterr().err
+        assert "--draft-layers" in err and bad in err
 
 
 def test_shipped_real_prompts_cover_every_kind_and_topic():

@@ -74,7 +74,8 @@ def test_batch_invariance_on_device(packages, engine_cache, package_name):
     prefix = list(package.spec.prompts[0])
     for m in range(1, 10):
         tokens = [(7 * i + 3) % package.spec.vocab_size for i in range(m)]
-        rows, singles = stepwise_and_batched(engine, prefix, tokens, to_host=lambda x: x.get())
+        rows, singles = stepwise_and_batched(engine, prefix, tokens,
+                                             to_host=lambda x: x.get(stream=engine.stream))
         assert rows.shape == singles.shape and rows.tobytes() == singles.tobytes(), m
 
 

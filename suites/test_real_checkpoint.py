@@ -5,7 +5,11 @@ round-trips every shipped prompt; the oracle (ort-cpu, float32) continues "What 
 capital of France?" with the known 8 tokens; native-host, ort-cpu and transformers follow
 the oracle on real prompts, margin-aware (real checkpoints have real near-ties: a
 divergence where the oracle's margin is under the tolerance is a near-tie, anything else
-a defect). Budget: a few prompts x 8 tokens, under two minutes on two cores.
+a defect). Self-speculation (``smollm2-selfspec``: a drafter of SmolLM2's first 24 blocks,
+the final norm and the tied head): the speculative stream equals the engine's greedy stream
+and the oracle at every width on ort-cpu and at one width on native-host, margin-aware, and
+its drafts are both accepted and rejected. Budget: a few prompts x 8-12 tokens, under two
+minutes on two cores.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ CHATML_FRANCE = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 5
 FRANCE_CONTINUATION = [504, 3575, 282, 4649, 314, 7042, 30, 2]
 IDENTITY_PROMPTS = ("chat_capital", "plain_fibonacci")
 TOKENS = 8
+SPEC_TOKENS = 12  # ort-cpu, widths 1..4, both identity prompts
+NATIVE_SPEC = ("chat_capital", 6, 2)  # native-host (~0.9 s per token): prompt, tokens, width
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +151,113 @@ def test_transformers_follows_the_oracle(smollm2, oracles, prompts):
     engine = cls(smollm2)
     verdicts = _verdicts(smollm2, oracles, prompts, lambda p: engine.greedy(p, TOKENS).tokens)
     assert all(v is None or v.verdict != DEFECT for v in verdicts.values())
+
+
+# -- self-speculation: the layer-skip drafter -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def selfspec(smollm2):
+    from engines.package import load_package
+    from fixtures.real_checkpoints import smollm2_selfspec_package
+
+    return load_package(smollm2_selfspec_package())
+
+
+@pytest.fixture(scope="module")
+def spec_oracles(selfspec, prompts):
+    engine = get_engine_class("ort-cpu")(selfspec)
+    try:
+        return {name: oracle_decode(selfspec, prompts[name], SPEC_TOKENS, engine=engine)
+                for name in IDENTITY_PROMPTS}
+    finally:
+        engine.close()
+
+
+def _spec_verdict(oracle, greedy, tokens, near_tie, n=None):
+    """The worst of (stream vs oracle, stream vs the engine's greedy stream), margin-aware:
+    the oracle's margin at the first differing step decides near-tie or defect."""
+    n = len(oracle.tokens) if n is None else n
+    ref, margins = oracle.tokens[:n], oracle.margins[:n]
+    div = compare_tokens(ref, margins, tokens, near_tie)
+    gdiv = None if greedy is None else compare_tokens(greedy, margins, tokens, near_tie)
+    if div is not None and (gdiv is None or div.verdict == DEFECT):
+        return div
+    return gdiv
+
+
+def test_selfspec_package_declares_the_layer_skip_drafter(selfspec, smollm2):
+    from fixtures.real_checkpoints import SELFSPEC_DRAFT_LAYERS
+
+    spec = selfspec.spec
+    sp = spec.decoding.speculative
+    assert (sp.kind, sp.proposer, sp.target, sp.max_width) == ("draft", "drafter", "target", 4)
+    target_cells = list(spec.state_of("target"))
+    assert target_cells == list(smollm2.spec.state_of("target"))  # the same 30-block target
+    assert sp.rollback == target_cells and sp.snapshot == []
+    drafter_cells = spec.state_of("drafter")
+    assert len(drafter_cells) == 2 * SELFSPEC_DRAFT_LAYERS
+    assert all(name.startswith("draft_") for name in drafter_cells)
+    assert smollm2.spec.decoding.speculative is None
+
+
+def test_selfspec_follows_greedy_and_the_oracle_on_ort_cpu(selfspec, spec_oracles, prompts,
+                                                           record_property):
+    """Widths 1..4 x both prompts: speculative == greedy == oracle; drafts are accepted and
+    rejected, rounds fully accepted and rolled back."""
+    from engines.workflow.speculative import speculative_decode
+
+    near_tie = tolerance_for(selfspec.spec.dtype).near_tie_margin
+    engine = get_engine_class("ort-cpu")(selfspec)
+    tally = {"accepted": 0, "rejected": 0, "full_accepts": 0, "rollbacks": 0}
+    near_ties, per_width = [], {}
+    try:
+        for name in IDENTITY_PROMPTS:
+            oracle = spec_oracles[name]
+            greedy = greedy_decode(engine, prompts[name], SPEC_TOKENS).tokens
+            div = compare_tokens(oracle.tokens, oracle.margins, greedy, near_tie)
+            assert div is None or div.verdict == NEAR_TIE, (name, "greedy", div)
+            for width in range(1, 5):
+                result = speculative_decode(engine, prompts[name], SPEC_TOKENS, width)
+                div = _spec_verdict(oracle, greedy, result.tokens, near_tie)
+                assert div is None or div.verdict == NEAR_TIE, (name, width, div)
+                if div is not None:
+                    near_ties.append((name, width, div))
+                led = result.ledger
+                for key in tally:
+                    tally[key] += getattr(led, key)
+                acc, prop = per_width.get(width, (0, 0))
+                per_width[width] = (acc + led.accepted, prop + led.accepted + led.rejected)
+                assert led.accepted == sum(result.acceptance_per_round)
+    finally:
+        engine.close()
+    rate = tally["accepted"] / (tally["accepted"] + tally["rejected"])
+    widths = ", ".join(f"w{w} {a}/{p}" for w, (a, p) in sorted(per_width.items()))
+    print(f"smollm2-selfspec ort-cpu acceptance {rate:.3f} ({widths}); {tally}; "
+          f"near-ties: {near_ties or 'none'}")
+    record_property("acceptance_rate", rate)
+    assert 0 < rate < 1, tally
+    assert tally["full_accepts"] > 0 and tally["rollbacks"] > 0, tally
+
+
+def test_selfspec_follows_the_oracle_on_native_host(selfspec, spec_oracles, prompts,
+                                                    record_property):
+    """One width, one short prompt (native-host is ~0.9 s per token on two cores); its greedy
+    stream is held to the oracle by test_greedy_follows_the_oracle."""
+    from engines.workflow.speculative import speculative_decode
+
+    name, tokens, width = NATIVE_SPEC
+    near_tie = tolerance_for(selfspec.spec.dtype).near_tie_margin
+    engine = get_engine_class("native-host")(selfspec)
+    try:
+        result = speculative_decode(engine, prompts[name], tokens, width)
+    finally:
+        engine.close()
+    div = _spec_verdict(spec_oracles[name], None, result.tokens, near_tie, n=tokens)
+    assert div is None or div.verdict == NEAR_TIE, (name, width, div)
+    led = result.ledger
+    rate = led.accepted / (led.accepted + led.rejected)
+    print(f"smollm2-selfspec native-host w{width} acceptance {rate:.3f} "
+          f"{result.acceptance_per_round} of {result.widths_per_round}")
+    record_property("acceptance_rate", rate)
+    assert len(result.tokens) == tokens
+    assert 0 < rate < 1 and led.rollbacks > 0, result.acceptance_per_round

@@ -4,12 +4,21 @@ The same plan and op kernels as ``native-host``; only the array backend differs
 (``CupyArrayBackend``: batch-invariant hand-written matmul and sum kernels, CuPy for
 elementwise work). Weights cross to the device once, while the plans are built; feeds
 arrive already adopted through ``tensor_ops.adopt``; results stay on the device. Nothing in
-``run_component`` synchronises with the host.
+``run_component`` synchronises with the host, except dropping a captured graph when a new
+signature invalidates it (its buffers must not be freed under a queued replay).
 
 Device memory: the plans' weights and every forward's allocations come from the engine's
 ``CountingAllocator`` (a private pool, live count and bytes exact), published into the
-ledger after each forward (``ledger.live_allocations`` / ``live_bytes``). Tensor-op
-allocations made outside ``run_component`` use it only inside ``engine.allocator.scope()``.
+ledger after each forward (``ledger.live_allocations`` / ``live_bytes``, the graph slots'
+pools included). Tensor-op allocations made outside ``run_component`` use it only inside
+``engine.allocator.scope()``.
+
+CUDA graphs (claim 6): ``run_component(component, feeds, phase)`` runs a ``decode`` forward
+in the ``PRIMARY`` graph slot and a ``verify`` forward in ``VERIFY`` (``graph_slots.py``),
+any other phase eagerly. Graphs are on by default for packages whose kv cells are all
+``static`` (``graphs=`` overrides). A slot's outputs are its static buffers: the caller
+consumes them before the next forward in the same slot (the interpreter does).
+``poison_outputs=True`` (tests) fills them with NaN before every replay.
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ import onnx
 from engines.cuda_support import cuda_availability, import_cupy
 from engines.engine import Availability, Engine
 from engines.errors import InputError
+from engines.native.graph_slots import CaptureError, CupyGraphDevice, GraphSlots, graphs_default
 
 
 def matmul_weight_shapes(model: onnx.ModelProto) -> set[tuple[int, int]]:
@@ -54,7 +64,7 @@ class NativeCudaEngine(Engine):
         ok, reason = cuda_availability()
         return Availability(ok, reason)
 
-    def __init__(self, package):
+    def __init__(self, package, *, graphs: bool | None = None, poison_outputs: bool = False):
         cupy = import_cupy()  # EngineUnavailable naming what is missing and how to get it
         self._cupy = cupy
         self._device = cupy.cuda.Device(self.device_id)
@@ -75,7 +85,11 @@ class NativeCudaEngine(Engine):
                 model = package.component_model(name)
                 with self.backend.weight_loading(matmul_weight_shapes(model)):
                     self._plans[name] = Plan(model, self.backend)
-        self.allocator.publish(self.ledger)
+        self.graphs = graphs_default(package.spec) if graphs is None else bool(graphs)
+        self.slots = GraphSlots(CupyGraphDevice(self.stream, device_id=self.device_id),
+                                lambda: self.ledger, enabled=self.graphs,
+                                poison_outputs=poison_outputs)
+        self.publish_memory()
 
     def _make_tensor_ops(self):
         from engines.tensor_ops.cuda import CudaTensorOps
@@ -84,17 +98,52 @@ class NativeCudaEngine(Engine):
             self.backend.ledger = self.ledger  # a fresh ledger counts the backend's adopts too
         return CudaTensorOps(self.ledger, self.stream, device_id=self.device_id)
 
-    def run_component(self, component: str, feeds: dict[str, Any]) -> dict[str, Any]:
+    def run_component(self, component: str, feeds: dict[str, Any],
+                      phase: str | None = None) -> dict[str, Any]:
+        """One forward; ``decode`` and ``verify`` forwards go through their graph slot when
+        graphs are on (their outputs are then the slot's static buffers)."""
         plan = self._plans.get(component)
         if plan is None:
             raise InputError(f"the package has no component {component!r}", field="component",
                              value=component, remedy=f"use one of: {', '.join(self._plans)}")
         # The plan checks every feed's residency (host feeds: a ResidencyError naming
         # tensor_ops.adopt); nothing here reads a device value.
-        with self._device, self.stream, self.allocator.scope():
-            out = plan.run(self._device_empties(feeds))
-        self.allocator.publish(self.ledger)
+        out = self.slots.run(component, self._device_empties(feeds), phase,
+                             lambda f: self._eager(plan, f),
+                             lambda inputs: self._capture_body(plan, inputs))
+        self.publish_memory()
         return out
+
+    def _eager(self, plan, feeds: dict[str, Any]) -> dict[str, Any]:
+        with self._device, self.stream, self.allocator.scope():
+            return plan.run(feeds)
+
+    def _capture_body(self, plan, inputs):
+        """The forward a slot captures (its allocator is current). A host value adopted
+        during the capture would be recorded from a temporary host buffer, so it is refused:
+        after the eager run of the same signature every such value is cached."""
+        adopted = self.ledger.h2d_count
+        out = plan.run(inputs)
+        if self.ledger.h2d_count != adopted:
+            raise CaptureError("a host value crossed to the device during the capture")
+        return out, plan.cached_device_values()
+
+    def reset_slot(self, slot) -> None:
+        """Drop one graph slot's graph and buffers (``GraphSlot`` or its name); the other
+        slot keeps replaying."""
+        self.slots.reset(slot)
+
+    def reset_graphs(self) -> None:
+        self.slots.reset()
+
+    def publish_memory(self) -> None:
+        """Live allocations into the ledger: the engine's pool and the graph slots' pools."""
+        self.allocator.publish(self.ledger)
+        slots = getattr(self, "slots", None)
+        if slots is not None:
+            count, size = slots.live()
+            self.ledger.live_allocations += count
+            self.ledger.live_bytes += size
 
     def _device_empties(self, feeds: dict[str, Any]) -> dict[str, Any]:
         """An empty value is host-empty by rule (an append kv cell before its first forward,
@@ -110,5 +159,7 @@ class NativeCudaEngine(Engine):
         """Wait for the stream's queued work, then drop plans and cached weights."""
         if self.backend is not None:
             self.stream.synchronize()
+            if getattr(self, "slots", None) is not None:
+                self.slots.close()
             self.backend.release()
         self._plans = {}

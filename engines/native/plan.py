@@ -8,12 +8,16 @@ once at build time. Everything else runs on the backend; ops over weights alone 
 reaches them) run there once at build too. Inputs a kernel reads on the host
 (Reshape's shape, Slice bounds, axes, ...) must be host-resolved, or the build fails with
 an ``ExecutionError`` naming the node and the input; so a plan that builds never reads a
-device value back. Host values feeding device kernels are adopted (static ones once).
+device value back. Host values feeding device kernels are adopted (static ones once); on a
+device backend each run-time one is adopted once per distinct value and cached on the
+device (keyed by dtype, shape and bytes), so for a fixed set of feed shapes a forward moves
+nothing from the host: no per-step copy, and nothing a CUDA graph capture would record
+from a temporary host buffer.
 """
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -36,6 +40,11 @@ _CONST, _ENV, _ENV_ADOPT = 0, 1, 2
 
 def _dev_key(name: str) -> str:
     return "\0dev\0" + name
+
+
+# Device copies of run-time host values kept per value name (least recently used dropped):
+# a prefill and a decode signature need two each; the rest absorbs shapes that vary.
+HOST_VALUE_CACHE_PER_VALUE = 8
 
 
 def _default_opset(model: onnx.ModelProto) -> int:
@@ -273,6 +282,8 @@ class Plan:
             step.free = tuple(frees.get(i, ()))
         self.steps = steps
         self.node_count = len(order)
+        # name -> {(dtype, shape, bytes): device copy}; unused on a host backend
+        self._device_values: dict[str, OrderedDict] = {}
 
     # ---- build helpers ----------------------------------------------------------------
 
@@ -409,7 +420,7 @@ class Plan:
                 else:
                     dkey = _dev_key(key)
                     if dkey not in env:
-                        env[dkey] = backend.adopt(env[key])
+                        env[dkey] = self._device_value(key, env[key])
                     args.append(env[dkey])
             values = self._call(step.kernel, step.backend, args, step.label)
             if len(values) < sum(1 for y in step.outputs if y):
@@ -427,6 +438,32 @@ class Plan:
                 out[name] = key
             elif kind == _ENV:
                 out[name] = env[key]
-            else:
+            elif backend.residency == "host":
                 out[name] = backend.adopt(env[key])
+            else:  # a private copy: the caller may write into an output (a state cell)
+                out[name] = backend.xp.array(self._device_value(key, env[key]), copy=True)
         return out
+
+    def _device_value(self, name: str, value: Any) -> Any:
+        """The backend's copy of a run-time host value: adopted the first time this value
+        (dtype, shape, bytes) is seen under ``name``, then served from the cache. Kernels
+        never write their inputs, so a cached copy can be shared by every forward."""
+        backend = self.backend
+        if backend.residency == "host":
+            return backend.adopt(value)
+        host = np.asarray(value)
+        key = (host.dtype.str, host.shape, host.tobytes())
+        entries = self._device_values.setdefault(name, OrderedDict())
+        cached = entries.get(key)
+        if cached is None:
+            cached = entries[key] = backend.adopt(host)
+            if len(entries) > HOST_VALUE_CACHE_PER_VALUE:
+                entries.popitem(last=False)
+        else:
+            entries.move_to_end(key)
+        return cached
+
+    def cached_device_values(self) -> list[Any]:
+        """Every cached device copy of a host value: what a captured graph may read, so a
+        graph slot keeps them alive for as long as its graph lives."""
+        return [v for entries in self._device_values.values() for v in entries.values()]

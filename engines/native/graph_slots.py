@@ -1,0 +1,377 @@
+"""CUDA graph slots: PRIMARY (M=1 decode) and VERIFY (M=W+1 verification), claim 6.
+
+A slot is one CUDA-graph lifecycle on the engine's stream. The first forward of a
+*signature* (the component plus every feed's name, shape and dtype) runs eagerly (its
+result is that step's answer, and it compiles every kernel and caches every host-resolved
+value on the device), then the same forward is captured into a graph that reads the slot's
+static input buffers and writes its static output buffers, all allocated from the slot's
+own memory pool. Every later forward with that signature copies its feeds into the static
+inputs (device to device, on the stream), launches the graph and returns the static
+outputs. A new signature invalidates the graph and captures again; ``reset()`` drops it; a
+capture that fails (an op that cannot be captured) leaves the slot in *fallback*: that
+signature runs eagerly from then on, still correct, and is not retried every step.
+
+Aliasing: the graph's outputs are always buffers allocated during the capture (an output
+that would be a constant, a static input or anything else is copied inside the graph), so
+no static output is ever a static input. The caller may feed a static output straight back
+(a state cell): the copy into the static input is queued on the stream before the launch
+that overwrites the output, so it reads the value the caller saw. The caller must consume
+the outputs before the next forward in the same slot; the two slots never share buffers.
+
+The counters live in the session ledger (``ledger.slot(name)``): ``captures`` (capture
+steps that succeeded), ``replays``, ``fallbacks`` (forwards that ran eagerly because the
+signature's capture failed, the failing one included), ``invalidations`` (graphs dropped
+for a new signature) and ``resets``. Every slot forward is exactly one capture, replay or
+fallback.
+
+The CUDA side (``CupyGraphDevice``) is injected, so the lifecycle is tested on the host
+with a fake device (``suites/test_graph_slots_host.py``).
+"""
+from __future__ import annotations
+
+import enum
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engines.ledger import GraphSlotCounters
+
+
+class GraphSlot(enum.Enum):
+    PRIMARY = "PRIMARY"  # M=1 decode
+    VERIFY = "VERIFY"    # M=W+1 verification
+
+
+SLOT_FOR_PHASE: dict[str, GraphSlot] = {"decode": GraphSlot.PRIMARY,
+                                        "verify": GraphSlot.VERIFY}
+
+
+def slot_for_phase(phase: str | None) -> GraphSlot | None:
+    """The slot a forward of ``phase`` replays in; None (eager) for every other phase."""
+    return SLOT_FOR_PHASE.get(phase) if phase is not None else None
+
+
+def graphs_default(spec) -> bool:
+    """Graphs are on by default when every kv cell is ``static`` (shapes stable per step);
+    ``append`` cells grow every step, so each step would be a new signature."""
+    return all(getattr(cell, "update", None) == "static"
+               for cell in spec.state.values() if cell.kind == "kv")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a captured graph is valid for: the component and each feed's shape and dtype."""
+    component: str
+    feeds: tuple[tuple[str, tuple[int, ...], str], ...]
+
+    @classmethod
+    def of(cls, component: str, feeds: Mapping[str, Any]) -> Signature:
+        return cls(component, tuple(sorted(
+            (name, tuple(int(d) for d in v.shape), np.dtype(v.dtype).str)
+            for name, v in feeds.items())))
+
+
+class SlotStatus(enum.Enum):
+    EMPTY = "empty"        # no signature
+    CAPTURED = "captured"  # a graph replays the signature
+    FALLBACK = "fallback"  # the signature's capture failed: it runs eagerly
+
+
+class CaptureError(RuntimeError):
+    """A capture that cannot be used (the slot falls back)."""
+
+
+Outputs = dict[str, Any]
+EagerRun = Callable[[Mapping[str, Any]], Outputs]
+# (static inputs) -> (outputs, values the graph reads that the slot must keep alive)
+CaptureBody = Callable[[Mapping[str, Any]], tuple[Outputs, list[Any]]]
+
+
+class SlotState:
+    """One slot's lifecycle, buffers, pool and graph (see the module doc)."""
+
+    def __init__(self, slot: GraphSlot, device: Any,
+                 counters: Callable[[], GraphSlotCounters], *, poison_outputs: bool = False):
+        self.slot = slot
+        self.device = device
+        self._counters = counters
+        self.poison_outputs = poison_outputs
+        self.status = SlotStatus.EMPTY
+        self.signature: Signature | None = None
+        self.failure: str | None = None  # why the last capture failed
+        self.capture_attempts = 0
+        self.graph: Any = None
+        self.inputs: dict[str, Any] = {}
+        self.outputs: dict[str, Any] = {}
+        self.allocator: Any = None
+        self._keep: list[Any] = []
+        # every pool this slot made, while any allocation from it lives (cells may still
+        # hold the outputs of a dropped graph)
+        self._allocators: weakref.WeakSet = weakref.WeakSet()
+
+    @property
+    def counters(self) -> GraphSlotCounters:
+        return self._counters()
+
+    # -- the forward -------------------------------------------------------------------------
+    def run(self, signature: Signature, feeds: Mapping[str, Any], eager: EagerRun,
+            capture_body: CaptureBody) -> Outputs:
+        """One forward through the slot: capture, replay or fallback."""
+        if signature != self.signature:
+            if self.status is not SlotStatus.EMPTY:
+                self.counters.invalidations += 1
+                self._drop()
+            return self._first_use(signature, feeds, eager, capture_body)
+        if self.status is SlotStatus.FALLBACK:
+            self.counters.fallbacks += 1
+            return eager(feeds)
+        return self._replay(feeds)
+
+    def _first_use(self, signature: Signature, feeds: Mapping[str, Any], eager: EagerRun,
+                   capture_body: CaptureBody) -> Outputs:
+        allocator = self.device.new_allocator()
+        self._allocators.add(allocator)
+        try:
+            inputs = {name: self.device.empty_like(v, allocator) for name, v in feeds.items()}
+            for name, buffer in inputs.items():
+                self.device.copy(buffer, feeds[name])
+            # The eager run reads the very buffers the capture will read (same strides, so
+            # the same kernels, compiled now, not during the capture); bad feeds raise here
+            # and the slot stays empty.
+            result = eager(inputs)
+        except BaseException:
+            self.device.release(allocator)
+            raise
+        self.signature = signature
+        self.capture_attempts += 1
+        try:
+            graph, outputs, keep = self.device.capture(lambda: capture_body(inputs), allocator)
+        except Exception as exc:  # noqa: BLE001 - any failure to capture is a fallback
+            self.status = SlotStatus.FALLBACK
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self.counters.fallbacks += 1
+            self.device.release(allocator)
+            return result
+        self.graph, self.inputs, self.outputs = graph, inputs, dict(outputs)
+        self.allocator, self._keep = allocator, list(keep)
+        self.status = SlotStatus.CAPTURED
+        self.failure = None
+        self.counters.captures += 1
+        return result
+
+    def _replay(self, feeds: Mapping[str, Any]) -> Outputs:
+        for name, buffer in self.inputs.items():
+            source = feeds[name]
+            if source is not buffer:  # a feed that is the static buffer is already in place
+                self.device.copy(buffer, source)
+        if self.poison_outputs:
+            seen: set[int] = set()
+            for buffer in self.outputs.values():
+                if id(buffer) not in seen:
+                    seen.add(id(buffer))
+                    self.device.poison(buffer)
+        self.device.launch(self.graph)
+        self.counters.replays += 1
+        return dict(self.outputs)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Drop the graph and its buffers (counted when there was something to drop); the
+        next forward captures again. The other slot is untouched."""
+        if self.status is not SlotStatus.EMPTY:
+            self.counters.resets += 1
+        self._drop()
+
+    def close(self) -> None:
+        """Drop everything without counting a reset (the engine's close)."""
+        self._drop()
+
+    def _drop(self) -> None:
+        if self.status is SlotStatus.CAPTURED:
+            self.device.synchronize()  # no queued replay may still read these buffers
+        self.graph = None
+        self.inputs, self.outputs, self._keep = {}, {}, []
+        allocator, self.allocator = self.allocator, None
+        if allocator is not None:
+            self.device.release(allocator)
+        self.status = SlotStatus.EMPTY
+        self.signature = None
+        self.failure = None
+
+    def live(self) -> tuple[int, int]:
+        """(allocations, bytes) still live from this slot's pools, dropped graphs' included."""
+        count = size = 0
+        for allocator in list(self._allocators):
+            snap = allocator.snapshot()
+            count += snap["live_allocations"]
+            size += snap["live_bytes"]
+        return count, size
+
+    def describe(self) -> dict[str, Any]:
+        return {"slot": self.slot.value, "status": self.status.value,
+                "component": self.signature.component if self.signature else None,
+                "capture_attempts": self.capture_attempts, "failure": self.failure}
+
+
+class GraphSlots:
+    """An engine's two slots on one device (its stream), and the routing of a forward:
+    ``decode`` to PRIMARY, ``verify`` to VERIFY, anything else (or graphs off, or a feed
+    the device cannot copy) eagerly."""
+
+    def __init__(self, device: Any, ledger: Callable[[], Any], *, enabled: bool,
+                 poison_outputs: bool = False):
+        self.device = device
+        self.enabled = bool(enabled)
+        self.states = {slot: SlotState(slot, device,
+                                       lambda name=slot.value: ledger().slot(name),
+                                       poison_outputs=poison_outputs)
+                       for slot in GraphSlot}
+
+    def __getitem__(self, slot: GraphSlot | str) -> SlotState:
+        return self.states[slot if isinstance(slot, GraphSlot) else GraphSlot(slot)]
+
+    def values(self):
+        return self.states.values()
+
+    def run(self, component: str, feeds: Mapping[str, Any], phase: str | None,
+            eager: EagerRun, capture_body: CaptureBody) -> Outputs:
+        slot = slot_for_phase(phase) if self.enabled else None
+        if slot is None or not all(self.device.accepts(v) for v in feeds.values()):
+            return eager(feeds)
+        return self.states[slot].run(Signature.of(component, feeds), feeds, eager,
+                                     capture_body)
+
+    def reset(self, slot: GraphSlot | str | None = None) -> None:
+        """Reset one slot (or both); the other keeps its graph."""
+        for state in ([self[slot]] if slot is not None else self.states.values()):
+            state.reset()
+
+    def close(self) -> None:
+        for state in self.states.values():
+            state.close()
+
+    def live(self) -> tuple[int, int]:
+        pairs = [state.live() for state in self.states.values()]
+        return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+
+# dtypes whose bits are moved as another dtype of the same width (CuPy may lack kernels)
+_BITS_AS = {"float16": np.uint16, "bfloat16": np.uint16, "bool": np.uint8}
+# NaN bit patterns for poisoning floating buffers, by dtype name
+_NAN_BITS = {"float16": (np.uint16, 0x7E00), "bfloat16": (np.uint16, 0x7FC0),
+             "float32": (np.uint32, 0x7FC00000), "float64": (np.uint64, 0x7FF8000000000000)}
+
+
+class CupyGraphDevice:
+    """The CUDA half of a slot: buffers, copies, poison, capture and launch, every one on
+    the engine's stream. Pools are ``CountingAllocator``s over private ``MemoryPool``s."""
+
+    def __init__(self, stream: Any, device_id: int = 0):
+        from engines.cuda_support import import_cupy
+
+        self.cp = import_cupy()
+        self.stream = stream
+        self.device_id = int(device_id)
+        self._device = self.cp.cuda.Device(self.device_id)
+
+    def accepts(self, value: Any) -> bool:
+        """Only non-empty arrays on this device can be copied into a static buffer."""
+        cp = self.cp
+        return (isinstance(value, cp.ndarray) and value.size > 0
+                and value.device.id == self.device_id)
+
+    def new_allocator(self):
+        from engines.device_memory import CountingAllocator
+
+        with self._device:
+            return CountingAllocator(pool=self.cp.cuda.MemoryPool(), device_id=self.device_id)
+
+    def empty_like(self, value: Any, allocator: Any):
+        with self._device, self.stream, allocator.scope():
+            return self.cp.empty(tuple(value.shape), dtype=value.dtype)
+
+    def _bits(self, x):
+        as_ = _BITS_AS.get(x.dtype.name)
+        return x.view(as_) if as_ is not None else x
+
+    def copy(self, dst: Any, src: Any) -> None:
+        """``dst[...] = src``, device to device, queued on the stream."""
+        cp = self.cp
+        with self._device, self.stream:
+            if src.flags.c_contiguous and dst.flags.c_contiguous:
+                cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes,
+                                            cp.cuda.runtime.memcpyDeviceToDevice,
+                                            self.stream.ptr)
+            else:
+                self._bits(dst)[...] = self._bits(src)
+
+    def poison(self, buffer: Any) -> None:
+        """NaN in every element of a floating buffer, the most negative value in an integer
+        one, True in a bool one: a replay that does not write it cannot pass for one that
+        did."""
+        with self._device, self.stream:
+            name = buffer.dtype.name
+            if name in _NAN_BITS:
+                as_, bits = _NAN_BITS[name]
+                buffer.view(as_).fill(as_(bits))
+            elif buffer.dtype.kind in "iu":
+                buffer.fill(np.iinfo(buffer.dtype).min)
+            elif buffer.dtype.kind == "b":
+                buffer.view(np.uint8).fill(1)
+            else:
+                raise CaptureError(f"no poison for dtype {name}")
+
+    def capture(self, body: Callable[[], tuple[Outputs, list[Any]]], allocator: Any):
+        """Capture ``body`` on the stream with every allocation from ``allocator``; returns
+        (graph, outputs, keep). Outputs not allocated during the capture are copied inside
+        the graph, so every output is a buffer of this slot's pool and none is an input."""
+        cp = self.cp
+        ranges: list[tuple[int, int]] = []
+
+        def malloc(nbytes: int):
+            pointer = allocator.malloc(nbytes)
+            ranges.append((int(pointer.ptr), int(nbytes)))
+            return pointer
+
+        def owned(value: Any) -> bool:
+            ptr = int(value.data.ptr)
+            return value.size > 0 and any(p <= ptr < p + n for p, n in ranges)
+
+        with self._device, self.stream, cp.cuda.using_allocator(malloc):
+            self.stream.begin_capture()
+            try:
+                outputs, keep = body()
+                fixed = {}
+                for name, value in outputs.items():
+                    if not isinstance(value, cp.ndarray):
+                        raise CaptureError(f"output {name!r} is a {type(value).__name__}, "
+                                           "not a device array")
+                    fixed[name] = (value if owned(value) else
+                                   self._bits(value).copy(order="C").view(value.dtype))
+            except BaseException:
+                self._abort()
+                raise
+            graph = self.stream.end_capture()  # raises if the capture was invalidated
+        return graph, fixed, keep
+
+    def _abort(self) -> None:
+        try:
+            self.stream.end_capture()
+        except Exception:  # noqa: BLE001 - an invalidated capture ends with an error
+            pass
+
+    def launch(self, graph: Any) -> None:
+        with self._device:
+            graph.launch(self.stream)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def release(self, allocator: Any) -> None:
+        """Give the pool's free blocks back to the driver (blocks still held by live
+        arrays, a cell holding a dropped graph's output, stay until they are released)."""
+        with self._device:
+            allocator.pool.free_all_blocks()
