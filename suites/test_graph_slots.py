@@ -343,3 +343,36 @@ def test_device_feed_ops_equal_the_host_ops(cp, packages):
         assert ops.ledger.readback_bytes["token_id"] == 8  # two ids, 4 bytes each
     finally:
         engine.close()
+
+
+# -- speculative: both slots replay ------------------------------------------------------------
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+def test_speculative_replays_primary_for_proposals_and_verify_for_verification(cp, packages,
+                                                                               width):
+    """On a static draft-model package, the draft model's single-position steps replay in
+    PRIMARY and the target's W+1-position verifications in VERIFY; neither falls back; the
+    stream equals greedy; nothing is staged (ledger and guard) and the readback is exact."""
+    from engines.workflow.speculative import speculative_decode
+    from harness.runner import expected_readback
+    from harness.transfer_guard import transfer_guard
+
+    package = packages["tiny_llama_pair_static"]
+    engine = make_engine(package)
+    try:
+        prompt = list(package.spec.prompts[0])
+        want = oracle_decode(package, prompt, NEW_TOKENS).tokens
+        speculative_decode(engine, prompt, NEW_TOKENS, width)  # captures
+        with transfer_guard("disallow") as guard:
+            result = speculative_decode(engine, prompt, NEW_TOKENS, width)
+        assert result.tokens == want
+        led = result.ledger
+        primary, verify = led.slot("PRIMARY"), led.slot("VERIFY")
+        assert primary.replays >= 1 and verify.replays >= 1, (vars(primary), vars(verify))
+        assert primary.fallbacks == 0 and verify.fallbacks == 0
+        assert verify.captures + verify.replays + verify.fallbacks == led.forwards["verify"]
+        assert led.host_staging == 0 and guard.staging_count == 0, guard.staging_sites
+        budget, _ = expected_readback(result)
+        assert led.readback_total == budget == sum(guard.readback_bytes.values())
+    finally:
+        engine.close()

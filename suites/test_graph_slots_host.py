@@ -21,7 +21,8 @@ from engines.errors import InputError
 from engines.ledger import Ledger
 from engines.native.array_backend import NumpyArrayBackend
 from engines.native.graph_slots import (
-    SLOT_FOR_PHASE, GraphSlot, GraphSlots, Signature, SlotStatus, graphs_default, slot_for_phase)
+    SLOT_FOR_PHASE, GraphSlot, GraphSlots, Signature, SlotStatus, forward_positions,
+    graphs_default, slot_for_phase)
 from engines.native.plan import HOST_VALUE_CACHE_PER_VALUE, Plan
 from engines.tensor_ops.host import HostTensorOps
 
@@ -165,9 +166,14 @@ def test_signature_is_component_plus_feed_shapes_and_dtypes():
 
 def test_phases_map_to_slots_and_every_other_phase_is_eager():
     assert slot_for_phase("decode") is GraphSlot.PRIMARY
+    assert slot_for_phase("propose") is GraphSlot.PRIMARY  # a proposer step is M=1 work
     assert slot_for_phase("verify") is GraphSlot.VERIFY
-    for phase in ("prefill", "propose", "readvance", None, "nonsense"):
+    assert slot_for_phase("verify", 5) is GraphSlot.VERIFY
+    for phase in ("prefill", "readvance", None, "nonsense"):
         assert slot_for_phase(phase) is None
+    # PRIMARY is the single-position slot: a multi-position decode/propose runs eagerly
+    assert slot_for_phase("decode", 1) is GraphSlot.PRIMARY
+    assert slot_for_phase("propose", 2) is None and slot_for_phase("decode", 3) is None
     assert set(SLOT_FOR_PHASE.values()) == set(GraphSlot)
 
 
@@ -182,8 +188,10 @@ def test_graphs_are_on_by_default_only_where_every_kv_cell_is_static(packages):
 def test_routing_other_phases_graphs_off_and_host_empties_run_eagerly():
     feeds = toy_feeds([1], 0, zeros_state())
     h = Harness()
-    for phase in ("prefill", "propose", "readvance", None):
+    for phase in ("prefill", "readvance", None):
         h.run(phase, feeds)
+    h.slots.run("target", toy_feeds([1, 2], 0, zeros_state()), "propose", h.eager, None,
+                positions=2)
     empty = dict(feeds, state_in=np.zeros((1, 0), np.float32))
     h.slots.run("target", empty, "decode", lambda f: {"ok": True}, None)
     off = Harness(enabled=False)
@@ -192,7 +200,7 @@ def test_routing_other_phases_graphs_off_and_host_empties_run_eagerly():
     for harness in (h, off):
         assert harness.device.captures == 0 and harness.ledger.graph_slots == {}
         assert all(state.status is SlotStatus.EMPTY for state in harness.slots.values())
-    assert h.eager_calls == 4 and off.eager_calls == 2
+    assert h.eager_calls == 4 and off.eager_calls == 2  # 3 phases, the catch-up, the empty
     assert h.slots["PRIMARY"] is h.slots[GraphSlot.PRIMARY]
 
 
@@ -505,7 +513,8 @@ class SlottedHostEngine(NativeHostEngine):
     def run_component(self, component, feeds, phase=None):
         plan = self._plans[component]
         return self.slots.run(component, feeds, phase, plan.run,
-                              lambda inputs: (plan.run(inputs), []))
+                              lambda inputs: (plan.run(inputs), []),
+                              forward_positions(self.package.spec.components[component], feeds))
 
 
 @pytest.mark.parametrize("package_name", ["tiny_llama_static", "tiny_llama_pair_static"])
@@ -545,6 +554,11 @@ def test_speculative_through_the_slots_equals_greedy(packages, engine_cache):
     verify = led.slot("VERIFY")
     assert verify.captures + verify.replays + verify.fallbacks == led.forwards["verify"]
     assert verify.replays >= 1 and verify.fallbacks == 0
+    # The draft model's single-position steps replay in PRIMARY; its multi-position catch-up
+    # forwards run eagerly instead of invalidating that graph.
+    primary = led.slot("PRIMARY")
+    assert primary.replays >= 1 and primary.fallbacks == 0
+    assert primary.invalidations <= 1  # at most once, for a last plain decode of the target
 
 
 def test_the_interpreter_tells_the_phase_only_to_engines_that_take_it():

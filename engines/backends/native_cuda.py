@@ -30,7 +30,8 @@ import onnx
 from engines.cuda_support import cuda_availability, import_cupy
 from engines.engine import Availability, Engine
 from engines.errors import InputError
-from engines.native.graph_slots import CaptureError, CupyGraphDevice, GraphSlots, graphs_default
+from engines.native.graph_slots import (CaptureError, CupyGraphDevice, GraphSlots,
+                                        forward_positions, graphs_default)
 
 
 def matmul_weight_shapes(model: onnx.ModelProto) -> set[tuple[int, int]]:
@@ -110,7 +111,8 @@ class NativeCudaEngine(Engine):
         # tensor_ops.adopt); nothing here reads a device value.
         out = self.slots.run(component, self._device_empties(feeds), phase,
                              lambda f: self._eager(plan, f),
-                             lambda inputs: self._capture_body(plan, inputs))
+                             lambda inputs: self._capture_body(plan, inputs),
+                             forward_positions(self.package.spec.components[component], feeds))
         self.publish_memory()
         return out
 

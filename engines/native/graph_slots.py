@@ -46,12 +46,31 @@ class GraphSlot(enum.Enum):
 
 
 SLOT_FOR_PHASE: dict[str, GraphSlot] = {"decode": GraphSlot.PRIMARY,
+                                        "propose": GraphSlot.PRIMARY,
                                         "verify": GraphSlot.VERIFY}
 
 
-def slot_for_phase(phase: str | None) -> GraphSlot | None:
-    """The slot a forward of ``phase`` replays in; None (eager) for every other phase."""
-    return SLOT_FOR_PHASE.get(phase) if phase is not None else None
+def slot_for_phase(phase: str | None, positions: int | None = None) -> GraphSlot | None:
+    """The slot a forward of ``phase`` replays in; None (eager) for every other phase.
+
+    PRIMARY is the M=1 slot: a decode step, or a proposer step (in speculative decoding the
+    proposer's single-position forwards are the M=1 work). A multi-position forward in those
+    phases (a draft model catching up on committed tokens) runs eagerly rather than
+    invalidating the captured M=1 graph every round."""
+    slot = SLOT_FOR_PHASE.get(phase) if phase is not None else None
+    if slot is GraphSlot.PRIMARY and positions not in (None, 1):
+        return None
+    return slot
+
+
+def forward_positions(component_spec, feeds: Mapping[str, Any]) -> int | None:
+    """M, the positions a forward covers, read from the shape of its tokens, positions or
+    embeddings feed (axis 1 of the component contract's [1, M, ...] inputs)."""
+    for role in ("tokens", "positions", "embeddings"):
+        name = component_spec.inputs.get(role)
+        if name is not None and name in feeds:
+            return int(feeds[name].shape[1])
+    return None
 
 
 def graphs_default(spec) -> bool:
@@ -237,8 +256,8 @@ class GraphSlots:
         return self.states.values()
 
     def run(self, component: str, feeds: Mapping[str, Any], phase: str | None,
-            eager: EagerRun, capture_body: CaptureBody) -> Outputs:
-        slot = slot_for_phase(phase) if self.enabled else None
+            eager: EagerRun, capture_body: CaptureBody, positions: int | None = None) -> Outputs:
+        slot = slot_for_phase(phase, positions) if self.enabled else None
         if slot is None or not all(self.device.accepts(v) for v in feeds.values()):
             return eager(feeds)
         return self.states[slot].run(Signature.of(component, feeds), feeds, eager,
