@@ -34,3 +34,23 @@ def engine_cache():
     yield get
     for engine in made.values():
         engine.close()
+
+
+@pytest.fixture(scope="session")
+def cp():
+    """CuPy for the gpu tests; a skip naming the reason where CUDA is unavailable (which the
+    plugin turns into a failure under --require-gpu)."""
+    from engines.cuda_support import cuda_availability
+
+    ok, reason = cuda_availability()
+    if not ok:
+        pytest.skip(f"CUDA unavailable: {reason}")
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def stream(cp):
+    """A non-blocking stream of the test module's own, like an engine's."""
+    return cp.cuda.Stream(non_blocking=True)

@@ -8,3 +8,24 @@ def fixture_names() -> list[str]:
     from harness.packages import fixture_names as names
 
     return names()
+
+
+def device_greedy_matches_oracle(engine, package, prompt, new_tokens: int):
+    """Greedy on a device engine under the transfer guard in ``disallow`` mode: the oracle's
+    tokens, nothing staged (ledger and guard), exactly 4 bytes read back a token (ledger and
+    guard agree). Returns the decode result for engine-specific checks."""
+    from engines.oracle import oracle_decode
+    from engines.workflow import greedy_decode
+    from harness.transfer_guard import transfer_guard
+
+    oracle = oracle_decode(package, prompt, new_tokens)
+    with transfer_guard("disallow") as guard:
+        result = greedy_decode(engine, prompt, new_tokens)
+    assert result.tokens == oracle.tokens
+    ledger = result.ledger
+    assert ledger.host_staging == 0 and guard.staging_count == 0, guard.staging_sites
+    assert ledger.readback_bytes["token_id"] == 4 * len(result.tokens)
+    assert guard.readback_bytes["token_id"] == ledger.readback_bytes["token_id"]
+    assert guard.readback_count["token_id"] == ledger.readback_count["token_id"] == len(result.tokens)
+    assert ledger.readback_bytes["accept_count"] == 0
+    return result

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engines.cuda_support import cuda_availability
 from engines.device_memory import CountingAllocator, driver_free_bytes
 from engines.ledger import Ledger
 
@@ -138,14 +137,6 @@ def test_publish_writes_the_ledger(alloc):
 
 
 # -- GPU ---------------------------------------------------------------------------------------
-@pytest.fixture
-def cp():
-    ok, reason = cuda_availability()
-    if not ok:
-        pytest.skip(f"CUDA unavailable: {reason}")
-    import cupy
-
-    return cupy
 
 
 @pytest.mark.gpu

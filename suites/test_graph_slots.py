@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engines.cuda_support import cuda_availability
 from engines.errors import InputError
 from engines.native.graph_slots import GraphSlot, SlotStatus, graphs_default
 from engines.oracle import oracle_decode
@@ -43,14 +42,6 @@ ROOT = Path(__file__).resolve().parents[1]
 FREE_MEMORY_DRIFT = 64 * 2**20  # bytes, as in test_native_cuda_decode.py
 
 
-@pytest.fixture(scope="module")
-def cp():
-    ok, reason = cuda_availability()
-    if not ok:
-        pytest.skip(f"CUDA unavailable: {reason}")
-    import cupy
-
-    return cupy
 
 
 def make_engine(package, **options):

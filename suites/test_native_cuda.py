@@ -32,19 +32,8 @@ M_RANGE = range(1, 10)
 
 # -- fixtures ------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def cp():
-    ok, reason = cuda_availability()
-    if not ok:
-        pytest.skip(f"CUDA unavailable: {reason}")
-    import cupy
-
-    return cupy
 
 
-@pytest.fixture(scope="module")
-def stream(cp):
-    return cp.cuda.Stream(non_blocking=True)
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +313,7 @@ def test_backend_adopts_once_and_uses_the_cached_transpose(cp, stream):
     embed = rng.standard_normal((50, 96)).astype(np.float32)
     with backend.weight_loading({w.shape}):
         wd = backend.adopt(w)
-        ed = backend.adopt(embed)  # not a MatMul weight's shape: no transpose
+        backend.adopt(embed)  # not a MatMul weight's shape: no transpose
     assert ledger.h2d_bytes == w.nbytes + embed.nbytes and ledger.h2d_count == 2
     assert backend.transposed_weights == 1
     assert backend.adopt(wd) is wd and ledger.h2d_count == 2  # already on the device

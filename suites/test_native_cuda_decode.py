@@ -19,7 +19,7 @@ from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
 from fixtures.strategies import build_generated, decoder_configs
 from harness.compare import DEFECT, compare_tokens
-from suites.support import fixture_names
+from suites.support import device_greedy_matches_oracle, fixture_names
 
 pytestmark = pytest.mark.gpu
 ENGINE = "native-cuda"
@@ -30,21 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("package_name", fixture_names())
 def test_greedy_equals_oracle_with_zero_staging(packages, engine_cache, package_name):
-    from harness.transfer_guard import transfer_guard
-
     package = packages[package_name]
     engine = engine_cache(ENGINE, package)
     for prompt in package.spec.prompts:
-        oracle = oracle_decode(package, prompt, NEW_TOKENS)
-        with transfer_guard("disallow") as guard:
-            result = greedy_decode(engine, prompt, NEW_TOKENS)
-        assert result.tokens == oracle.tokens
-        ledger = result.ledger
-        assert ledger.host_staging == 0 and guard.staging_count == 0, guard.staging_sites
-        assert ledger.readback_bytes["token_id"] == 4 * len(result.tokens)
-        assert guard.readback_bytes["token_id"] == ledger.readback_bytes["token_id"]
-        assert guard.readback_count["token_id"] == ledger.readback_count["token_id"] == len(result.tokens)
-        assert ledger.readback_bytes["accept_count"] == 0
+        device_greedy_matches_oracle(engine, package, prompt, NEW_TOKENS)
 
 
 @settings(max_examples=int(os.environ.get("LOCKSTEP_GPU_EXAMPLES", "12")))

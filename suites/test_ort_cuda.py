@@ -26,7 +26,7 @@ from engines.errors import EngineUnavailable, InputError, ResidencyError
 from engines.oracle import oracle_decode
 from engines.workflow import greedy_decode
 from fixtures.catalog import speculative_fixtures
-from suites.support import fixture_names
+from suites.support import device_greedy_matches_oracle, fixture_names
 
 ENGINE = "ort-cuda"
 NEW_TOKENS = 24
@@ -354,7 +354,6 @@ def test_stage_script_splits_and_joins_byte_identically(tmp_path):
 @pytest.mark.parametrize("package_name", fixture_names())
 def test_greedy_equals_oracle_with_zero_staging(packages, engine_cache, package_name):
     from engines.backends.ort_cuda import is_static_package, slot_name
-    from harness.transfer_guard import transfer_guard
 
     package = packages[package_name]
     engine = engine_cache(ENGINE, package)
@@ -362,16 +361,7 @@ def test_greedy_equals_oracle_with_zero_staging(packages, engine_cache, package_
     assert all(c is not None and c["MemcpyToHost"] == 0 for c in engine.memcpy_nodes.values()), (
         engine.memcpy_nodes, engine.audit_errors)
     for prompt in package.spec.prompts:
-        oracle = oracle_decode(package, prompt, NEW_TOKENS)
-        with transfer_guard("disallow") as guard:
-            result = greedy_decode(engine, prompt, NEW_TOKENS)
-        assert result.tokens == oracle.tokens
-        ledger = result.ledger
-        assert ledger.host_staging == 0 and guard.staging_count == 0, guard.staging_sites
-        assert ledger.readback_bytes["token_id"] == 4 * len(result.tokens)
-        assert guard.readback_bytes["token_id"] == ledger.readback_bytes["token_id"]
-        assert guard.readback_count["token_id"] == ledger.readback_count["token_id"] == len(result.tokens)
-        assert ledger.readback_bytes["accept_count"] == 0
+        ledger = device_greedy_matches_oracle(engine, package, prompt, NEW_TOKENS).ledger
         slot = ledger.graph_slots.get(slot_name("target"))
         if is_static_package(package.spec):
             assert slot is not None and slot.fallbacks == 0, engine.graph_refusals

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engines.cuda_support import cuda_availability
 from engines.errors import InputError, ResidencyError
 from engines.ledger import Ledger
 from engines.tensor_ops import SUPPORTED_DTYPES, HostTensorOps
@@ -56,19 +55,8 @@ def test_kernel_layout(shape, strides, itemsize, expected):
 
 
 # -- GPU ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cp():
-    ok, reason = cuda_availability()
-    if not ok:
-        pytest.skip(f"CUDA unavailable: {reason}")
-    import cupy
-
-    return cupy
 
 
-@pytest.fixture(scope="module")
-def stream(cp):
-    return cp.cuda.Stream(non_blocking=True)
 
 
 def cuda_ops(cp, stream):

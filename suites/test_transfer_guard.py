@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engines.cuda_support import cuda_availability, sanctioned_readback
+from engines.cuda_support import sanctioned_readback
 from harness.transfer_guard import (
     MEMCPY_DEFAULT,
     MEMCPY_DEVICE_TO_HOST,
@@ -357,14 +357,6 @@ def test_real_cupy_patch_list_and_exact_restore():
 
 
 # -- real CuPy on a GPU ------------------------------------------------------------------------
-@pytest.fixture
-def cp():
-    ok, reason = cuda_availability()
-    if not ok:
-        pytest.skip(f"CUDA unavailable: {reason}")
-    import cupy
-
-    return cupy
 
 
 GPU_PATHS = [

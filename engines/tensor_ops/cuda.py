@@ -298,21 +298,8 @@ class CudaTensorOps(TensorOps):
         return host
 
     def _argmax(self, logits2d: Any, rows: int) -> list[int]:
-        name = dtype_name(logits2d.dtype)
-        cols = int(logits2d.shape[1])
-        if cols >= 2 ** 31:
-            raise InputError("rows wider than 2**31 - 1 are not supported", field="logits2d",
-                             value=tuple(logits2d.shape))
-        fn = _module(name).get_function("lockstep_argmax_rows")
-        with self.on_stream():
-            x = self._bits(logits2d[:rows])
-            row_stride, usable = kernel_layout(x.shape, x.strides, x.itemsize)
-            if not usable:
-                x = self.cp.ascontiguousarray(x)
-                row_stride = cols
-            out = self.cp.empty((rows,), dtype=self.cp.int32)
-            fn((rows,), (ARGMAX_BLOCK,), (x, np.int64(row_stride), np.int32(cols), out))
-            with sanctioned_readback("token_id"):
-                ids = out.get(stream=self.stream)  # one synchronous copy of 4*rows bytes
+        out = self._row_argmax_on_device(logits2d, rows)
+        with self.on_stream(), sanctioned_readback("token_id"):
+            ids = out.get(stream=self.stream)  # one synchronous copy of 4*rows bytes
         self.ledger.record_readback("token_id", ids.nbytes)
         return [int(i) for i in ids]
