@@ -46,6 +46,9 @@ tail -n 60 "$OUT/pytest-gpu.log"
 "$PY" -m harness.cli run --mode speculative --width all --engines "$ENGINES" --strict \
   --evidence-dir /tmp/lockstep-evidence >> "$OUT/matrix.txt" 2>&1 || status=1
 cat "$OUT/matrix.txt"
+"$PY" -m harness.cli bench --engines "$ENGINES" --packages tiny_llama,tiny_llama_static \
+  --repeats 3 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1 || status=1
+cat "$OUT/bench.txt"
 "$PY" -m harness.cli report /tmp/lockstep-evidence -o "$OUT/report.html" || status=1
 tar czf "$OUT/evidence.tgz" -C /tmp lockstep-evidence lockstep-gpu-evidence
 echo "gpu_run status $status"

@@ -1,0 +1,126 @@
+"""``lockstep bench``: decode speed per engine and package, timed side by side in one run,
+each engine as a ratio to a baseline engine from the same run."""
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from engines.errors import InputError
+from engines.registry import REFERENCE_ENGINE, engine_names
+from harness.cli.run import split_list
+
+STYLE = {"ok": "", "unavailable": "dim", "error": "bold red"}
+SHORT = {"unavailable": "n/a", "error": "error"}  # the ratio cell of a row not measured
+
+
+def parse_width(text: str | None) -> int | None:
+    """``--width N``: one positive width (None: each package's max_width)."""
+    if text is None:
+        return None
+    try:
+        width = int(text)
+    except ValueError:
+        width = 0
+    if width < 1:
+        raise InputError("a width is one positive integer", field="--width", value=text,
+                         remedy="write --width 2 (or drop it for each package's max_width)")
+    return width
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "–" if value is None else format(value, fmt)
+
+
+def bench_table(rows, plan) -> Table:
+    """One line per (engine, package, mode): median tokens/s, its spread over the repeats
+    ((max - min) / median), the median step time and the ratio to the baseline's median;
+    reasons are printed below the table."""
+    speculative = plan.mode == "speculative"
+    table = Table(title=f"lockstep bench: {plan.mode}, {plan.max_new_tokens} new tokens, "
+                        f"median of {plan.repeats}, ratio to {plan.baseline} in this run")
+    columns = ["engine", "package", "mode", "tok/s", "spread", "step ms"]
+    columns += ["tok/step"] if speculative else []
+    columns += ["ratio"]
+    for i, col in enumerate(columns):
+        # the package name folds on a narrow terminal; names and numbers never break
+        table.add_column(col, justify="left" if i < 3 else "right", no_wrap=col != "package",
+                         overflow="fold" if col == "package" else "ellipsis")
+    for r in rows:
+        if r.measured:
+            spread = (r.tokens_per_s_max - r.tokens_per_s_min) / r.tokens_per_s_median
+            cells = [_num(r.tokens_per_s_median, ".1f"), f"{spread:.0%}", _num(r.step_ms, ".3f")]
+            cells += [_num(r.tokens_per_step, ".2f")] if speculative else []
+            cells += ["–" if r.ratio is None else f"{r.ratio:.2f}x"]
+        else:
+            cells = ["–"] * (len(columns) - 4) + [SHORT.get(r.status, r.status)]
+        table.add_row(r.engine, r.package, r.mode, *cells, style=STYLE.get(r.status) or None)
+    return table
+
+
+def notes(rows) -> list[str]:
+    """One line per distinct reason (an unavailable engine, an error, a missing ratio)."""
+    seen = dict.fromkeys(f"[{STYLE.get(r.status) or 'dim'}]{r.engine} ({r.package}): "
+                         f"{r.status if not r.measured else 'note'}: {r.reason}[/]"
+                         for r in rows if r.reason)
+    return list(seen)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="decode speed per engine and package, side by side, as "
+                                     "ratios to a baseline engine timed in the same run")
+    p.add_argument("--engines", help="comma list (default: every registered engine)")
+    p.add_argument("--packages", help="comma list of fixture names or package folders (default: "
+                                      "every built-in fixture; in speculative mode every "
+                                      "speculative fixture)")
+    p.add_argument("--mode", choices=("greedy", "speculative"), default="greedy")
+    p.add_argument("--width", metavar="N",
+                   help="speculative width (default: each package's max_width)")
+    p.add_argument("--repeats", type=int, default=5, help="timed decodes per engine (default 5)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed greedy decodes per engine first (default 1)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--baseline", default=REFERENCE_ENGINE,
+                   help=f"the engine every ratio is taken against (default {REFERENCE_ENGINE}); "
+                        f"it joins --engines when missing")
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.bench import plan_bench, run_bench, write_json
+    from harness.packages import fixture_names
+
+    console = Console(width=shutil.get_terminal_size((160, 24)).columns)
+    width = parse_width(args.width)
+    if width is not None and args.mode != "speculative":
+        raise InputError("--width applies to speculative decoding only", field="--width",
+                         value=args.width, remedy="add --mode speculative, or drop --width")
+    engines = split_list(args.engines) or engine_names()
+    if args.packages:
+        packages = split_list(args.packages)
+    elif args.mode == "speculative":
+        from fixtures.catalog import speculative_fixtures
+
+        packages = list(speculative_fixtures())
+    else:
+        packages = fixture_names()
+    plan = plan_bench(engines, packages, mode=args.mode, width=width, repeats=args.repeats,
+                      max_new_tokens=args.max_new_tokens, baseline=args.baseline,
+                      warmup=args.warmup)
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("bench", total=plan.total_decodes)
+        rows = run_bench(plan, lambda n, text: progress.update(task, advance=n, description=text))
+
+    console.print(bench_table(rows, plan))
+    for line in notes(rows):
+        console.print(line, highlight=False)
+    if args.json is not None:
+        console.print(f"json: {write_json(rows, args.json, plan).resolve()}")
+    return 1 if any(r.status == "error" for r in rows) else 0
