@@ -7,7 +7,8 @@ row) on the way out, both counted in the engine's ledger. Where the tensor ops k
 device feed (``supports_device_feed``), a greedy step's token id and position are made
 where the engine lives (``next_token_feed``, ``advance_positions``): only the prompt
 crosses in. An engine whose ``run_component`` takes a ``phase`` parameter is told each
-forward's phase (native-cuda's graph slots replay ``decode`` and ``verify`` forwards).
+forward's phase (native-cuda's graph slots replay ``decode``, ``propose`` and ``verify``
+forwards).
 """
 from __future__ import annotations
 
