@@ -26,6 +26,7 @@ from engines.workflow.speculative import SpeculativeSession, speculative_decode
 from fixtures.catalog import speculative_fixtures
 
 pytestmark = pytest.mark.gpu
+FREE_MEMORY_DRIFT = 64 * 2**20  # bytes
 ENGINE = "native-cuda"
 NEW_TOKENS = 32
 SPECULATIVE = speculative_fixtures()
@@ -141,7 +142,9 @@ def test_accept_drafts_reads_back_exactly_8_bytes_and_copy_into_none():
 def test_live_allocations_flat_across_100_proposals(packages, engine_cache, package_name):
     """Rounds at a fixed length (propose, verify, accept, roll the target back): after two
     warm-up rounds, every further round leaves the live allocation count and bytes exactly
-    where they were."""
+    where they were, and the driver's free memory within 64 MiB."""
+    from engines.device_memory import driver_free_bytes
+
     package = packages[package_name]
     engine = engine_cache(ENGINE, package)
     engine.reset_ledger()
@@ -174,7 +177,12 @@ def test_live_allocations_flat_across_100_proposals(packages, engine_cache, pack
             del verify, logits
             engine.allocator.publish(engine.ledger)
             series.append((engine.ledger.live_allocations, engine.ledger.live_bytes))
+            if i == 1:  # after the warm-up rounds
+                engine.stream.synchronize()
+                free_after_warmup = driver_free_bytes()
+    engine.stream.synchronize()
     assert len(set(series[2:])) == 1, series[:6]
+    assert abs(driver_free_bytes() - free_after_warmup) <= FREE_MEMORY_DRIFT
 
 
 def test_device_versus_host_snapshot_timing(packages, engine_cache, evidence_dir,
