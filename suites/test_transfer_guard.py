@@ -339,9 +339,12 @@ def test_to_dict_is_evidence_ready(fake):
     assert d["events"][0]["path"] == "cupy.ndarray.get"
 
 
-# -- real CuPy, no GPU needed: what gets patched, and that it comes off ----------------------
-def test_real_cupy_patch_list_and_exact_restore():
-    cupy = pytest.importorskip("cupy", reason="CuPy is not installed here")
+# -- real CuPy: what gets patched, and that it comes off ---------------------------------------
+# Needs only CuPy's import, but CuPy is installed only where a GPU is: marked gpu so that the
+# nightly GPU run (--require-gpu) runs it instead of letting it skip.
+@pytest.mark.gpu
+def test_real_cupy_patch_list_and_exact_restore(cp):
+    cupy = cp
     target = cupy_target(cupy)
     paths = {p.path for p in target.points}
     for name in ("get", "item", "tolist", "tobytes", "__int__", "__float__", "__bool__",
