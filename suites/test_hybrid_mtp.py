@@ -9,7 +9,6 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail as OrtFail
 from engines.errors import ExecutionError, InputError
 from engines.oracle import oracle_decode
 from engines.package import load_package
-from engines.registry import get_engine_class
 from engines.tolerances import tolerance_for
 from engines.workflow import DecodeSession, greedy_decode
 from fixtures import hybrid_mtp
@@ -29,20 +28,9 @@ def package(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engines(package):
-    made = {}
-
-    def get(name):
-        if name not in made:
-            cls = get_engine_class(name)
-            if not cls.availability().ok:
-                pytest.skip(f"{name} unavailable: {cls.availability().reason}")
-            made[name] = cls(package)
-        return made[name]
-
-    yield get
-    for engine in made.values():
-        engine.close()
+def engines(package, engine_cache):
+    """One engine per name for this package (the session-wide cache, keyed by package)."""
+    return lambda name: engine_cache(name, package)
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,14 @@ def takes_phase(run_component) -> bool:
         return False
 
 
+def component_runner(engine):
+    """``run(component, feeds, phase)`` for ``engine``: the phase is passed on only where its
+    ``run_component`` takes one (decided once, off the decode hot path)."""
+    if takes_phase(engine.run_component):
+        return lambda component, feeds, phase: engine.run_component(component, feeds, phase=phase)
+    return lambda component, feeds, phase: engine.run_component(component, feeds)
+
+
 @dataclass
 class DecodeResult:
     engine: str
@@ -62,7 +70,7 @@ class DecodeSession:
         self.position = 0
         # the last forward's positions feed and the position it ended at (device feed)
         self._positions: tuple[Any, int] | None = None
-        self._tell_phase = takes_phase(engine.run_component)
+        self._run_component = component_runner(engine)
 
     @property
     def ops(self):
@@ -98,10 +106,7 @@ class DecodeSession:
     def _run(self, feeds: dict[str, Any], m: int, phase: str) -> dict[str, Any]:
         feeds.update(self.cells.feeds())
         start = time.perf_counter()
-        if self._tell_phase:
-            out = self.engine.run_component(self.component, feeds, phase=phase)
-        else:
-            out = self.engine.run_component(self.component, feeds)
+        out = self._run_component(self.component, feeds, phase)
         self.ledger.record_forward(phase, m, time.perf_counter() - start)
         self.cells.absorb(out, m)
         self.position += m
