@@ -3,12 +3,12 @@
 # machine): installs the carried wheels, runs the kernel self-check, the GPU suites under
 # --require-gpu, the parity matrix with native-cuda, and writes everything under $OUT.
 # Usage (repo root): OUT=/some/dir scripts/gpu_run.sh [pytest -k expression]
-# Environment: PY (the interpreter, default python3), LOCKSTEP_ENGINES (the matrix's engines),
+# Environment: PY (the interpreter, default python3), LOCKSTEP_ENGINES (the matrix's engines;
+# default ort-cpu,native-host,native-cuda, plus ort-cuda where it is available),
 # LOCKSTEP_HYPOTHESIS_PROFILE (ci or nightly). Exit status: non-zero on any failed claim.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 PY=${PY:-python3}
-ENGINES=${LOCKSTEP_ENGINES:-ort-cpu,native-host,native-cuda}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export LOCKSTEP_CACHE=${LOCKSTEP_CACHE:-/tmp/lockstep-fixtures}
@@ -20,12 +20,22 @@ else
   export PYTHONPATH=$PWD
 fi
 export LOCKSTEP_HYPOTHESIS_PROFILE=${LOCKSTEP_HYPOTHESIS_PROFILE:-ci}
+# The full matrix: ort-cuda joins it wherever onnxruntime's CUDA provider can run here.
+if [ -z "${LOCKSTEP_ENGINES:-}" ]; then
+  ENGINES=ort-cpu,native-host,native-cuda
+  if "$PY" -c "from engines.registry import availability as a; import sys; r=a('ort-cuda'); print('ort-cuda:', r.ok, r.reason); sys.exit(0 if r.ok else 1)"; then
+    ENGINES=$ENGINES,ort-cuda
+  fi
+else
+  ENGINES=$LOCKSTEP_ENGINES
+fi
 
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$PY" -c "import sys,numpy,onnx,onnxruntime,cupy;print('python',sys.version.split()[0]);print('numpy',numpy.__version__);print('onnx',onnx.__version__);print('onnxruntime',onnxruntime.__version__, onnxruntime.get_available_providers());print('cupy',cupy.__version__,'runtime',cupy.cuda.runtime.runtimeGetVersion(),'driver',cupy.cuda.runtime.driverGetVersion())"
   git rev-parse HEAD 2>/dev/null || true
+  echo "engines $ENGINES; hypothesis profile $LOCKSTEP_HYPOTHESIS_PROFILE"
 } > "$OUT/environment.txt" 2>&1
 cat "$OUT/environment.txt"
 
