@@ -5,7 +5,9 @@
 # Usage (repo root): OUT=/some/dir scripts/gpu_run.sh [pytest -k expression]
 # Environment: PY (the interpreter, default python3), LOCKSTEP_ENGINES (the matrix's engines;
 # default ort-cpu,native-host,native-cuda, plus ort-cuda where it is available),
-# LOCKSTEP_HYPOTHESIS_PROFILE (ci or nightly). Exit status: non-zero on any failed claim.
+# LOCKSTEP_HYPOTHESIS_PROFILE (ci or nightly), LOCKSTEP_COMMIT (recorded instead of
+# `git rev-parse HEAD`, for a copied tree whose .git is stale or absent).
+# Exit status: non-zero on any failed claim.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 PY=${PY:-python3}
@@ -34,7 +36,7 @@ fi
   date -u +%Y-%m-%dT%H:%M:%SZ
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$PY" -c "import sys,numpy,onnx,onnxruntime,cupy;print('python',sys.version.split()[0]);print('numpy',numpy.__version__);print('onnx',onnx.__version__);print('onnxruntime',onnxruntime.__version__, onnxruntime.get_available_providers());print('cupy',cupy.__version__,'runtime',cupy.cuda.runtime.runtimeGetVersion(),'driver',cupy.cuda.runtime.driverGetVersion())"
-  git rev-parse HEAD 2>/dev/null || true
+  echo "commit ${LOCKSTEP_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
   echo "engines $ENGINES; hypothesis profile $LOCKSTEP_HYPOTHESIS_PROFILE"
 } > "$OUT/environment.txt" 2>&1
 cat "$OUT/environment.txt"
@@ -47,7 +49,7 @@ tail -n 40 "$OUT/selfcheck.log"
 rm -rf /tmp/lockstep-evidence /tmp/lockstep-gpu-evidence
 mkdir -p /tmp/lockstep-gpu-evidence
 kexpr=${1:-}
-"$PY" -m pytest -m gpu --require-gpu -p no:cacheprovider -q --timeout=300 \
+"$PY" -m pytest -m gpu --require-gpu -p no:cacheprovider -q --timeout=300 --hypothesis-show-statistics \
   ${kexpr:+-k "$kexpr"} --junitxml="$OUT/junit-gpu.xml" --evidence-dir /tmp/lockstep-gpu-evidence suites > "$OUT/pytest-gpu.log" 2>&1 || status=1
 tail -n 60 "$OUT/pytest-gpu.log"
 
@@ -60,6 +62,7 @@ cat "$OUT/matrix.txt"
   --repeats 3 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1 || status=1
 cat "$OUT/bench.txt"
 "$PY" -m harness.cli report /tmp/lockstep-evidence -o "$OUT/report.html" || status=1
-tar czf "$OUT/evidence.tgz" -C /tmp lockstep-evidence lockstep-gpu-evidence
+# The tarball also holds the self-check log, so it survives a copy that keeps only a few files.
+tar czf "$OUT/evidence.tgz" -C /tmp lockstep-evidence lockstep-gpu-evidence -C "$OUT" selfcheck.log
 echo "gpu_run status $status"
 exit $status

@@ -1,7 +1,18 @@
 """Plain helpers for the suites (importable; conftest.py holds only fixtures)."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 HOST_ENGINES = ("ort-cpu", "onnx-reference", "native-host")
+
+
+def write_figure(evidence_dir, name: str, data) -> None:
+    """Keep a GPU test's measured series under ``<evidence dir>/figures/<name>.json`` (the
+    evidence write-up quotes them; the assertions stay in the test)."""
+    figures = Path(evidence_dir) / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    (figures / f"{name}.json").write_text(json.dumps(data, indent=1))
 
 
 def fixture_names() -> list[str]:

@@ -33,7 +33,7 @@ from engines.errors import InputError
 from engines.native.graph_slots import GraphSlot, SlotStatus, graphs_default
 from engines.oracle import oracle_decode
 from engines.workflow import DecodeSession, greedy_decode
-from suites.support import fixture_names
+from suites.support import fixture_names, write_figure
 
 pytestmark = pytest.mark.gpu
 NEW_TOKENS = 24
@@ -267,9 +267,7 @@ def test_device_memory_stays_flat_across_replays(cp, package_name, evidence_dir)
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     probe = json.loads(proc.stdout.strip().splitlines()[-1])
-    figures = Path(evidence_dir) / "figures"
-    figures.mkdir(parents=True, exist_ok=True)
-    (figures / f"memory_flatness_graphs_{package_name}.json").write_text(json.dumps(probe, indent=1))
+    write_figure(evidence_dir, f"memory_flatness_graphs_{package_name}", probe)
     assert probe["graphs"]
     primary = probe["graph_slots"]["PRIMARY"]
     assert (primary["captures"], primary["replays"], primary["fallbacks"]) == (0, steps + 1, 0)

@@ -19,7 +19,7 @@ from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
 from fixtures.strategies import build_generated, decoder_configs
 from harness.compare import DEFECT, compare_tokens
-from suites.support import device_greedy_matches_oracle, fixture_names
+from suites.support import device_greedy_matches_oracle, fixture_names, write_figure
 
 pytestmark = pytest.mark.gpu
 ENGINE = "native-cuda"
@@ -83,9 +83,7 @@ def test_device_memory_stays_flat(package_name, evidence_dir):
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     probe = json.loads(proc.stdout.strip().splitlines()[-1])
-    figures = Path(evidence_dir) / "figures"
-    figures.mkdir(parents=True, exist_ok=True)
-    (figures / f"memory_flatness_{package_name}.json").write_text(json.dumps(probe, indent=1))
+    write_figure(evidence_dir, f"memory_flatness_{package_name}", probe)
     series = probe["series"]
     assert len(series) == steps + 1
     first = series[0]

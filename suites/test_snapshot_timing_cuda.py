@@ -7,13 +7,13 @@ figures (``figures/snapshot_microbench.json``), not a bound asserted here.
 """
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
 import pytest
 
 from engines.ledger import Ledger
+from suites.support import write_figure
 
 pytestmark = pytest.mark.gpu
 SIZES = (16 * 2**10, 2**20, 16 * 2**20, 256 * 2**20)  # bytes of float32 state
@@ -51,6 +51,4 @@ def test_device_and_host_snapshots_restore_exactly_and_are_timed(evidence_dir):
                      "host_us": timings["host"] * 1e6,
                      "host_over_device": timings["host"] / timings["device"]})
     assert ledger.host_staging == len(SIZES) * (REPEATS + 1)  # the host variant, every time
-    figures = evidence_dir / "figures"
-    figures.mkdir(parents=True, exist_ok=True)
-    (figures / "snapshot_microbench.json").write_text(json.dumps(rows, indent=1))
+    write_figure(evidence_dir, "snapshot_microbench", rows)

@@ -13,7 +13,6 @@ Every test here is marked ``gpu``: without CUDA they skip (a failure under
 """
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
@@ -24,6 +23,7 @@ from engines.oracle import oracle_decode
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import SpeculativeSession, speculative_decode
 from fixtures.catalog import speculative_fixtures
+from suites.support import write_figure
 
 pytestmark = pytest.mark.gpu
 FREE_MEMORY_DRIFT = 64 * 2**20  # bytes
@@ -139,7 +139,8 @@ def test_accept_drafts_reads_back_exactly_8_bytes_and_copy_into_none():
 
 
 @pytest.mark.parametrize("package_name", list(SPECULATIVE))
-def test_live_allocations_flat_across_100_proposals(packages, engine_cache, package_name):
+def test_live_allocations_flat_across_100_proposals(packages, engine_cache, package_name,
+                                                    evidence_dir):
     """Rounds at a fixed length (propose, verify, accept, roll the target back): after two
     warm-up rounds, every further round leaves the live allocation count and bytes exactly
     where they were, and the driver's free memory within 64 MiB."""
@@ -181,8 +182,12 @@ def test_live_allocations_flat_across_100_proposals(packages, engine_cache, pack
                 engine.stream.synchronize()
                 free_after_warmup = driver_free_bytes()
     engine.stream.synchronize()
+    free_drift = driver_free_bytes() - free_after_warmup
+    write_figure(evidence_dir, f"proposal_flatness_{package_name}",
+                 {"rounds": len(series), "width": width, "series": series,
+                  "free_drift_bytes": free_drift})
     assert len(set(series[2:])) == 1, series[:6]
-    assert abs(driver_free_bytes() - free_after_warmup) <= FREE_MEMORY_DRIFT
+    assert abs(free_drift) <= FREE_MEMORY_DRIFT
 
 
 def test_device_versus_host_snapshot_timing(packages, engine_cache, evidence_dir,
@@ -215,6 +220,4 @@ def test_device_versus_host_snapshot_timing(packages, engine_cache, evidence_dir
         out[name] = {"width": width, "device_s": runs["device"][0], "host_s": runs["host"][0],
                      "snapshots": dev.ledger.snapshots, "restores": dev.ledger.restores,
                      "host_staging_bytes": host.ledger.host_staging_bytes}
-    figures = evidence_dir / "figures"
-    figures.mkdir(parents=True, exist_ok=True)
-    (figures / "snapshot_device_vs_host.json").write_text(json.dumps(out, indent=1))
+    write_figure(evidence_dir, "snapshot_device_vs_host", out)
