@@ -565,10 +565,13 @@ class OrtCudaEngine(Engine):
         # use_tf32 0: float32 means IEEE float32. With onnxruntime's default (TF32 on), the
         # H200 gave tiny_llama logits up to 0.018 away from ort-cpu: matmul inputs rounded to
         # a 10-bit mantissa, which is a different engine than the package declares.
-        provider = {"device_id": str(self.device_id),
-                    "user_compute_stream": str(int(self.stream.ptr)),
+        provider = {"user_compute_stream": str(int(self.stream.ptr)),
                     "do_copy_in_default_stream": "1",
                     "use_tf32": "0"}
+        # device_id only when it is not the default 0: onnxruntime >= 1.26 takes an explicit
+        # device_id as a request for a plugin EP device and warns at every session creation.
+        if self.device_id:
+            provider["device_id"] = str(self.device_id)
         if graph:
             provider["enable_cuda_graph"] = "1"
         with contextlib.ExitStack() as stack:
