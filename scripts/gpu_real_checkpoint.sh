@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The real checkpoint on a GPU machine: convert SmolLM2 from its GGUF (dynamic cache, static
-# cache, and with a 24-block layer-skip drafter), then the parity matrix on the device engines
+# cache, and a 24-block layer-skip drafter with each cache), then the parity matrix on the
+# device engines
 # (greedy, every speculative width), the memory probe eager and with graphs, and the report.
 # Usage (repo root): OUT=DIR scripts/gpu_real_checkpoint.sh path/to/SmolLM2-135M-Instruct.Q4_1.gguf
 # Environment: PY (default python3), LOCKSTEP_ENGINES (default native-cuda). Exit: non-zero
@@ -18,10 +19,12 @@ status=0
 "$PY" -m harness.cli convert "$GGUF" -o "$PKG/smollm2" --cache dynamic > "$OUT/real-convert.txt" 2>&1 || status=1
 "$PY" -m harness.cli convert "$GGUF" -o "$PKG/smollm2-static" --cache static >> "$OUT/real-convert.txt" 2>&1 || status=1
 "$PY" -m harness.cli convert "$GGUF" -o "$PKG/smollm2-selfspec" --draft-layers 24 >> "$OUT/real-convert.txt" 2>&1 || status=1
+"$PY" -m harness.cli convert "$GGUF" -o "$PKG/smollm2-selfspec-static" --cache static --draft-layers 24 \
+  >> "$OUT/real-convert.txt" 2>&1 || status=1
 tail -n 5 "$OUT/real-convert.txt"
 "$PY" -m harness.cli run --packages "$PKG/smollm2,$PKG/smollm2-static" --engines "$ENGINES" --strict \
   --max-prompts 3 --evidence-dir "$EV" > "$OUT/real-matrix.txt" 2>&1 || status=1
-"$PY" -m harness.cli run --mode speculative --width all --packages "$PKG/smollm2-selfspec" \
+"$PY" -m harness.cli run --mode speculative --width all --packages "$PKG/smollm2-selfspec,$PKG/smollm2-selfspec-static" \
   --engines "$ENGINES" --strict --max-prompts 2 --evidence-dir "$EV" >> "$OUT/real-matrix.txt" 2>&1 || status=1
 cat "$OUT/real-matrix.txt"
 for mode in eager graphs; do
