@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The real checkpoint on a GPU machine: convert SmolLM2 from its GGUF (dynamic cache, static
 # cache, and a 24-block layer-skip drafter with each cache), then the parity matrix on the
-# device engines
-# (greedy, every speculative width), the memory probe eager and with graphs, and the report.
+# device engines (greedy, every speculative width), the memory probe eager and with graphs,
+# and the report.
 # Usage (repo root): OUT=DIR scripts/gpu_real_checkpoint.sh path/to/SmolLM2-135M-Instruct.Q4_1.gguf
 # Environment: PY (default python3), LOCKSTEP_ENGINES (default native-cuda). Exit: non-zero
 # on any failed claim.
