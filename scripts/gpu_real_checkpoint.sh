@@ -3,11 +3,12 @@
 # cache, and a 24-block layer-skip drafter with each cache), then the parity matrix on the
 # device engines (greedy, every speculative width), the memory probe eager and with graphs,
 # and the report.
-# Usage (repo root): OUT=DIR scripts/gpu_real_checkpoint.sh path/to/SmolLM2-135M-Instruct.Q4_1.gguf
+# Usage (repo root): OUT=DIR scripts/gpu_real_checkpoint.sh CHECKPOINT (a .gguf path, or
+# smollm2 where `make real` installed it)
 # Environment: PY (default python3), LOCKSTEP_ENGINES (default native-cuda). Exit: non-zero
 # on any failed claim.
 set -uo pipefail
-GGUF=${1:?usage: $0 GGUF}
+GGUF=${1:?usage: $0 CHECKPOINT (a .gguf path, or smollm2)}
 OUT=${OUT:-$PWD/out}
 PY=${PY:-python3}
 ENGINES=${LOCKSTEP_ENGINES:-native-cuda}
