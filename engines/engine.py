@@ -31,6 +31,9 @@ class Engine(abc.ABC):
     name: ClassVar[str]
     residency: ClassVar[str] = "host"
     description: ClassVar[str] = ""
+    # claim 2: row i of an M-row forward equals the M=1 forward bit for bit, so its
+    # speculative stream must equal its greedy stream exactly (else that is a defect)
+    batch_invariant: ClassVar[bool] = False
 
     def __init__(self, package: "Package"):
         self.package = package

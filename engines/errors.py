@@ -57,3 +57,23 @@ class UnknownEngine(LockstepError):
 
 class ExecutionError(LockstepError):
     """A component could not be executed (unsupported op, shape not resolvable on the host)."""
+
+
+class EngineDefinitionError(LockstepError):
+    """An engine class, or its registration, cannot be trusted to name its own results: no
+    ``name`` of its own, a name other than the one it is registered under, a name taken from
+    a built-in engine, or an entry point that would replace a built-in."""
+
+
+class EngineImportError(EngineDefinitionError):
+    """An engine's module raised while being imported; carries that error's type and message."""
+
+    def __init__(self, message: str, *, import_error: BaseException, **kwargs: Any):
+        self.error_type = type(import_error).__name__
+        self.error_message = str(import_error)
+        super().__init__(message, **kwargs)
+
+
+class NonFiniteLogits(InputError):
+    """A logits row holds no finite maximum (all NaN): the engine computed no token. The
+    runner gives the cell the verdict ``non-finite`` at that step."""

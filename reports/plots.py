@@ -110,7 +110,7 @@ def engine_throughput(records: Sequence[EvidenceRecord]) -> dict[str, float]:
     """Median tokens/s per engine over the cells that measured it."""
     per_engine: dict[str, list[float]] = defaultdict(list)
     for record in records:
-        if record.timings.tokens_per_s is not None:
+        if record.timings is not None and record.timings.tokens_per_s is not None:
             per_engine[record.engine].append(record.timings.tokens_per_s)
     return {name: statistics.median(values) for name, values in sorted(per_engine.items())}
 

@@ -1,9 +1,10 @@
 """What got worse between a baseline evidence set and this one.
 
 Cells are matched on (package, engine, mode, prompt). Tokens and budgets are exact, so a new
-divergence, a new budget breach or a newly failing claim is a regression however small;
-throughput and acceptance are noisy, so they regress only when they fall by more than
-``NOISE_BAND`` (relative to the baseline), a number the report prints.
+divergence, a new budget breach, a newly failing claim or a cell whose status turned failing
+(error, non-finite, drift) is a regression however small; throughput and acceptance are
+noisy, so they regress only when they fall by more than ``NOISE_BAND`` (relative to the
+baseline), a number the report prints.
 """
 from __future__ import annotations
 
@@ -13,15 +14,51 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.evidence import EvidenceRecord
+from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, NEAR_TIE, NON_FINITE,
+                           SEVERITY, worst)
 
 NOISE_BAND = 0.10  # relative drop in tokens/s or mean acceptance tolerated as noise
 
 CellKey = tuple[str, str, str, str]  # package, engine, mode label, prompt name
 
+# A failed claim says which status the cell stands for even where a writer (an older
+# pytest plugin, a hand-written record) left ``status`` at its default.
+CLAIM_STATUS = {
+    "token_identity": DEFECT, "spec_equals_greedy": DEFECT, "batch_invariance": DEFECT,
+    "tensor_ops": DEFECT, "finite_logits": NON_FINITE, "logits_within_tolerance": DRIFT,
+}  # every other claim (staging, readback, memory, graph slots, snapshots): budget
+
+
+def record_status(record: EvidenceRecord) -> str:
+    """The status a record stands for: its written ``status``, made worse by anything in it
+    that fails (an error, a defect or near-tie divergence, judged defects, a non-finite or
+    out-of-tolerance logits audit, a failed budget or claim). A record that is not ``ok``
+    therefore never reads as passing."""
+    found = [record.status]
+    if record.error is not None:
+        found.append(ERROR)
+    if record.divergence is not None:
+        found.append(record.divergence.verdict)
+    if record.judgement is not None:
+        if record.judgement.defects:
+            found.append(DEFECT)
+        elif record.judgement.near_ties:
+            found.append(NEAR_TIE)
+    if record.logits_audit is not None:
+        if record.logits_audit.non_finite_steps:
+            found.append(NON_FINITE)
+        if record.logits_audit.out_of_tolerance_steps:
+            found.append(DRIFT)
+    if any(b.verdict == "fail" for b in record.budgets):
+        found.append(BUDGET)
+    found.extend(CLAIM_STATUS.get(claim, BUDGET)
+                 for claim, verdict in record.verdicts.items() if verdict == "fail")
+    return worst(*found)
+
 
 @dataclass(frozen=True)
 class Regression:
-    kind: str  # new-divergence | budget-breach | claim-failing | throughput | acceptance | missing-cell
+    kind: str  # new-divergence | status | budget-breach | claim-failing | throughput | acceptance | missing-cell
     cell: CellKey
     detail: str
     baseline: str = ""
@@ -40,7 +77,8 @@ def _group(records: Sequence[EvidenceRecord]) -> dict[CellKey, list[EvidenceReco
 
 
 def _median_tps(records: list[EvidenceRecord]) -> float | None:
-    values = [r.timings.tokens_per_s for r in records if r.timings.tokens_per_s is not None]
+    values = [r.timings.tokens_per_s for r in records
+              if r.timings is not None and r.timings.tokens_per_s is not None]
     return statistics.median(values) if values else None
 
 
@@ -59,6 +97,19 @@ def _failed_claims(records: list[EvidenceRecord]) -> set[str]:
     return {claim for r in records for claim, v in r.verdicts.items() if v == "fail"}
 
 
+def _first_finding(records: list[EvidenceRecord]):
+    """(step, oracle token, engine token, margin, verdict) of the first record that has a
+    divergence or a judged finding; None when every stream passes as a plain match."""
+    for r in records:
+        if r.divergence is not None:
+            d = r.divergence
+            return d.step, d.reference_token, d.engine_token, d.margin, d.verdict
+        if r.judgement is not None and r.judgement.findings:
+            f = r.judgement.findings[0]
+            return f.step, f.oracle_token, f.engine_token, None, f.verdict
+    return None
+
+
 def _dropped(before: float | None, now: float | None, band: float) -> bool:
     return before is not None and now is not None and before > 0 and now < before * (1 - band)
 
@@ -72,14 +123,24 @@ def find_regressions(records: Sequence[EvidenceRecord], baseline: Sequence[Evide
         found.append(Regression("missing-cell", key, "cell ran in the baseline but not in this run"))
     for key in sorted(now.keys() & before.keys()):
         cur, old = now[key], before[key]
-        new_div = next((r.divergence for r in cur if r.divergence), None)
-        if new_div and not any(r.divergence for r in old):
-            margin = "" if new_div.margin is None else f", reference margin {new_div.margin:.4g}"
+        new_div = _first_finding(cur)
+        if new_div and _first_finding(old) is None:
+            step, ref_tok, eng_tok, margin, verdict = new_div
+            margin_text = "" if margin is None else f", reference margin {margin:.4g}"
             found.append(Regression(
                 "new-divergence", key,
-                f"{new_div.verdict} at step {new_div.step}: reference token "
-                f"{new_div.reference_token}, engine token {new_div.engine_token}{margin}",
-                baseline="identical", current=new_div.verdict))
+                f"{verdict} at step {step}: reference token {ref_tok}, engine token "
+                f"{eng_tok}{margin_text}",
+                baseline="identical", current=verdict))
+        status_now = worst(*(record_status(r) for r in cur))
+        status_old = worst(*(record_status(r) for r in old))
+        if (status_now in FAILING and status_now not in (DEFECT, BUDGET)
+                and SEVERITY.index(status_now) < SEVERITY.index(status_old)):
+            why = next((r.reason or (r.error.message if r.error else "") for r in cur
+                        if record_status(r) == status_now), "")
+            found.append(Regression("status", key, f"cell is now {status_now}"
+                                    + (f": {why}" if why else ""),
+                                    baseline=status_old, current=status_now))
         old_fail = _failed_budgets(old)
         for claim, what in sorted(_failed_budgets(cur).items()):
             if claim not in old_fail:
@@ -102,6 +163,6 @@ def find_regressions(records: Sequence[EvidenceRecord], baseline: Sequence[Evide
                 f"mean accepted tokens per round down {100 * (1 - acc_now / acc_old):.1f}% "
                 f"(noise band {100 * noise_band:.0f}%)",
                 baseline=f"{acc_old:.2f}", current=f"{acc_now:.2f}"))
-    order = {"new-divergence": 0, "budget-breach": 1, "claim-failing": 2, "throughput": 3,
-             "acceptance": 4, "missing-cell": 5}
+    order = {"new-divergence": 0, "status": 1, "budget-breach": 2, "claim-failing": 3,
+             "throughput": 4, "acceptance": 5, "missing-cell": 6}
     return sorted(found, key=lambda r: (order[r.kind], r.cell))

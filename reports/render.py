@@ -2,26 +2,50 @@
 
 Everything is inline (CSS, SVG plots) and nothing is fetched, so the file opens offline
 and can be attached to a CI run. The template is rendered with autoescape on: every
-string from evidence (token text, names, paths) arrives escaped; only the SVG produced
-here from numbers is marked safe.
+string from evidence (token text, names, paths, reasons, error messages, tracebacks)
+arrives escaped; only the SVG produced here from numbers is marked safe.
+
+What the report says, top to bottom: runs that are incomplete (a manifest not marked
+complete, or planned cells without a record) in a red banner; counts of records by status;
+engines that were unavailable and why; regressions against a baseline; the matrix (each
+cell the worst status of its records, ``missing`` where a planned cell has none); runs,
+planned against recorded; the planted-bug catch matrix; one article per record with
+findings or an error (the first finding with both top-5 lists, the further finding steps,
+the error with its traceback, which path of a speculative cell is wrong, the streams side
+by side); the logits audit; budgets per engine and claim; claims; graph slots; ledger;
+plots; environment.
 """
 from __future__ import annotations
 
+import json
+import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
+from engines.errors import LockstepError
 from harness.evidence import CLAIMS, EvidenceRecord
+from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, IDENTICAL, NEAR_TIE,
+                           NON_FINITE, SEVERITY, UNAVAILABLE, worst)
+from harness.manifest import PlannedCell, RunManifest
 
 from . import plots
-from .regressions import NOISE_BAND, find_regressions
+from .regressions import NOISE_BAND, find_regressions, record_status
 
-STREAM_CONTEXT = 12  # rows shown on each side of a divergence when a stream is long
+STREAM_CONTEXT = 12  # rows shown on each side of the first finding when a stream is long
 STREAM_FULL_MAX = 64  # streams up to this many steps are shown whole
+MISSING_SHOWN = 20  # missing cells named in an incomplete run's banner
+FURTHER_SHOWN = 200  # further finding steps listed per record
+MISSING = "missing"  # a planned cell without a record
+NOT_RUN = "not-run"  # a hole in the matrix that no manifest planned
+# where ``lockstep report`` looks for the planted-bug catch matrix by default
+DEFAULT_CATCH_MATRIX = Path(__file__).resolve().parent.parent / "docs" / "catch_matrix.json"
 
 _MODE_ORDER = {"greedy": 0, "draft": 1, "chained": 2, "mtp": 3}
 
@@ -30,6 +54,7 @@ def _env() -> Environment:
     env = Environment(loader=PackageLoader("reports", "templates"), autoescape=True,
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["visible"] = visible_text
+    env.filters["num"] = _num
     return env
 
 
@@ -41,21 +66,32 @@ def visible_text(piece: str | None) -> str:
     return repr(piece)[1:-1] if piece else "∅"
 
 
+def _num(value: float | None, spec: str = "%.4g") -> str:
+    return "" if value is None else spec % value
+
+
 def _mode_sort(label: str) -> tuple:
     kind, _, width = label.partition("/w")
     return (_MODE_ORDER.get(kind, 9), int(width) if width.isdigit() else 0, label)
 
 
-def cell_verdict(records: Sequence[EvidenceRecord]) -> str:
-    """fail (any defect, failed budget or failed claim) > near-tie > pass; none: missing."""
+def cell_verdict(records: Sequence[EvidenceRecord], missing: int = 0) -> str:
+    """The worst status of the cell's records (``harness.judge.SEVERITY``). A planned prompt
+    without a record makes an otherwise passing cell ``missing``: it was not shown to pass.
+    No record at all: ``missing``."""
     if not records:
-        return "missing"
-    if any(not r.ok for r in records):
-        return "fail"
-    if any(r.divergence is not None for r in records):
-        return "near-tie"
-    return "pass"
+        return MISSING
+    status = worst(*(record_status(r) for r in records))
+    if missing and status not in FAILING:
+        return MISSING
+    return status
 
+
+def _is_ok(status: str) -> bool:
+    return status in (IDENTICAL, NEAR_TIE)
+
+
+# -- findings ----------------------------------------------------------------------------------
 
 @dataclass
 class StreamRow:
@@ -64,18 +100,55 @@ class StreamRow:
     reference_text: str | None
     engine: int | None
     engine_text: str | None
+    greedy: int | None
     margin: float | None
     same: bool
-    diverged: bool
+    finding: str | None  # verdict of a judged finding at this step
+    diverged: bool  # the first finding's step
 
 
 @dataclass
-class DivergenceView:
+class FirstFinding:
+    step: int
+    engine_token: int | None
+    oracle_token: int | None
+    rank: int | None
+    gap: float | None
+    verdict: str
+    reason: str | None
+    margin: float | None
+    oracle_top: list[dict]
+    engine_top: list[dict] | None
+    engine_text: str | None
+    oracle_text: str | None
+
+
+@dataclass
+class GreedyView:
+    verdict: str  # the greedy stream's own verdict against the oracle
+    speculative: str  # the speculative stream's own verdict against the oracle
+    agrees: bool
+    first_difference: int | None
+    wrong: str  # greedy | speculative | both | neither | none
+    sentence: str
+    first_finding: Any  # Divergence | None
+
+
+@dataclass
+class FindingView:
     anchor: str
     record: EvidenceRecord
+    status: str
+    first: FirstFinding | None
+    further: list[Any]
+    further_hidden: int
     rows: list[StreamRow]
     skipped_before: int
     skipped_after: int
+    has_reference: bool
+    greedy: GreedyView | None
+    failed_budgets: list[Any]
+    traceback: str
     reference_segments: list[tuple[str, bool]] = field(default_factory=list)
     engine_segments: list[tuple[str, bool]] = field(default_factory=list)
 
@@ -84,35 +157,161 @@ def _piece(texts: list[str] | None, step: int) -> str | None:
     return texts[step] if texts is not None and step < len(texts) else None
 
 
-def _divergence_view(index: int, record: EvidenceRecord) -> DivergenceView:
+def _token_texts(record: EvidenceRecord) -> dict[int, str]:
+    """id -> decoded piece, from whichever stream of the record carries text."""
+    known: dict[int, str] = {}
+    if record.tokens_text is not None:
+        known.update(zip(record.tokens, record.tokens_text))
+    if record.reference is not None and record.reference.tokens_text is not None:
+        for tok, text in zip(record.reference.tokens, record.reference.tokens_text):
+            known.setdefault(tok, text)
+    return known
+
+
+def _top(pairs, texts: dict[int, str], engine_token, oracle_token) -> list[dict]:
+    best = pairs[0][1] if pairs else None
+    return [{"rank": i + 1, "id": tok, "logit": logit, "text": texts.get(tok),
+             "delta": (best - logit) if best is not None else None,
+             "engine": tok == engine_token, "oracle": tok == oracle_token}
+            for i, (tok, logit) in enumerate(pairs)]
+
+
+def _stream_verdict(record: EvidenceRecord) -> str:
+    """The verdict of the record's own stream against the oracle (claim 1)."""
+    j = record.judgement
+    if j is not None:
+        return DEFECT if j.defects else NEAR_TIE if j.near_ties else IDENTICAL
+    if record.divergence is not None:
+        return record.divergence.verdict
+    return IDENTICAL
+
+
+def _greedy_view(record: EvidenceRecord) -> GreedyView | None:
+    g = record.greedy
+    if g is None:
+        return None
+    spec = _stream_verdict(record)
+    greedy_bad, spec_bad = g.verdict == DEFECT, spec == DEFECT
+    parted = ("" if g.first_difference is None
+              else f"; the two streams part at step {g.first_difference}")
+    if greedy_bad and spec_bad:
+        wrong, sentence = "both", "both paths are wrong: the greedy and the speculative " \
+                                  "stream each have a defect against the oracle" + parted
+    elif greedy_bad:
+        step = f" at step {g.first_finding.step}" if g.first_finding is not None else ""
+        wrong, sentence = "greedy", (f"the greedy path is wrong{step}; the speculative "
+                                     f"stream agrees with the oracle" + parted)
+    elif spec_bad:
+        wrong, sentence = "speculative", ("the speculative path is wrong; the greedy stream "
+                                          "agrees with the oracle" + parted)
+    elif not g.agrees_with_speculative:
+        wrong, sentence = "neither", ("speculative and greedy part at step "
+                                      f"{g.first_difference}, each within tolerance of the "
+                                      "oracle on its own prefix (spec_equals_greedy decides)")
+    else:
+        wrong, sentence = "none", "greedy and speculative streams are identical"
+    return GreedyView(g.verdict, spec, g.agrees_with_speculative, g.first_difference, wrong,
+                      sentence, g.first_finding)
+
+
+def _first_finding(record: EvidenceRecord, texts: dict[int, str]
+                   ) -> tuple[FirstFinding | None, list[Any]]:
+    """The first finding (the divergence's step where the judgement has it, else the first
+    judged step) and every further one, in step order."""
+    findings = sorted(record.judgement.findings, key=lambda f: f.step) \
+        if record.judgement is not None else []
     div = record.divergence
-    assert div is not None
-    ref, eng = record.reference.tokens, record.tokens
-    ref_text, eng_text = record.reference.tokens_text, record.tokens_text
-    n = max(len(ref), len(eng))
-    lo, hi = (0, n) if n <= STREAM_FULL_MAX else (max(0, div.step - STREAM_CONTEXT),
-                                                   min(n, div.step + STREAM_CONTEXT + 1))
+    first = None
+    if findings:
+        first = next((f for f in findings if div is not None and f.step == div.step),
+                     findings[0])
+    margins = record.reference.margins if record.reference is not None else []
+    if first is not None:
+        margin = div.margin if div is not None and div.step == first.step else (
+            margins[first.step] if first.step < len(margins) else None)
+        view = FirstFinding(
+            first.step, first.engine_token, first.oracle_token, first.rank, first.gap,
+            first.verdict, first.reason, margin,
+            _top(first.oracle_top, texts, first.engine_token, first.oracle_token),
+            None if first.engine_top is None
+            else _top(first.engine_top, texts, first.engine_token, first.oracle_token),
+            texts.get(first.engine_token), texts.get(first.oracle_token))
+        return view, [f for f in findings if f is not first]
+    if div is not None:
+        return FirstFinding(div.step, div.engine_token, div.reference_token, div.rank, div.gap,
+                            div.verdict, div.reason, div.margin, [], None,
+                            texts.get(div.engine_token), texts.get(div.reference_token)), []
+    return None, []
+
+
+def _traceback(record: EvidenceRecord) -> str:
+    if record.error is None:
+        return ""
+    return "".join(line if line.endswith("\n") else line + "\n"
+                   for line in record.error.traceback)
+
+
+def _needs_article(record: EvidenceRecord, status: str) -> bool:
+    if status == UNAVAILABLE and record.error is None:
+        return False  # listed in the unavailable box
+    return (status != IDENTICAL or record.error is not None or record.divergence is not None
+            or (record.judgement is not None and bool(record.judgement.findings))
+            or (record.greedy is not None and (record.greedy.verdict != IDENTICAL
+                                               or not record.greedy.agrees_with_speculative)))
+
+
+def _finding_view(anchor: str, record: EvidenceRecord, status: str) -> FindingView:
+    texts = _token_texts(record)
+    first, further = _first_finding(record, texts)
+    greedy = _greedy_view(record)
+    ref = record.reference
+    ref_tokens = ref.tokens if ref is not None else []
+    ref_text = ref.tokens_text if ref is not None else None
+    margins = ref.margins if ref is not None else []
+    eng, eng_text = record.tokens, record.tokens_text
+    greedy_tokens = record.greedy.tokens if record.greedy is not None else []
+    finding_steps = {}
+    if record.judgement is not None:
+        for f in record.judgement.findings:
+            finding_steps[f.step] = worst(finding_steps.get(f.step, ""), f.verdict)
+    focus = (first.step if first is not None
+             else record.error.step if record.error is not None and record.error.step is not None
+             else greedy.first_difference if greedy is not None and greedy.first_difference
+             is not None else 0)
+    n = max(len(ref_tokens), len(eng), len(greedy_tokens))
+    lo, hi = (0, n) if n <= STREAM_FULL_MAX else (max(0, focus - STREAM_CONTEXT),
+                                                   min(n, focus + STREAM_CONTEXT + 1))
     rows = []
     for step in range(lo, hi):
-        r = ref[step] if step < len(ref) else None
+        r = ref_tokens[step] if step < len(ref_tokens) else None
         e = eng[step] if step < len(eng) else None
-        rt = _piece(ref_text, step)
-        et = _piece(eng_text, step)
+        g = greedy_tokens[step] if step < len(greedy_tokens) else None
+        rt, et = _piece(ref_text, step), _piece(eng_text, step)
         if rt is None and r is not None and r == e:
             rt = et  # same id, same text: the engine's decoding serves both columns
-        margins = record.reference.margins
-        rows.append(StreamRow(step, r, rt, e, et, margins[step] if step < len(margins) else None,
-                              same=(r == e), diverged=(step == div.step)))
-    view = DivergenceView(f"divergence-{index}", record, rows, lo, n - hi)
+        rows.append(StreamRow(step, r, rt, e, et, g,
+                              margins[step] if step < len(margins) else None,
+                              same=(ref is None or r == e),
+                              finding=finding_steps.get(step),
+                              diverged=first is not None and step == first.step))
+    view = FindingView(anchor, record, status, first, further[:FURTHER_SHOWN],
+                       max(0, len(further) - FURTHER_SHOWN), rows, lo, n - hi, ref is not None,
+                       greedy, [b for b in record.budgets if b.verdict == "fail"],
+                       _traceback(record))
+    mark = first.step if first is not None else -1
     if eng_text is not None:
-        view.engine_segments = [(t, i == div.step) for i, t in enumerate(eng_text)]
-        ref_pieces = [(_piece(ref_text, i) if ref_text is not None
-                       else (eng_text[i] if i < len(eng) and i < len(eng_text) and ref[i] == eng[i]
-                             else None)) for i in range(len(ref))]
-        if all(p is not None for p in ref_pieces):
-            view.reference_segments = [(t, i == div.step) for i, t in enumerate(ref_pieces)]
+        view.engine_segments = [(t, i == mark) for i, t in enumerate(eng_text)]
+        if ref is not None:
+            ref_pieces = [(_piece(ref_text, i) if ref_text is not None
+                           else (eng_text[i] if i < len(eng) and i < len(eng_text)
+                                 and ref_tokens[i] == eng[i] else None))
+                          for i in range(len(ref_tokens))]
+            if all(p is not None for p in ref_pieces):
+                view.reference_segments = [(t, i == mark) for i, t in enumerate(ref_pieces)]
     return view
 
+
+# -- matrix --------------------------------------------------------------------------------
 
 @dataclass
 class MatrixView:
@@ -120,29 +319,246 @@ class MatrixView:
     rows: list[tuple[str, str, list[dict]]]  # package, mode, cells (one per engine)
 
 
-def _matrix(records: Sequence[EvidenceRecord], anchors: dict[int, str]) -> MatrixView:
+def _short(text: str, limit: int = 48) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _matrix(records: Sequence[EvidenceRecord], statuses: dict[int, str],
+            anchors: dict[int, str], missing: dict[tuple[str, str, str], list[PlannedCell]]
+            ) -> MatrixView:
     groups: dict[tuple[str, str, str], list[EvidenceRecord]] = defaultdict(list)
     for record in records:
         groups[record.cell].append(record)
-    engines = sorted({r.engine for r in records})
-    pairs = sorted({(r.package.name, r.mode.label) for r in records},
+    engines = sorted({r.engine for r in records} | {k[1] for k in missing})
+    pairs = sorted({(r.package.name, r.mode.label) for r in records}
+                   | {(k[0], k[2]) for k in missing},
                    key=lambda pm: (pm[0], _mode_sort(pm[1])))
     rows = []
     for package, mode in pairs:
         cells = []
         for engine in engines:
             members = groups.get((package, engine, mode), [])
-            verdict = cell_verdict(members)
-            first = members[0] if members else None
-            anchor = anchors.get(id(first), "") if first is not None else ""
-            cells.append({"engine": engine, "verdict": verdict, "count": len(members),
-                          "ok": sum(r.ok for r in members),
-                          "near_ties": sum(1 for r in members if r.divergence is not None
-                                           and r.divergence.verdict == "near-tie"),
-                          "anchor": anchor})
+            absent = missing.get((package, engine, mode), [])
+            if not members and not absent:
+                cells.append({"engine": engine, "verdict": NOT_RUN, "count": 0, "ok": 0,
+                              "near_ties": 0, "missing": 0, "anchor": "", "title": "not run",
+                              "note": ""})
+                continue
+            verdict = cell_verdict(members, len(absent))
+            member_status = [statuses[id(r)] for r in members]
+            # link to the worst record: its finding article where it has one
+            target = min(members, key=lambda r: SEVERITY.index(statuses[id(r)]), default=None)
+            anchor = anchors.get(id(target), "") if target is not None else ""
+            reasons = []
+            for r in members:
+                st = statuses[id(r)]
+                why = r.reason or (f"{r.error.type}: {r.error.message}" if r.error else "")
+                if st != IDENTICAL and why:
+                    line = f"{st} ({r.prompt.name}): {why}"
+                    if line not in reasons:
+                        reasons.append(line)
+            if absent:
+                reasons.append(f"missing: {len(absent)} planned prompt(s) without a record ("
+                               + ", ".join(sorted(c.prompt for c in absent)) + ")")
+            note = ""
+            if verdict == UNAVAILABLE:
+                note = _short(next((r.reason for r in members if r.reason), "") or "")
+            cells.append({
+                "engine": engine, "verdict": verdict, "count": len(members),
+                "ok": sum(_is_ok(s) for s in member_status),
+                "near_ties": member_status.count(NEAR_TIE), "missing": len(absent),
+                "anchor": anchor, "title": "\n".join(reasons) or verdict, "note": note})
         rows.append((package, mode, cells))
     return MatrixView(engines, rows)
 
+
+# -- completeness --------------------------------------------------------------------------
+
+@dataclass
+class RunView:
+    run_id: str
+    started: str
+    finished: str | None
+    complete: bool  # the manifest was marked complete
+    planned: int
+    recorded: int  # planned cells with at least one record of this run
+    extra: int  # records of this run that no planned cell names
+    missing: list[str]  # first MISSING_SHOWN missing cells, "package · engine · mode · prompt"
+    missing_total: int
+
+    @property
+    def incomplete(self) -> bool:
+        return not self.complete or self.missing_total > 0
+
+
+def _completeness(records: Sequence[EvidenceRecord], manifests: Sequence[RunManifest]
+                  ) -> tuple[list[RunView], dict[tuple[str, str, str], list[PlannedCell]]]:
+    have: dict[str, set[tuple[str, str, str, str]]] = defaultdict(set)
+    for r in records:
+        have[r.run_id].add((r.package.name, r.engine, r.mode.label, r.prompt.name))
+    anywhere = set().union(*have.values()) if have else set()
+    runs, missing, seen = [], defaultdict(list), set()
+    for m in manifests:
+        keys = {c.key for c in m.planned}
+        absent = [c for c in m.planned if c.key not in have[m.run_id]]
+        for c in absent:
+            # the matrix shows a cell missing only where no run recorded it; the banner
+            # still names the run that left it out
+            if c.key not in anywhere and c.key not in seen:
+                seen.add(c.key)
+                missing[(c.package, c.engine, c.mode)].append(c)
+        runs.append(RunView(
+            m.run_id, m.started.isoformat(timespec="seconds"),
+            m.finished.isoformat(timespec="seconds") if m.finished else None, m.complete,
+            len(keys), len(keys) - len({c.key for c in absent}),
+            len(have[m.run_id] - keys),
+            [" · ".join(c.key) for c in absent[:MISSING_SHOWN]], len(absent)))
+    return runs, dict(missing)
+
+
+# -- budgets -------------------------------------------------------------------------------
+
+@dataclass
+class BudgetGroup:
+    engine: str
+    claim: str
+    checks: int = 0
+    failures: int = 0
+    first_failure: tuple[EvidenceRecord, Any] | None = None
+    budgets: set = field(default_factory=set)
+    units: set = field(default_factory=set)
+
+    @property
+    def budget_text(self) -> str:
+        values = sorted(self.budgets)
+        unit = f" {next(iter(self.units))}" if len(self.units) == 1 else ""
+        if not values:
+            return ""
+        if len(values) == 1:
+            return f"{values[0]:g}{unit}"
+        return f"{values[0]:g} … {values[-1]:g}{unit}"
+
+
+def _budgets(records: Sequence[EvidenceRecord]) -> tuple[list[BudgetGroup], list[tuple]]:
+    groups: dict[tuple[str, str], BudgetGroup] = {}
+    checks = []
+    for r in records:
+        for b in r.budgets:
+            g = groups.setdefault((r.engine, b.claim), BudgetGroup(r.engine, b.claim))
+            g.checks += 1
+            g.budgets.add(b.budget)
+            if b.unit:
+                g.units.add(b.unit)
+            if b.verdict == "fail":
+                g.failures += 1
+                if g.first_failure is None:
+                    g.first_failure = (r, b)
+            checks.append((r, b))
+    ordered = sorted(groups.values(), key=lambda g: (g.failures == 0, g.engine, g.claim))
+    checks.sort(key=lambda rb: rb[1].verdict != "fail")  # stable: failures first
+    return ordered, checks
+
+
+# -- catch matrix ----------------------------------------------------------------------------
+
+def _catch_error(message: str, path: str | None, remedy: str) -> LockstepError:
+    return LockstepError(message, field="--catch-matrix", value=path, remedy=remedy)
+
+
+def load_catch_matrix(path: str | os.PathLike) -> dict:
+    """Read the planted-bug catch matrix JSON; a missing or malformed file is an error
+    naming the option and the remedy."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise _catch_error("catch matrix file does not exist", str(path),
+                           "pass the JSON written by the planted-bug suite, or "
+                           "--no-catch-matrix to leave the section out") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _catch_error(f"catch matrix file cannot be read ({exc})", str(path),
+                           "check the path and permissions, or pass --no-catch-matrix") from exc
+    except json.JSONDecodeError as exc:
+        raise _catch_error(f"catch matrix is not valid JSON: {exc.msg} at line {exc.lineno}",
+                           str(path), "regenerate the file, or pass --no-catch-matrix") from exc
+    _check_catch_matrix(data, str(path))
+    return data
+
+
+def _check_catch_matrix(data: Any, where: str | None) -> None:
+    remedy = ('expected {"generated": ..., "rows": [{"bug", "package", "mode", "expected", '
+              '"observed", "caught"}, ...], "control": [...]}; regenerate the file, or pass '
+              "--no-catch-matrix")
+    if not isinstance(data, Mapping):
+        raise _catch_error(f"catch matrix is a JSON {type(data).__name__}, not an object",
+                           where, remedy)
+    for key in ("rows", "control"):
+        rows = data.get(key, [])
+        if not isinstance(rows, list):
+            raise _catch_error(f"catch matrix {key!r} is not a list", where, remedy)
+        for i, row in enumerate(rows):
+            if not isinstance(row, Mapping) or not isinstance(row.get("bug"), str) \
+                    or not isinstance(row.get("package"), str):
+                raise _catch_error(f"catch matrix {key}[{i}] is not an object with string "
+                                   "'bug' and 'package'", where, remedy)
+            for side in ("expected", "observed"):
+                if row.get(side) is not None and not isinstance(row[side], Mapping):
+                    raise _catch_error(f"catch matrix {key}[{i}].{side} is not an object",
+                                       where, remedy)
+    if "rows" not in data:
+        raise _catch_error("catch matrix has no 'rows'", where, remedy)
+
+
+@dataclass
+class CatchView:
+    generated: str
+    packages: list[str]
+    rows: list[dict]  # {bug, description, control, cells: {package: {entries, ok}}}
+    caught: int
+    total: int
+    not_caught: list[str]
+    control_ok: bool
+
+
+def _catch_entry(row: Mapping, control: bool) -> dict:
+    expected = row.get("expected") or {}
+    observed = row.get("observed") or {}
+    status = observed.get("status")
+    ok = status == IDENTICAL if control else bool(row.get("caught"))
+    return {"mode": row.get("mode"), "observed": status, "observed_step": observed.get("step"),
+            "expected": expected.get("status"), "expected_step": expected.get("step"),
+            "ok": ok}
+
+
+def _catch_view(data: Mapping) -> CatchView:
+    _check_catch_matrix(data, None)
+    packages = sorted({r["package"] for key in ("rows", "control") for r in data.get(key, [])})
+    rows: list[dict] = []
+    caught = total = 0
+    not_caught: list[str] = []
+    for key, control in (("rows", False), ("control", True)):
+        by_bug: dict[str, dict] = {}
+        for row in data.get(key, []):
+            view = by_bug.setdefault(row["bug"], {"bug": row["bug"], "control": control,
+                                                  "description": row.get("description") or "",
+                                                  "cells": {}})
+            cell = view["cells"].setdefault(row["package"], {"entries": [], "ok": True})
+            entry = _catch_entry(row, control)
+            cell["entries"].append(entry)
+            cell["ok"] = cell["ok"] and entry["ok"]
+            if not control:
+                total += 1
+                caught += entry["ok"]
+                if not entry["ok"]:
+                    mode = f" ({entry['mode']})" if entry["mode"] else ""
+                    not_caught.append(f"{row['bug']} · {row['package']}{mode}")
+        rows.extend(by_bug.values())
+    control_ok = all(c["ok"] for r in rows if r["control"] for c in r["cells"].values())
+    return CatchView(str(data.get("generated") or ""), packages, rows, caught, total,
+                     not_caught, control_ok)
+
+
+# -- the report ------------------------------------------------------------------------------
 
 def _environments(records: Sequence[EvidenceRecord]) -> list[dict]:
     seen: dict[str, dict] = {}
@@ -152,39 +568,85 @@ def _environments(records: Sequence[EvidenceRecord]) -> list[dict]:
     return list(seen.values())
 
 
+def _unavailable(records: Sequence[EvidenceRecord], statuses: dict[int, str]) -> list[dict]:
+    groups: dict[tuple[str, str], dict] = {}
+    for r in records:
+        if statuses[id(r)] != UNAVAILABLE:
+            continue
+        reason = r.reason or "no reason recorded"
+        g = groups.setdefault((r.engine, reason), {"engine": r.engine, "reason": reason,
+                                                   "packages": set(), "cells": 0})
+        g["packages"].add(r.package.name)
+        g["cells"] += 1
+    return [{**g, "packages": sorted(g["packages"])}
+            for _, g in sorted(groups.items())]
+
+
 def render_report(records: Sequence[EvidenceRecord],
                   baseline: Sequence[EvidenceRecord] | None = None, *,
                   title: str = "lockstep parity report",
-                  generated: datetime | None = None) -> str:
-    """The whole report as one HTML string (UTF-8 text, no external reference)."""
+                  generated: datetime | None = None,
+                  manifests: Sequence[RunManifest] | None = None,
+                  catch_matrix: Mapping | str | os.PathLike | None = None) -> str:
+    """The whole report as one HTML string (UTF-8 text, no external reference).
+
+    ``manifests`` (``harness.manifest.read_manifests``) make completeness visible: planned
+    cells without a record show as ``missing`` and an unfinished run as INCOMPLETE.
+    ``catch_matrix`` (the parsed JSON, or a path to it) adds the planted-bug section."""
     records = sorted(records, key=lambda r: (r.package.name, _mode_sort(r.mode.label),
                                              r.engine, r.prompt.name, r.created))
-    anchors = {id(r): f"cell-{i}" for i, r in enumerate(records)}
-    divergences = [_divergence_view(i, r)
-                   for i, r in enumerate(r for r in records if r.divergence is not None)]
+    statuses = {id(r): record_status(r) for r in records}
+    findings = []
+    anchors: dict[int, str] = {}
+    for i, r in enumerate(records):
+        anchors[id(r)] = f"cell-{i}"
+        if _needs_article(r, statuses[id(r)]):
+            view = _finding_view(f"finding-{len(findings)}", r, statuses[id(r)])
+            findings.append(view)
+            anchors[id(r)] = view.anchor
+    rows_anchor = {id(r): f"cell-{i}" for i, r in enumerate(records)}
+    runs, missing = _completeness(records, manifests or [])
+    manifest_ids = {m.run_id for m in manifests or []}
+    if catch_matrix is not None and not isinstance(catch_matrix, Mapping):
+        catch_matrix = load_catch_matrix(catch_matrix)
     regressions = find_regressions(records, baseline) if baseline is not None else None
+    budget_groups, budget_checks = _budgets(records)
     svg = {
         "memory": plots.memory_plot(records),
         "acceptance": plots.acceptance_plot(records),
         "throughput": plots.throughput_plot(records, baseline),
     }
+    counts = {s: 0 for s in SEVERITY}
+    for s in statuses.values():
+        counts[s] += 1
     context = {
         "title": title,
         "generated": (generated or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
-        "cells": [(anchors[id(r)], r) for r in records],
+        "cells": [(rows_anchor[id(r)], r, statuses[id(r)]) for r in records],
         "summary": {
             "records": len(records),
-            "ok": sum(r.ok for r in records),
-            "defects": sum(1 for r in records if r.divergence is not None
-                           and r.divergence.verdict == "defect"),
-            "near_ties": sum(1 for r in records if r.divergence is not None
-                             and r.divergence.verdict == "near-tie"),
-            "budget_failures": sum(1 for r in records for b in r.budgets if b.verdict == "fail"),
-            "run_ids": sorted({r.run_id for r in records}),
+            "ok": counts[IDENTICAL] + counts[NEAR_TIE],
+            "boxes": [("errors", "errors", ERROR, counts[ERROR]),
+                      ("non-finite", "non-finite", NON_FINITE, counts[NON_FINITE]),
+                      ("defects", "defects", DEFECT, counts[DEFECT]),
+                      ("budget", "budget failures", BUDGET, counts[BUDGET]),
+                      ("drift", "drift", DRIFT, counts[DRIFT]),
+                      ("near-ties", "near-ties (shown, not failing)", NEAR_TIE,
+                       counts[NEAR_TIE]),
+                      ("unavailable", "unavailable", UNAVAILABLE, counts[UNAVAILABLE])],
+            "missing": sum(len(v) for v in missing.values()) if manifests else None,
+            "run_ids": sorted({r.run_id for r in records} | manifest_ids),
         },
-        "matrix": _matrix(records, anchors),
-        "divergences": divergences,
-        "budgets": [(r, b) for r in records for b in r.budgets],
+        "runs": runs,
+        "incomplete": [run for run in runs if run.incomplete],
+        "has_manifests": bool(manifests),
+        "unmanifested": sorted({r.run_id for r in records} - manifest_ids) if manifests else [],
+        "unavailable": _unavailable(records, statuses),
+        "matrix": _matrix(records, statuses, anchors, missing),
+        "findings": findings,
+        "audits": [(rows_anchor[id(r)], r) for r in records if r.logits_audit is not None],
+        "budget_groups": budget_groups,
+        "budget_checks": budget_checks,
         "claims": CLAIMS,
         "slots": [(r, name, counters) for r in records
                   for name, counters in sorted(r.ledger.graph_slots.items())],
@@ -194,5 +656,7 @@ def render_report(records: Sequence[EvidenceRecord],
         "plots": {k: Markup(v) if v is not None else None for k, v in svg.items()},
         "throughput": plots.engine_throughput(records),
         "environments": _environments(records),
+        "catch": _catch_view(catch_matrix) if catch_matrix is not None else None,
+        "failing": FAILING,
     }
     return _env().get_template("report.html.j2").render(**context)

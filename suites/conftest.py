@@ -1,9 +1,26 @@
 """Shared suite fixtures: the built-in packages, built once per session."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from suites.support import fixture_names
+
+_STARTED = time.time()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """On the controlling process, publish the catch matrix when every planted-bug case
+    wrote its row in this session (a partial or filtered run publishes nothing)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from suites.planted import catch_matrix
+    from suites.planted.catalog import CASES
+
+    matrix = catch_matrix.gather(_STARTED, [c.id for c in CASES])
+    if matrix is not None:
+        catch_matrix.publish(matrix)
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ class WanderingEngine(OrtCpuEngine):
     name = "wandering"
     calls = 0
 
-    def greedy(self, prompt, max_new_tokens):
+    def greedy(self, prompt, max_new_tokens, audit=False):
         WanderingEngine.calls += 1
         ledger = self.reset_ledger()
         return DecodeResult(self.name, list(prompt), [WanderingEngine.calls] * max_new_tokens,

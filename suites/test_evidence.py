@@ -81,7 +81,7 @@ def test_round_trip_through_a_file_preserves_every_field(tmp_path):
     assert again.ledger.graph_slots["PRIMARY"].replays == 5
     assert again.created.utcoffset().total_seconds() == 0
     on_disk = json.loads(path.read_text())
-    assert on_disk["schema_version"] == 1 and on_disk["ok"] is False
+    assert on_disk["schema_version"] == ev.SCHEMA_VERSION == 2 and on_disk["ok"] is False
 
 
 @given(st.lists(st.integers(min_value=-2**31, max_value=2**31 - 1), max_size=40))
@@ -100,6 +100,10 @@ def test_token_digest_rejects_ids_outside_int32():
 
 def test_ok_reflects_defects_budgets_and_claims():
     assert make_record().ok
+    for status in ("error", "non-finite", "defect", "budget", "drift"):
+        assert not make_record().model_copy(update={"status": status}).ok, status
+    for status in ("near-tie", "unavailable"):
+        assert make_record().model_copy(update={"status": status}).ok, status
     tie = ev.Divergence(step=1, reference_token=9, engine_token=8, margin=1e-4, verdict="near-tie")
     assert make_record(tokens=[5, 8], reference=[5, 9], divergence=tie).ok
     defect = tie.model_copy(update={"verdict": "defect"})
@@ -127,7 +131,7 @@ def test_mode_width_must_match_its_kind(kind, width):
 
 def test_json_schema_describes_the_written_file():
     schema = ev.evidence_json_schema()
-    assert schema["properties"]["schema_version"]["const"] == 1
+    assert schema["properties"]["schema_version"]["const"] == ev.SCHEMA_VERSION
     written = json.loads(rich_record().model_dump_json())
     assert set(written) == set(schema["properties"])
     assert set(schema["required"]) <= set(written)
@@ -176,7 +180,7 @@ def test_corrupted_bytes_name_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("edit,field", [
-    (lambda d: d.update(schema_version=2), "schema_version"),
+    (lambda d: d.update(schema_version=1), "schema_version"),
     (lambda d: d.pop("schema_version"), "schema_version"),
     (lambda d: d["mode"].update(kind="beam"), "mode.kind"),
     (lambda d: d.update(tokens=[5, 9, 13, 8]), "token_digest"),

@@ -14,6 +14,7 @@ from hypothesis import given
 from engines.oracle import oracle_decode
 from engines.package import load_package
 from engines.tolerances import tolerance_for
+from engines.workflow import greedy_decode
 from fixtures import catalog, lookup_chained
 from fixtures.conditioning import ConditioningError, choose_seed, measure
 from fixtures.graph import ALLOWED_OPS, IR_VERSION, OPSET
@@ -344,3 +345,121 @@ def test_cli_unknown_fixture_exits_2(private_cache, capsys):
     err = capsys.readouterr().err
     assert "nope" in err and "tiny_llama" in err
     assert not private_cache.exists() or not any(private_cache.iterdir())
+
+
+# -- tied_llama -------------------------------------------------------------------------------
+
+TIED_STEPS = 16
+
+
+def bitwise_pairs_equal(rows) -> bool:
+    """Whether ids 2k and 2k+1 hold the bitwise-same value in every row of ``rows``."""
+    rows = np.ascontiguousarray(rows)
+    bits = rows.view(np.uint32 if rows.dtype == np.float32 else np.uint64)
+    return bool(np.array_equal(bits[..., 0::2], bits[..., 1::2]))
+
+
+def prefix_rows(engine, spec, prompt, tokens) -> np.ndarray:
+    """The oracle's view: for each step, the last logits row of a from-scratch forward over
+    prompt + the tokens before that step, in the package dtype."""
+    comp = spec.components["target"]
+    rows = []
+    for t in range(len(tokens)):
+        seq = list(prompt) + list(tokens[:t])
+        feeds = {comp.inputs["tokens"]: np.asarray([seq], dtype=np.int64),
+                 comp.inputs["positions"]: np.arange(len(seq), dtype=np.int64)[None],
+                 **zero_state(spec)}
+        logits = np.asarray(engine.run_component("target", feeds)[comp.outputs["logits"]])
+        rows.append(logits[0, -1])
+    return np.stack(rows)
+
+
+@pytest.fixture(scope="module")
+def tied_engines(built):
+    from engines.registry import get_engine_class
+    from suites.support import HOST_ENGINES
+
+    pkg = load_package(built["tied_llama"])
+    engines = {name: get_engine_class(name)(pkg) for name in HOST_ENGINES}
+    yield pkg, engines
+    for engine in engines.values():
+        engine.close()
+
+
+def test_tied_llama_is_declared_and_its_build_record_counts_every_step_tied(built):
+    fixture = catalog.FIXTURES["tied_llama"]
+    assert fixture.tie_group == 2 and fixture.max_width == 0
+    assert catalog.FIXTURES["tiny_llama"].tie_group == 1
+    info = read_build_info(built["tied_llama"])
+    cond = info["conditioning"]
+    streams = cond["streams"]
+    assert cond["tie_group"] == 2
+    assert cond["tied_steps"] == cond["steps"] == sum(len(s["tokens"]) for s in streams)
+    assert all(s["tied_steps"] == len(s["tokens"]) for s in streams)
+    assert cond["min_margin"] >= tolerance_for("float32").near_tie_margin
+    assert all(t % 2 == 0 for s in streams for t in s["tokens"])
+    assert "tie_group" not in read_build_info(built["tiny_llama"])["conditioning"]
+    pkg = load_package(built["tied_llama"])
+    assert pkg.spec.decoding.speculative is None and pkg.spec.vocab_size == 96
+
+
+def test_tied_llama_oracle_logits_tie_in_pairs_on_every_engine(tied_engines):
+    """At every step the from-scratch prefix logits hold ids 2k and 2k+1 bitwise equal, on each
+    host engine, and the oracle names the even twin best and the odd one runner-up at margin 0."""
+    pkg, engines = tied_engines
+    for prompt in pkg.spec.prompts:
+        oracle = oracle_decode(pkg, prompt, TIED_STEPS)
+        assert len(oracle.tokens) == TIED_STEPS
+        assert oracle.margins == [0.0] * TIED_STEPS
+        assert oracle.top2 == [(t, t + 1) for t in oracle.tokens]
+        for name, engine in engines.items():
+            rows = prefix_rows(engine, pkg.spec, prompt, oracle.tokens)
+            assert rows.dtype == np.float32, name
+            assert bitwise_pairs_equal(rows), f"{name}: a logit pair differs on {prompt}"
+            assert [int(r.argmax()) for r in rows] == oracle.tokens, name
+            # the best logit outside the tied pair is a clear step below it
+            third = np.sort(rows.astype(np.float64), axis=-1)[:, -3]
+            assert (rows.max(-1) - third >= tolerance_for("float32").near_tie_margin).all()
+
+
+def test_tied_llama_every_engine_emits_the_even_twin_and_the_same_stream(tied_engines):
+    pkg, engines = tied_engines
+    for prompt in pkg.spec.prompts:
+        oracle = oracle_decode(pkg, prompt, TIED_STEPS)
+        streams = {}
+        for name, engine in engines.items():
+            result = greedy_decode(engine, prompt, TIED_STEPS, audit=True)
+            assert all(t % 2 == 0 for t in result.tokens), f"{name} chose an odd twin"
+            assert bitwise_pairs_equal(np.stack(result.logits)), name  # cached steps tie too
+            streams[name] = result.tokens
+        assert len(set(map(tuple, streams.values()))) == 1, streams
+        assert streams["ort-cpu"] == oracle.tokens
+
+
+def test_tied_llama_measured_tied_steps_match_the_build_record(built):
+    report = measure(built["tied_llama"], tie_group=2)
+    cond = read_build_info(built["tied_llama"])["conditioning"]
+    assert report.ok and report.steps == cond["steps"] == report.tied_steps == cond["tied_steps"]
+    assert round(report.min_margin, 4) == cond["min_margin"]
+
+
+def test_conditioning_needs_the_tie_group_and_the_ties(built, tmp_path):
+    """A paired head measured as an ordinary fixture is all near-ties; an ordinary decoder
+    measured with a tie group of 2 is never tied: both are rejected, each for its reason."""
+    paired = dataclasses.replace(catalog.TIED_LLAMA, seed=catalog.TIED_LLAMA_SEED)
+    folder = build_llama(tmp_path / "paired", paired, catalog.TINY_LLAMA_PROMPTS)
+    plain = measure(folder)
+    assert not plain.ok and plain.min_margin == 0.0
+    assert all("near-tie margin" in p for p in plain.problems)
+    untied = measure(built["tiny_llama"], tie_group=2)
+    assert not untied.ok and untied.tied_steps == 0
+    assert all("not exactly tied" in p for p in untied.problems)
+
+
+def test_llama_config_rejects_a_paired_head_it_cannot_build():
+    from engines.errors import InputError
+
+    for bad in ({"tied": True}, {"vocab": 95}):
+        with pytest.raises(InputError) as err:
+            LlamaConfig(paired_head=True, **bad)
+        assert err.value.field == "paired_head"

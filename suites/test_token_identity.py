@@ -42,9 +42,23 @@ def test_fixture_streams_are_not_degenerate(oracles, packages, package_name):
 
 @pytest.mark.parametrize("package_name", fixture_names())
 def test_fixtures_are_well_conditioned(oracles, packages, package_name):
+    """The fixture's conditioned margin clears the near-tie margin at every step: the top-2
+    margin, or for a fixture that ties its top ``tie_group`` logits on purpose (tied_llama),
+    the margin from that exactly tied group to the best logit outside it."""
     from engines.tolerances import tolerance_for
+    from fixtures.catalog import get_fixture
+    from fixtures.conditioning import oracle_trajectory
 
     package = packages[package_name]
     floor = tolerance_for(package.spec.dtype).near_tie_margin
-    for i, _ in enumerate(package.spec.prompts):
-        assert oracles[(package_name, i)].min_margin >= floor
+    tie_group = get_fixture(package_name).tie_group
+    for i, prompt in enumerate(package.spec.prompts):
+        oracle = oracles[(package_name, i)]
+        if tie_group == 1:
+            assert oracle.min_margin >= floor
+            continue
+        assert oracle.min_margin == 0.0  # the tie is there on purpose
+        conditioned = oracle_trajectory(package.root, prompt, NEW_TOKENS, tie_group)
+        assert conditioned.tokens == oracle.tokens
+        assert conditioned.tied_steps == len(oracle.tokens)
+        assert conditioned.min_margin >= floor

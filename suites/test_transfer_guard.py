@@ -184,7 +184,7 @@ def test_each_path_is_counted_once_with_bytes_and_call_site(fake, path, call, nb
     assert event.nbytes == nbytes and event.kind == "staging" and event.purpose is None
     assert event.site.startswith(f"{HERE}:{line_of(call)} ")
     assert g.staging_count == 1 and g.staging_bytes == nbytes
-    assert g.readback_bytes == {"token_id": 0, "accept_count": 0}
+    assert g.readback_bytes == {"token_id": 0, "accept_count": 0, "logits_audit": 0}
 
 
 def test_not_a_transfer_is_not_counted(fake):
@@ -247,8 +247,8 @@ def test_sanctioned_readback_counts_as_readback_and_passes_disallow(fake):
         with sanctioned_readback("accept_count"):
             int(FakeArray(np.int32(2)))
     assert g.staging_count == 0
-    assert g.readback_bytes == {"token_id": 12, "accept_count": 4}
-    assert g.readback_count == {"token_id": 1, "accept_count": 1}
+    assert g.readback_bytes == {"token_id": 12, "accept_count": 4, "logits_audit": 0}
+    assert g.readback_count == {"token_id": 1, "accept_count": 1, "logits_audit": 0}
     assert [e.kind for e in g.events] == ["readback", "readback"]
 
 

@@ -146,8 +146,9 @@ class HfEngine(Engine):
         return sd
 
     # -- decoding ------------------------------------------------------------------------
-    def greedy(self, prompt, max_new_tokens: int):
-        """Greedy decoding by transformers' ``generate``; stops after emitting eos."""
+    def greedy(self, prompt, max_new_tokens: int, audit: bool = False):
+        """Greedy decoding by transformers' ``generate``; stops after emitting eos. With
+        ``audit`` each step's raw logits row (``output_logits``) comes back too."""
         from engines.workflow import DecodeResult
         from engines.workflow.validation import check_request
 
@@ -171,14 +172,16 @@ class HfEngine(Engine):
                 attention_mask=torch.ones((1, len(ids)), dtype=torch.long),
                 max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                 eos_token_id=eos, pad_token_id=self.model.config.pad_token_id,
-                streamer=_Clock(), use_cache=True)
+                streamer=_Clock(), use_cache=True, output_logits=audit,
+                return_dict_in_generate=True)
         wall = time.perf_counter() - start
-        tokens = [int(t) for t in out[0, len(ids):].tolist()]
+        rows = ([step[0].double().numpy() for step in out.logits] if audit else None)
+        tokens = [int(t) for t in out.sequences[0, len(ids):].tolist()]
         steps = [b - a for a, b in zip([start] + stamps[1:], stamps[1:])]
         for n, seconds in enumerate(steps):
             ledger.record_forward("prefill" if n == 0 else "decode",
                                   len(ids) if n == 0 else 1, seconds)
-        return DecodeResult(self.name, ids, tokens, ledger, wall, steps)
+        return DecodeResult(self.name, ids, tokens, ledger, wall, steps, rows)
 
     def run_component(self, component: str, feeds: dict[str, Any]) -> dict[str, Any]:
         """A from-scratch forward (what the oracle asks for): logits and the final hidden

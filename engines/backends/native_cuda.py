@@ -57,6 +57,7 @@ def matmul_weight_shapes(model: onnx.ModelProto) -> set[tuple[int, int]]:
 class NativeCudaEngine(Engine):
     name = "native-cuda"
     residency = "cuda:0"
+    batch_invariant = True
     description = "lockstep executor, CuPy backend, batch-invariant kernels, one stream"
     device_id: ClassVar[int] = 0
 

@@ -9,6 +9,7 @@ from engines.engine import Availability, Engine
 class NativeHostEngine(Engine):
     name = "native-host"
     residency = "host"
+    batch_invariant = True
     description = "lockstep executor, numpy backend"
 
     @classmethod

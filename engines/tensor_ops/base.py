@@ -26,7 +26,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from engines.errors import InputError, ResidencyError
+from engines.errors import InputError, NonFiniteLogits, ResidencyError
 from engines.ledger import Ledger
 from engines.residency import HOST, residency_of
 
@@ -283,8 +283,9 @@ class TensorOps(abc.ABC):
         ids = self._argmax(logits2d, r)
         for i, t in enumerate(ids):
             if t < 0:
-                raise InputError(f"row {i} is all NaN, so it has no argmax", field="logits2d",
-                                 value=f"row {i}", remedy="the logits are corrupt upstream")
+                raise NonFiniteLogits(f"row {i} is all NaN, so it has no argmax",
+                                      field="logits2d", value=f"row {i}",
+                                      remedy="the logits are corrupt upstream")
         return ids
 
     def copy_into(self, dst: Any, src: Any):
@@ -330,7 +331,7 @@ class TensorOps(abc.ABC):
                              remedy="verify W drafts with a forward over W+1 positions")
         accepted, bonus = self._accept(logits2d, ids)
         if bonus < 0:
-            raise InputError(f"row {accepted} is all NaN, so it has no argmax",
+            raise NonFiniteLogits(f"row {accepted} is all NaN, so it has no argmax",
                              field="logits2d", value=f"row {accepted}",
                              remedy="the logits are corrupt upstream")
         return accepted, bonus
@@ -351,8 +352,8 @@ class TensorOps(abc.ABC):
                              value=tuple(logits2d.shape))
         token, feed = self._argmax_feed(logits2d)
         if token < 0:
-            raise InputError("row 0 is all NaN, so it has no argmax", field="logits2d",
-                             value="row 0", remedy="the logits are corrupt upstream")
+            raise NonFiniteLogits("row 0 is all NaN, so it has no argmax", field="logits2d",
+                                  value="row 0", remedy="the logits are corrupt upstream")
         return token, feed
 
     def advance_positions(self, positions: Any, step: Any = 1):
@@ -366,6 +367,21 @@ class TensorOps(abc.ABC):
             raise InputError("positions must be int64", field="positions.dtype",
                              value=positions.dtype.name, remedy="feed int64 positions")
         return self._advance_positions(positions, _int_arg(step, "step"))
+
+    def audit_row(self, logits2d: Any) -> np.ndarray:
+        """A ``[1, vocab]`` logits row as a host float64 vector, for the logits audit
+        (claim 1b). On a device this is a readback under the purpose ``logits_audit``,
+        made only in a labelled audit decode, never in a budgeted one."""
+        self.check_resident(logits2d, "logits2d")
+        if logits2d.ndim != 2 or logits2d.shape[0] != 1:
+            raise InputError("audit_row needs one [1, vocab] row", field="logits2d",
+                             value=tuple(logits2d.shape),
+                             remedy="pass the last position's logits reshaped to [1, vocab]")
+        dtype_name(logits2d.dtype)
+        return np.asarray(self._audit_row(logits2d), dtype=np.float64).reshape(-1)
+
+    def _audit_row(self, logits2d: Any) -> np.ndarray:
+        return np.array(logits2d[0], dtype=np.float64)  # host: nothing crosses
 
     def _argmax_feed(self, logits2d: Any) -> tuple[int, Any]:
         """(id or -1 for an all-NaN row, the id as int64 [1, 1] where the ops live)."""

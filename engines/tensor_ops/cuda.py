@@ -287,6 +287,14 @@ class CudaTensorOps(TensorOps):
         self.ledger.record_readback("token_id", host.nbytes)
         return int(host[0]), feed
 
+    def _audit_row(self, logits2d: Any) -> np.ndarray:
+        """One logits row read back for the audit decode, accounted as ``logits_audit``."""
+        with self.on_stream():
+            with sanctioned_readback("logits_audit"):
+                host = self._bits(logits2d).get(stream=self.stream).view(logits2d.dtype)
+        self.ledger.record_readback("logits_audit", host.nbytes)
+        return host[0]
+
     def _advance_positions(self, positions: Any, step: int):
         with self.on_stream():
             return positions[:, -1:] + np.int64(step)  # a new int64 [1, 1], on the stream

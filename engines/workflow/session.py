@@ -49,6 +49,8 @@ class DecodeResult:
     ledger: Ledger
     wall_s: float
     step_s: list[float] = field(default_factory=list)
+    # each step's logits row (host float64), where the decode was asked to audit them
+    logits: list[np.ndarray] | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -131,31 +133,54 @@ class DecodeSession:
         self.cells.truncate(length)
         self.position = length
 
-    def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> DecodeResult:
+    def audit_row(self, logits):
+        """The last position's logits as a host float64 row (claim 1b's audit): on a device
+        a readback accounted under its own purpose, ``logits_audit``."""
+        last = self.ops.last_along_axis(logits, 1)
+        return self.ops.audit_row(last.reshape(1, last.shape[-1]))
+
+    def greedy(self, prompt: Sequence[int], max_new_tokens: int,
+               audit: bool = False) -> DecodeResult:
         ids = check_request(self.spec, prompt, max_new_tokens)
+        tokens: list[int] = []
+        try:
+            return self._greedy(ids, max_new_tokens, audit, tokens)
+        except Exception as exc:
+            exc.decode_step = len(tokens)  # the step being decided when it failed
+            raise
+
+    def _greedy(self, ids: list[int], max_new_tokens: int, audit: bool,
+                tokens: list[int]) -> DecodeResult:
         eos = self.spec.eos_id
+        rows: list[np.ndarray] | None = [] if audit else None
         start = time.perf_counter()
         steps = []
         out = self.forward(ids, "prefill")
+        if rows is not None:
+            rows.append(self.audit_row(out["logits"]))
         token, feed = self.next_token(out["logits"])
-        tokens = [token]
+        tokens.append(token)
         steps.append(time.perf_counter() - start)
         while len(tokens) < max_new_tokens and tokens[-1] != eos:
             t0 = time.perf_counter()
             out = (self.forward_fed(feed, "decode") if feed is not None
                    else self.forward(tokens[-1:], "decode"))
+            if rows is not None:
+                rows.append(self.audit_row(out["logits"]))
             token, feed = self.next_token(out["logits"])
             tokens.append(token)
             steps.append(time.perf_counter() - t0)
         wall = time.perf_counter() - start
-        return DecodeResult(self.engine.name, ids, tokens, self.ledger, wall, steps)
+        return DecodeResult(self.engine.name, ids, tokens, self.ledger, wall, steps, rows)
 
 
-def greedy_decode(engine, prompt: Sequence[int], max_new_tokens: int) -> DecodeResult:
-    """Fresh ledger, fresh session, greedy decode. An engine that decodes by itself (an
-    external reference such as ``hf``, through its own ``generate``) supplies ``greedy``."""
+def greedy_decode(engine, prompt: Sequence[int], max_new_tokens: int,
+                  audit: bool = False) -> DecodeResult:
+    """Fresh ledger, fresh session, greedy decode; with ``audit`` each step's logits row
+    comes back too (``DecodeResult.logits``). An engine that decodes by itself (an external
+    reference such as ``hf``, through its own ``generate``) supplies ``greedy``."""
     own = getattr(engine, "greedy", None)
     if own is not None:
-        return own(prompt, max_new_tokens)
+        return own(prompt, max_new_tokens, audit=audit)
     engine.reset_ledger()
-    return DecodeSession(engine).greedy(prompt, max_new_tokens)
+    return DecodeSession(engine).greedy(prompt, max_new_tokens, audit=audit)

@@ -93,13 +93,22 @@ class SpeculativeSession:
     def decode(self, prompt: Sequence[int], max_new_tokens: int, width: int) -> SpeculativeResult:
         width = check_width(self.spec, width)
         ids = check_request(self.spec, prompt, max_new_tokens)
+        tokens: list[int] = []
+        try:
+            return self._decode(ids, max_new_tokens, width, tokens)
+        except Exception as exc:
+            exc.decode_step = len(tokens)  # the step being decided when it failed
+            raise
+
+    def _decode(self, ids: list[int], max_new_tokens: int, width: int,
+                tokens: list[int]) -> SpeculativeResult:
         eos = self.spec.eos_id
         ledger, ops = self.ledger, self.ops
         logits_role = "logits"
         start = time.perf_counter()
         steps: list[float] = []
         out = self.target.forward(ids, "prefill")
-        tokens = [argmax_last_row(ops, out[logits_role])]
+        tokens.append(argmax_last_row(ops, out[logits_role]))
         seed_out, seed_row = out, len(ids) - 1  # target outputs holding the last committed row
         steps.append(time.perf_counter() - start)
         accepted_log: list[int] = []

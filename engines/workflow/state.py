@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.errors import InputError
+from engines.errors import ExecutionError, InputError
 
 
 @dataclass
@@ -47,8 +47,24 @@ class StateCells:
         return {c.spec.input: c.value for c in self.cells.values()}
 
     def absorb(self, outputs: dict[str, Any], positions: int) -> None:
+        """Take each cell's new value from a forward over ``positions`` positions; a value
+        of another shape or dtype than the cell declares is an ``ExecutionError`` naming
+        the cell (shapes are host metadata: checking them reads nothing back)."""
         for cell in self.cells.values():
-            cell.value = outputs[cell.spec.output]
+            value = outputs[cell.spec.output]
+            expected = list(cell.spec.shape)
+            if cell.spec.kind == "kv" and cell.spec.update == "append":
+                expected[cell.spec.seq_axis] = cell.length + positions
+            if list(value.shape) != expected or value.dtype != cell.value.dtype:
+                raise ExecutionError(
+                    f"state output {cell.spec.output!r} has shape {tuple(value.shape)} "
+                    f"{value.dtype}, expected {tuple(expected)} {cell.value.dtype} (the "
+                    f"cell's {cell.length} valid positions + {positions} fed)",
+                    field=f"state.{cell.name}", value=tuple(value.shape),
+                    remedy="the component must return each state cell in its declared shape "
+                           "and dtype, and a rollback must truncate kv cells to the "
+                           "committed length")
+            cell.value = value
             cell.length += positions
 
     @property

@@ -1,4 +1,5 @@
-"""``lockstep report EVIDENCE_DIR [--baseline DIR] -o report.html``: render the parity report."""
+"""``lockstep report EVIDENCE_DIR [--baseline DIR] [--catch-matrix PATH] -o report.html``:
+render the parity report."""
 from __future__ import annotations
 
 import argparse
@@ -9,8 +10,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "report", help="render evidence into one self-contained HTML parity report",
         description="Render every evidence file in EVIDENCE_DIR into one HTML file that opens "
-                    "offline. With --baseline, what regressed against that evidence is listed "
-                    "first.")
+                    "offline. The run manifests in EVIDENCE_DIR/runs make an interrupted run "
+                    "show as INCOMPLETE. With --baseline, what regressed against that "
+                    "evidence is listed first.")
     parser.add_argument("evidence_dir", metavar="EVIDENCE_DIR", type=Path,
                         help="folder of evidence JSON files (from --evidence-dir or lockstep run)")
     parser.add_argument("--baseline", metavar="DIR", type=Path, default=None,
@@ -18,16 +20,38 @@ def register(subparsers) -> None:
     parser.add_argument("-o", "--output", metavar="PATH", type=Path, default=Path("report.html"),
                         help="where to write the HTML (default: report.html)")
     parser.add_argument("--title", default="lockstep parity report", help="report heading")
+    catch = parser.add_mutually_exclusive_group()
+    catch.add_argument("--catch-matrix", metavar="PATH", type=Path, default=None,
+                       help="planted-bug catch matrix JSON to render (default: "
+                            "docs/catch_matrix.json of this checkout, when it exists)")
+    catch.add_argument("--no-catch-matrix", action="store_true",
+                       help="leave the planted-bug catch matrix out")
     parser.set_defaults(func=run)
+
+
+def _catch_matrix(args: argparse.Namespace):
+    from reports.render import DEFAULT_CATCH_MATRIX, load_catch_matrix
+
+    if args.no_catch_matrix:
+        return None
+    if args.catch_matrix is not None:
+        return load_catch_matrix(args.catch_matrix)  # given explicitly: it must be readable
+    if DEFAULT_CATCH_MATRIX.exists():
+        return load_catch_matrix(DEFAULT_CATCH_MATRIX)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     from harness.evidence import load_evidence_dir
+    from harness.manifest import read_manifests
     from reports import render_report
 
     records = load_evidence_dir(args.evidence_dir)
+    manifests = read_manifests(args.evidence_dir)
     baseline = load_evidence_dir(args.baseline) if args.baseline is not None else None
-    html = render_report(records, baseline, title=args.title)
+    catch_matrix = _catch_matrix(args)
+    html = render_report(records, baseline, title=args.title, manifests=manifests,
+                         catch_matrix=catch_matrix)
     output: Path = args.output
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")
@@ -36,4 +60,11 @@ def run(args: argparse.Namespace) -> int:
     failing = sum(not r.ok for r in records)
     print(f"lockstep: report of {len(records)} record(s) ({failing} not ok) written to "
           f"{output.resolve()}")
+    have = {(r.run_id, r.package.name, r.engine, r.mode.label, r.prompt.name) for r in records}
+    for m in manifests:
+        missing = sum((m.run_id, *c.key) not in have for c in m.planned)
+        if not m.complete or missing:
+            print(f"lockstep: run {m.run_id} is INCOMPLETE: {len(m.planned) - missing} of "
+                  f"{len(m.planned)} planned cell(s) recorded"
+                  + ("" if m.complete else "; its manifest was never marked complete"))
     return 0

@@ -12,9 +12,12 @@ from rich.table import Table
 from engines.errors import InputError
 from engines.registry import engine_names
 
-STYLE = {"identical": "green", "near-tie": "yellow", "defect": "bold red", "error": "bold red",
-         "unavailable": "dim"}
-RANK = {"unavailable": 0, "identical": 1, "near-tie": 2, "defect": 3, "error": 4}
+from harness.judge import SEVERITY
+
+STYLE = {"identical": "green", "near-tie": "yellow", "drift": "bold red", "budget": "bold red",
+         "defect": "bold red", "non-finite": "bold red", "error": "bold red",
+         "unavailable": "bold yellow"}
+RANK = {s: i for i, s in enumerate(reversed(SEVERITY))}  # higher: worse
 
 
 def parse_prompt(text: str) -> list[int]:
@@ -74,23 +77,26 @@ def matrix_table(summary, max_new_tokens: int, mode: str = "greedy") -> Table:
 
 
 def details_table(cells) -> Table:
+    """One row per cell that is not identical: what was found, where, and why."""
     table = Table(title="cells that are not identical")
-    for col in ("package", "mode", "engine", "prompt", "verdict", "first divergence / reason"):
+    for col in ("package", "mode", "engine", "prompt", "verdict", "finding"):
         table.add_column(col)
     for c in cells:
         div = c.divergence
-        where = (f"step {div.step}: engine {div.engine_token}, oracle {div.reference_token} "
-                 f"(oracle margin {div.margin:.3g})" if div else c.reason)
-        if div and c.reason:
-            where = f"{c.reason}: {where}"
+        where = c.reason
+        if div is not None and c.status == "near-tie":
+            where = (f"step {div.step}: engine {div.engine_token} is the oracle's rank-"
+                     f"{div.rank} token, {div.gap:.3g} below oracle {div.oracle_token}"
+                     + (f"; {c.reason}" if c.reason else ""))
         table.add_row(c.package, c.mode, c.engine, c.prompt_name,
-                      f"[{STYLE[c.status]}]{c.status}[/]", where)
+                      f"[{STYLE[c.status]}]{c.status}[/]", where, style=None)
     return table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run the parity matrix (engines x packages x prompts)")
-    p.add_argument("--engines", help="comma list (default: every registered engine)")
+    p.add_argument("--engines", help="comma list of engine names or module:Class "
+                                     "(default: every registered engine)")
     p.add_argument("--packages", help="comma list of fixture names or package folders "
                                       "(default: every built-in fixture)")
     p.add_argument("--prompt", action="append", dest="prompts", metavar="IDS",
@@ -105,7 +111,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help='speculative widths: N, "1,3" or all (default: all, 1..max_width)')
     p.add_argument("--evidence-dir", type=Path, default=Path("evidence"),
                    help="where one JSON evidence record per cell is written (default: ./evidence)")
-    p.add_argument("--no-evidence", action="store_true")
+    p.add_argument("--no-evidence", action="store_true",
+                   help="write no evidence (verdicts and budgets are judged all the same)")
     p.add_argument("--strict", action="store_true",
                    help="an unavailable engine fails the run instead of being reported")
     p.set_defaults(func=run)
@@ -142,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
 
         summary = run_matrix(engines, packages, prompts, args.max_new_tokens, evidence_dir,
                              on_cell, mode=args.mode, widths=widths,
-                             max_prompts=args.max_prompts)
+                             max_prompts=args.max_prompts,
+                             on_plan=lambda n: progress.update(task, total=n))
 
     console.print(matrix_table(summary, args.max_new_tokens, args.mode))
     details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
@@ -150,12 +158,17 @@ def run(args: argparse.Namespace) -> int:
         console.print(details_table(details))
     reasons = {c.engine: c.reason for c in summary.cells if c.status == "unavailable"}
     for engine, reason in reasons.items():
-        console.print(f"[dim]{engine}: unavailable here: {reason}[/]")
+        asked = args.engines is not None  # every engine of an explicit --engines list
+        style = "bold yellow" if asked else "yellow"
+        console.print(f"[{style}]{engine}: UNAVAILABLE here{' (asked for by name)' if asked else ''}"
+                      f": {reason}[/]")
     counts = {}
     for c in summary.cells:
         counts[c.status] = counts.get(c.status, 0) + 1
     console.print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     if evidence_dir is not None:
-        console.print(f"evidence: {evidence_dir.resolve()} ({sum(1 for c in summary.cells if c.record_path)} records)")
+        console.print(f"evidence: {evidence_dir.resolve()} "
+                      f"({sum(1 for c in summary.cells if c.record_path)} records, "
+                      f"run {summary.run_id})")
     unavailable = any(c.status == "unavailable" for c in summary.cells)
     return 1 if summary.failed or (args.strict and unavailable) else 0

@@ -1,16 +1,18 @@
 """Evidence: one versioned JSON record per run cell, written atomically, read strictly."""
 from .environment import collect_environment, git_commit
 from .schema import (CLAIMS, SCHEMA_VERSION, BudgetCheck, Divergence, Environment,
-                     EvidenceRecord, GraphSlotRecord, LedgerRecord, MemorySample, Mode,
-                     PackageRef, PromptRef, ReferenceRef, Timings, evidence_json_schema,
-                     new_run_id, token_digest)
+                     ErrorInfo, EvidenceRecord, GraphSlotRecord, GreedyRef, Judgement,
+                     LedgerRecord, LogitsAuditRecord, MemorySample, Mode, PackageRef,
+                     PromptRef, ReferenceRef, StepAuditRecord, StepFinding, Timings,
+                     evidence_json_schema, new_run_id, token_digest)
 from .store import (EvidenceError, evidence_file_name, evidence_files, load_evidence_dir,
                     read_evidence, write_evidence)
 
 __all__ = [
-    "CLAIMS", "SCHEMA_VERSION", "BudgetCheck", "Divergence", "Environment", "EvidenceError",
-    "EvidenceRecord", "GraphSlotRecord", "LedgerRecord", "MemorySample", "Mode", "PackageRef",
-    "PromptRef", "ReferenceRef", "Timings", "collect_environment", "evidence_file_name",
+    "CLAIMS", "SCHEMA_VERSION", "BudgetCheck", "Divergence", "Environment", "ErrorInfo",
+    "EvidenceError", "EvidenceRecord", "GraphSlotRecord", "GreedyRef", "Judgement",
+    "LedgerRecord", "LogitsAuditRecord", "MemorySample", "Mode", "PackageRef", "PromptRef",
+    "ReferenceRef", "StepAuditRecord", "StepFinding", "Timings", "collect_environment", "evidence_file_name",
     "evidence_files", "evidence_json_schema", "git_commit", "load_evidence_dir", "new_run_id",
     "read_evidence", "token_digest", "write_evidence",
 ]

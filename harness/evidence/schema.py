@@ -18,14 +18,17 @@ from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, computed_fiel
                       field_validator, model_validator)
 
 from engines.ledger import Ledger
+from harness.claims import CLAIM_IDS
+from harness.judge import FAILING, SEVERITY
 
-SCHEMA_VERSION = 1
+# 2: every cell has a record (status, error), every step judged (judgement), the logits
+# audit, the greedy stream of a speculative cell, claims from harness.claims
+SCHEMA_VERSION = 2
 
-CLAIMS = ("token_identity", "batch_invariance", "zero_staging", "readback_budget",
-          "flat_memory", "graph_replay", "snapshots", "tensor_ops")
-Claim = Literal["token_identity", "batch_invariance", "zero_staging", "readback_budget",
-                "flat_memory", "graph_replay", "snapshots", "tensor_ops"]
+CLAIMS = CLAIM_IDS
+Claim = Literal[CLAIM_IDS]  # type: ignore[valid-type]
 Verdict = Literal["pass", "fail", "skip"]
+Status = Literal[SEVERITY]  # type: ignore[valid-type]
 ModeKind = Literal["greedy", "draft", "chained", "mtp"]
 
 
@@ -127,12 +130,83 @@ class ReferenceRef(_Strict):
 
 
 class Divergence(_Strict):
-    """The first step where the engine's stream differs from the reference."""
+    """The first finding of the judgement (first defect, else first near-tie): the step,
+    the engine's token and the oracle's argmax on the engine's own prefix."""
     step: int = Field(ge=0)
     reference_token: int | None
     engine_token: int | None  # None: the engine's stream ended before this step
-    margin: float | None = None  # the reference's top-2 logit margin at ``step``
+    margin: float | None = None  # the oracle's top-2 logit margin at ``step``
     verdict: Literal["near-tie", "defect"]
+    rank: int | None = None  # rank of the engine's token in the oracle's row (1 = argmax)
+    gap: float | None = None  # oracle best minus the oracle logit of the engine's token
+    reason: str | None = None
+
+
+class StepFinding(_Strict):
+    """A judged step that is not a plain match (claim 1), with both top-5 lists."""
+    step: int = Field(ge=0)
+    engine_token: int | None
+    oracle_token: int | None
+    rank: int | None = None
+    gap: float | None = None
+    verdict: Literal["near-tie", "defect"]
+    reason: str
+    oracle_top: list[tuple[int, float]] = Field(default_factory=list)
+    engine_top: list[tuple[int, float]] | None = None
+
+
+class Judgement(_Strict):
+    """Claim 1 over the whole stream: every step judged on the engine's own prefix."""
+    oracle: str  # the engine the recompute oracle ran on
+    near_tie_margin: float
+    steps_judged: int = Field(ge=0)
+    defects: int = Field(ge=0)
+    near_ties: int = Field(ge=0)
+    findings: list[StepFinding] = Field(default_factory=list)
+
+
+class StepAuditRecord(_Strict):
+    step: int = Field(ge=0)
+    max_abs: float | None = None  # None where the row is not finite
+    max_rel: float | None = None
+    nmse: float | None = None
+    non_finite: int = Field(ge=0)
+    ok: bool
+
+
+class LogitsAuditRecord(_Strict):
+    """Claim 1b: each step's logits against the oracle's row on the same prefix, by the
+    dtype's tolerance row. ``decode`` says how the rows were taken: in the judged decode
+    (``same``, host engines) or in a separate, labelled audit decode (``separate``, device
+    engines: its readbacks are counted under ``logits_audit``, never in a budget)."""
+    dtype: str
+    tolerance: dict[str, float]
+    decode: Literal["same", "separate"]
+    steps: list[StepAuditRecord]
+    non_finite_steps: int = Field(ge=0)
+    out_of_tolerance_steps: int = Field(ge=0)
+    worst_max_abs: float | None = None
+    worst_nmse: float | None = None
+    readback_bytes: int = 0  # logits_audit bytes the separate decode read back
+
+
+class GreedyRef(_Strict):
+    """A speculative cell's own greedy stream (same engine), judged on its own prefix."""
+    tokens: list[int]
+    digest: str
+    verdict: Literal["identical", "near-tie", "defect"]
+    first_finding: Divergence | None = None
+    agrees_with_speculative: bool
+    first_difference: int | None = None  # first step where the two streams part
+
+
+class ErrorInfo(_Strict):
+    """What went wrong in an ``error`` cell: where, the exception, a short traceback."""
+    stage: str  # constructor | decode | audit | oracle | judge | evidence
+    type: str
+    message: str
+    step: int | None = None
+    traceback: list[str] = Field(default_factory=list)
 
 
 class GraphSlotRecord(_Strict):
@@ -191,7 +265,7 @@ class BudgetCheck(_Strict):
 
 
 class EvidenceRecord(_Strict):
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     run_id: str = Field(min_length=1)
     created: AwareDatetime = Field(default_factory=utc_now)
     environment: Environment
@@ -199,15 +273,21 @@ class EvidenceRecord(_Strict):
     engine: str = Field(min_length=1)
     mode: Mode
     prompt: PromptRef
-    tokens: list[int]
+    status: Status = "identical"  # the cell's verdict: worst of what was found
+    reason: str | None = None
+    error: ErrorInfo | None = None
+    tokens: list[int] = Field(default_factory=list)
     tokens_text: list[str] | None = None
-    token_digest: str
-    reference: ReferenceRef
+    token_digest: str  # sha256 of the int32 ids (of [] where the cell emitted nothing)
+    reference: ReferenceRef | None = None  # the oracle's own stream (None: it failed)
     divergence: Divergence | None = None
+    judgement: Judgement | None = None
+    logits_audit: LogitsAuditRecord | None = None
+    greedy: GreedyRef | None = None
     ledger: LedgerRecord = Field(default_factory=LedgerRecord)
     memory_series: list[MemorySample] = Field(default_factory=list)
     acceptance_per_round: list[int] = Field(default_factory=list)
-    timings: Timings
+    timings: Timings | None = None
     budgets: list[BudgetCheck] = Field(default_factory=list)
     verdicts: dict[Claim, Verdict] = Field(default_factory=dict)
 
@@ -253,7 +333,10 @@ class EvidenceRecord(_Strict):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def ok(self) -> bool:
-        """No defect divergence, no failed budget, no failed claim (near-ties do not fail)."""
+        """No failing status (error, non-finite, defect, drift), no defect divergence, no
+        failed budget, no failed claim; near-ties and unavailable cells do not fail."""
+        if self.status in FAILING:
+            return False
         if self.divergence is not None and self.divergence.verdict == "defect":
             return False
         if any(b.verdict == "fail" for b in self.budgets):

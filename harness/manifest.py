@@ -1,0 +1,85 @@
+"""The run manifest: the cells a run planned, written before the first cell and marked
+complete after the last, so a run that was killed shows as incomplete, never as green.
+
+Manifests live in ``<evidence dir>/runs/<run_id>.json``, beside the records (which
+``evidence_files`` reads from the folder itself, not from ``runs/``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+from engines.errors import LockstepError
+
+RUNS = "runs"
+
+
+class PlannedCell(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    package: str
+    engine: str
+    mode: str
+    prompt: str
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.package, self.engine, self.mode, self.prompt)
+
+
+class RunManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run_id: str
+    started: AwareDatetime
+    command: list[str] = Field(default_factory=list)
+    planned: list[PlannedCell]
+    complete: bool = False
+    finished: AwareDatetime | None = None
+
+
+def manifest_path(folder: str | os.PathLike, run_id: str) -> Path:
+    return Path(folder) / RUNS / f"{run_id}.json"
+
+
+def write_manifest(folder: str | os.PathLike, manifest: RunManifest) -> Path:
+    """Write (or rewrite) the manifest atomically: temp file, fsync, rename."""
+    target = manifest_path(folder, manifest.run_id)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(manifest.model_dump_json(indent=1).encode())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def read_manifests(folder: str | os.PathLike) -> list[RunManifest]:
+    """Every manifest under ``folder/runs`` (none: an empty list), oldest first."""
+    runs = Path(folder) / RUNS
+    if not runs.is_dir():
+        return []
+    out = []
+    for path in sorted(runs.glob("*.json")):
+        try:
+            out.append(RunManifest.model_validate(json.loads(path.read_text())))
+        except (ValueError, ValidationError) as exc:
+            raise LockstepError(f"unreadable run manifest ({type(exc).__name__})",
+                                where=str(path),
+                                remedy="the run was interrupted while writing it; re-run "
+                                       "or delete the file") from exc
+    return sorted(out, key=lambda m: m.started)
+
+
+def finish(folder: str | os.PathLike, manifest: RunManifest, when: datetime) -> Path:
+    manifest.complete = True
+    manifest.finished = when
+    return write_manifest(folder, manifest)

@@ -1,0 +1,95 @@
+"""One evidence record per matrix cell, whatever its verdict (error and unavailable too)."""
+from __future__ import annotations
+
+import math
+
+from harness import evidence as ev
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def _divergence(finding, trace) -> ev.Divergence | None:
+    if finding is None:
+        return None
+    margin = None
+    if trace is not None and finding.step < len(trace.margins):
+        margin = _finite(trace.margins[finding.step])
+    return ev.Divergence(step=finding.step, reference_token=finding.oracle_token,
+                         engine_token=finding.engine_token, margin=margin,
+                         verdict=finding.verdict, rank=finding.rank, gap=_finite(finding.gap),
+                         reason=finding.reason)
+
+
+def _judgement(j, oracle_name: str, tol) -> ev.Judgement:
+    return ev.Judgement(
+        oracle=f"oracle:{oracle_name}", near_tie_margin=tol.near_tie_margin,
+        steps_judged=j.steps_judged, defects=j.defects, near_ties=j.near_ties,
+        findings=[ev.StepFinding(step=f.step, engine_token=f.engine_token,
+                                 oracle_token=f.oracle_token, rank=f.rank, gap=_finite(f.gap),
+                                 verdict=f.verdict, reason=f.reason, oracle_top=f.oracle_top,
+                                 engine_top=f.engine_top) for f in j.findings])
+
+
+def _audit(audit, tol) -> ev.LogitsAuditRecord:
+    return ev.LogitsAuditRecord(
+        dtype=audit.dtype, decode=audit.decode,
+        tolerance={"logits_max_abs": tol.logits_max_abs, "logits_nmse": tol.logits_nmse},
+        steps=[ev.StepAuditRecord(step=s.step, max_abs=_finite(s.max_abs),
+                                  max_rel=_finite(s.max_rel), nmse=_finite(s.nmse),
+                                  non_finite=s.non_finite, ok=s.ok) for s in audit.steps],
+        non_finite_steps=audit.non_finite_steps,
+        out_of_tolerance_steps=audit.out_of_tolerance_steps,
+        worst_max_abs=_finite(audit.worst_max_abs), worst_nmse=_finite(audit.worst_nmse),
+        readback_bytes=audit.readback_bytes)
+
+
+def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol) -> ev.EvidenceRecord:
+    """The evidence record of ``cell`` (a ``harness.runner.CellResult``)."""
+    from engines.tokenizer import decode_each
+
+    kind, _, width = cell.mode.partition("/w")
+    mode = ev.Mode(kind=kind, width=int(width) if width else None)
+    reference = None
+    if trace is not None:
+        reference = ev.ReferenceRef(engine=f"oracle:{trace.engine}", tokens=list(trace.tokens),
+                                    digest=ev.token_digest(trace.tokens),
+                                    margins=list(trace.margins))
+    greedy = None
+    if cell.greedy_tokens is not None:
+        gj = cell.greedy_judgement
+        parted = next((i for i in range(max(len(cell.tokens), len(cell.greedy_tokens)))
+                       if i >= len(cell.tokens) or i >= len(cell.greedy_tokens)
+                       or cell.tokens[i] != cell.greedy_tokens[i]), None)
+        greedy = ev.GreedyRef(tokens=list(cell.greedy_tokens),
+                              digest=ev.token_digest(cell.greedy_tokens),
+                              verdict=gj.verdict, first_finding=_divergence(gj.first, trace),
+                              agrees_with_speculative=parted is None, first_difference=parted)
+    error = None
+    if cell.error is not None:
+        e = cell.error
+        error = ev.ErrorInfo(stage=e.stage, type=e.type, message=e.message, step=e.step,
+                             traceback=list(e.traceback))
+    timings = None
+    if cell.ledger is not None:
+        timings = ev.Timings(wall_s=cell.wall_s, tokens_per_s=cell.tokens_per_s,
+                             phase_seconds=dict(cell.ledger.phase_seconds))
+    return ev.EvidenceRecord(
+        run_id=run_id, environment=env,
+        package=ev.PackageRef(name=package.spec.name, content_hash=package.content_hash,
+                              path=str(package.root)),
+        engine=cell.engine, mode=mode,
+        prompt=ev.PromptRef(name=cell.prompt_name, ids=list(cell.prompt),
+                            text=decode_each(package, cell.prompt, joined=True)),
+        status=cell.status, reason=cell.reason or None, error=error,
+        tokens=list(cell.tokens), token_digest=ev.token_digest(cell.tokens),
+        tokens_text=decode_each(package, cell.tokens) if cell.tokens else None,
+        reference=reference, divergence=_divergence(cell.divergence, trace),
+        judgement=None if cell.judgement is None else _judgement(cell.judgement, oracle_name, tol),
+        logits_audit=None if cell.audit is None else _audit(cell.audit, tol),
+        greedy=greedy,
+        ledger=cell.ledger.to_dict() if cell.ledger is not None else ev.LedgerRecord(),
+        acceptance_per_round=list(cell.acceptance_per_round),
+        timings=timings, budgets=list(cell.budgets), verdicts=dict(cell.verdicts),
+    )

@@ -1,0 +1,79 @@
+"""The catch matrix's rows: each planted bug, where it is run, and the verdict and step it
+must get. ``step`` is the first step at which anything is found (a token, a logits row, an
+error), the lowest over the package's prompts; it is where the bug strikes by construction:
+K for a bug in step K's own forward or token, K+1 for state written wrong at step K (the
+next forward reads it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from suites.planted import engines as pe
+from suites.planted.engines import K
+
+REAL = "smollm2"
+
+
+@dataclass(frozen=True)
+class Case:
+    bug: type
+    package: str
+    status: str
+    step: int | None  # None: no step (constructor, budgets, identical)
+    mode: str = "greedy"
+    width: int | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.bug.name.removeprefix('planted-')}-{self.package}-{self.mode}"
+
+    @property
+    def control(self) -> bool:
+        return self.status == "identical"
+
+
+def _greedy(bug, status, step, packages):
+    return [Case(bug, p, status, step) for p in packages]
+
+
+FIXTURES = ("tiny_llama", "tiny_llama_static", "tied_llama", "hybrid_mtp")
+
+CASES: list[Case] = [
+    # controls: harmless changes must never be flagged
+    *_greedy(pe.Control, "identical", None, FIXTURES + ("lookup_chained", REAL)),
+    *_greedy(pe.SimulatedDevice, "identical", None, ("tiny_llama",)),
+    Case(pe.Control, "tiny_llama_pair", "identical", None, "speculative", 2),
+    Case(pe.Control, "hybrid_mtp", "identical", None, "speculative", 2),
+    # state and position bugs inside the forward
+    *_greedy(pe.KvDropAppend, "defect", K + 1, ("tiny_llama", "tied_llama", "hybrid_mtp")),
+    *_greedy(pe.PositionOffByOne, "defect", K, FIXTURES),
+    # on SmolLM2's 8-token answer neither flips a token: the logits audit catches them
+    *_greedy(pe.KvDropAppend, "drift", K + 1, (REAL,)),
+    *_greedy(pe.PositionOffByOne, "drift", K, (REAL,)),
+    *_greedy(pe.RecurrentStateLost, "defect", K, ("hybrid_mtp",)),
+    *_greedy(pe.StaleStaticSlot, "defect", K + 1, ("tiny_llama_static",)),
+    *_greedy(pe.PrefillWrongRow, "defect", 0, ("tiny_llama", "tied_llama", "lookup_chained", REAL)),
+    # logits bugs
+    *_greedy(pe.LogitsFloat16, "drift", 0, ("tiny_llama", "tied_llama", REAL)),
+    *_greedy(pe.NanPartialRow, "non-finite", 0, ("tiny_llama", "tied_llama", REAL)),
+    *_greedy(pe.NanRow, "non-finite", K, ("tiny_llama", "hybrid_mtp")),
+    # token choice bugs
+    *_greedy(pe.LastIndexTies, "defect", 0, ("tied_llama",)),
+    *_greedy(pe.TokenSwap, "defect", K, ("tiny_llama", "tied_llama", REAL)),
+    *_greedy(pe.EarlyStop, "defect", K, ("tiny_llama", "tied_llama")),
+    # failures become error cells, with their step
+    *_greedy(pe.RaiseMidDecode, "error", K, ("tiny_llama", REAL)),
+    *_greedy(pe.ConstructorFails, "error", None, ("tiny_llama",)),
+    *_greedy(pe.WrongStateShape, "error", K, ("tiny_llama", "hybrid_mtp")),
+    # device budgets, on a simulated device (the real ones run in the GPU suite)
+    *_greedy(pe.SimulatedDeviceStaging, "budget", None, ("tiny_llama",)),
+    *_greedy(pe.SimulatedExtraReadback, "budget", None, ("tiny_llama",)),
+    # speculative paths
+    Case(pe.VerifyRowShift, "tiny_llama_pair", "defect", 1, "speculative", 2),
+    Case(pe.VerifyRowShift, "hybrid_mtp", "defect", 1, "speculative", 2),
+    Case(pe.GreedyOnlyPosition, "tiny_llama_pair", "defect", K + 1, "speculative", 2),
+    Case(pe.RollbackNoTruncate, "tiny_llama_pair", "error", -1, "speculative", 2),
+]
+# step -1: after the first partial accept of a correct engine (the suite computes it)
+
+REAL_TOKENS = 12  # SmolLM2 rows: one prompt, a short stream (the oracle recomputes on CPU)
+FIXTURE_TOKENS = 32
