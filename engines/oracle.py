@@ -2,7 +2,9 @@
 
 Each step recomputes the whole prefix from fresh zero state on a reference engine: no cache
 carried between steps, no speculation, and none of the interpreter's state handling, so a
-bug there cannot hide in both sides of a comparison.
+bug there cannot hide in both sides of a comparison. ``oracle_for(package)`` picks the oracle
+that judges a package: over its declared reference (a reduced-precision package's float32
+twin) when it has one, else over the package itself.
 """
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engines.dtypes import dtype_of
 from engines.errors import ExecutionError
-from engines.workflow.state import dtype_of
-from engines.workflow.validation import check_request
+from engines.requests import check_request
 
 
 @dataclass
@@ -119,3 +121,73 @@ def oracle_decode(package, prompt: Sequence[int], max_new_tokens: int, engine=No
     ``engine`` is an engine instance for ``package`` or None for ``ort-cpu``.
     """
     return Oracle(package, engine, component).decode(prompt, max_new_tokens)
+
+
+# -- which oracle judges a package ----------------------------------------------------------
+# A reduced-precision package (float16, bfloat16) declares its float32 twin in package.yaml
+# (``reference: {folder, content_hash}``, written by ``lockstep convert``). The oracle then
+# runs the twin, not the package: the reference stays the model's own function, independent
+# of the reduced arithmetic under test (onnxruntime's CPU provider widens every float16 op it
+# lacks a kernel for to float32 and runs no bfloat16 MatMul at all, so the package itself on
+# ort-cpu would hide an overflow and cannot judge bfloat16). Streams are still judged with
+# the judged package's own dtype row (``tolerance_for(package.spec.dtype)``).
+
+def reference_package(package):
+    """The package the oracle runs to judge ``package``: the reference it declares (a sibling
+    folder whose content hash must match), else ``package`` itself."""
+    ref = package.spec.reference
+    if ref is None:
+        return package
+    from engines.errors import PackageError
+    from engines.package import load_package, package_content_hash
+
+    folder = package.root.parent / ref.folder
+    where = str(package.yaml_path)
+    remedy = (f"put the reference package {ref.folder!r} beside {package.root.name!r} (for a "
+              f"converted checkpoint: run lockstep convert with --dtype "
+              f"{package.spec.dtype} again, which writes its float32 twin there)")
+    if not (folder / "package.yaml").is_file():
+        raise PackageError(f"package {package.spec.name!r} is judged against its reference "
+                           f"package {ref.folder!r}, which is not in {package.root.parent}",
+                           field="reference.folder", value=ref.folder, remedy=remedy,
+                           where=where)
+    actual = package_content_hash(folder)
+    if actual != ref.content_hash:
+        raise PackageError(f"the reference package {ref.folder!r} has changed since "
+                           f"{package.spec.name!r} was made: its content hash is {actual}",
+                           field="reference.content_hash", value=ref.content_hash,
+                           remedy=remedy, where=where)
+    twin = load_package(folder)
+    mine, theirs = package.spec, twin.spec
+    for key in ("vocab_size", "bos_id", "eos_id"):
+        if getattr(mine, key) != getattr(theirs, key):
+            raise PackageError(f"the reference package {ref.folder!r} has {key} "
+                               f"{getattr(theirs, key)}, this package {getattr(mine, key)}: "
+                               f"it cannot judge this package's tokens",
+                               field="reference.folder", value=ref.folder,
+                               remedy="reference the float32 conversion of the same "
+                                      "checkpoint", where=where)
+    if theirs.reference is not None:
+        raise PackageError(f"the reference package {ref.folder!r} declares a reference of its "
+                           f"own; a reference must be judged by itself", field="reference",
+                           value=ref.folder, remedy="reference the float32 package directly",
+                           where=where)
+    if theirs.max_context < mine.max_context:
+        raise PackageError(f"the reference package {ref.folder!r} holds {theirs.max_context} "
+                           f"positions, fewer than this package's {mine.max_context}",
+                           field="reference.folder", value=ref.folder,
+                           remedy="convert the reference with at least this max_context",
+                           where=where)
+    return twin
+
+
+def oracle_for(package, engine_name: str | None = None, component: str = "target") -> Oracle:
+    """The recompute oracle that judges ``package``: on ``engine_name`` (default: the
+    reference engine, ``ort-cpu``), over the package's declared reference (its float32 twin)
+    or, without one, over the package itself. ``oracle.package`` is the package it runs:
+    record its content hash beside the oracle's engine in evidence."""
+    from engines.registry import REFERENCE_ENGINE, get_engine_class
+
+    target = reference_package(package)
+    engine = get_engine_class(engine_name or REFERENCE_ENGINE)(target)
+    return Oracle(target, engine, component)

@@ -16,12 +16,13 @@ and listed by :func:`registry_problems`; the other engines stay usable.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata as _metadata
 import traceback
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
 
-from engines.engine import Availability, Engine
+from engines.engine import Availability, Capabilities, Engine
 from engines.errors import (EngineDefinitionError, EngineImportError, LockstepError,
                             UnknownEngine)
 
@@ -34,6 +35,7 @@ BUILTIN: dict[str, str] = {
     "native-cuda": "engines.backends.native_cuda:NativeCudaEngine",
     "ort-cuda": "engines.backends.ort_cuda:OrtCudaEngine",
     "hf": "engines.backends.hf:HfEngine",
+    "hf-cuda": "engines.backends.hf:HfCudaEngine",
 }
 
 REFERENCE_ENGINE = "ort-cpu"
@@ -101,7 +103,41 @@ def check_engine_class(cls: object, expected_name: str | None = None) -> type[En
             f"{own!r}: its results would be recorded under {own!r}",
             field="name", value=own,
             remedy=f"{remedy}, or register it under {own!r}")
+    _check_capabilities(cls, label)
     return cls
+
+
+_FLAGS = ("graph_slots", "speculative", "logits_audit", "decodes_itself", "batch_invariant")
+
+
+def _check_capabilities(cls: type[Engine], label: str) -> Capabilities:
+    """The declared capabilities must be what they claim to be: a residency string, booleans,
+    and a ``generate`` of the class's own wherever ``decodes_itself`` is declared."""
+    caps = cls.capabilities()
+    if not isinstance(caps, Capabilities):
+        raise EngineDefinitionError(
+            f"engine class {label}: capabilities() returned {type(caps).__name__}, not "
+            f"engines.engine.Capabilities", field="capabilities", value=repr(caps),
+            remedy="declare capabilities as class attributes and leave capabilities() alone")
+    if not isinstance(caps.residency, str) or not caps.residency:
+        raise EngineDefinitionError(
+            f"engine class {label} declares a residency that is not a non-empty string",
+            field="residency", value=caps.residency,
+            remedy='set `residency = "host"` (or "cuda:N") on the class')
+    for flag in _FLAGS:
+        value = caps.to_dict()[flag]
+        if not isinstance(value, bool):
+            raise EngineDefinitionError(
+                f"engine class {label} declares {flag} = {value!r}, not a bool",
+                field=flag, value=value, remedy=f"set `{flag} = True` or `False` on the class")
+    if caps.decodes_itself and cls.generate is Engine.generate:
+        raise EngineDefinitionError(
+            f"engine class {label} declares decodes_itself but does not implement generate",
+            field="decodes_itself", value=True,
+            remedy="implement generate(prompt, max_new_tokens, audit=False) returning a "
+                   "DecodeResult, or set `decodes_itself = False` to be driven through "
+                   "run_component")
+    return caps
 
 
 # -- where engines come from ---------------------------------------------------------------
@@ -112,6 +148,7 @@ class _Entry:
     target: str  # "module:attr"
     origin: str  # for messages: "built-in engine 'x'" or "entry point 'x' of distribution 'd'"
     dist: str | None = None
+    version: str | None = None  # the distribution's version (entry points only)
 
 
 @dataclass(frozen=True)
@@ -119,11 +156,23 @@ class _Scan:
     entries: dict[str, _Entry]
     collisions: dict[str, tuple[str, str | None]]  # entry point name -> (why, distribution)
     conflicts: dict[str, str]   # name -> why two distributions claim it
+    plugins: tuple[_Entry, ...] = ()  # every entry point seen, clashing ones included
 
 
 def _dist_name(ep) -> str | None:
     dist = getattr(ep, "dist", None)
     return getattr(dist, "name", None) if dist is not None else None
+
+
+def _dist_version(ep) -> str | None:
+    dist = getattr(ep, "dist", None)
+    version = getattr(dist, "version", None) if dist is not None else None
+    if version is None and dist is not None and getattr(dist, "name", None):
+        try:
+            version = _metadata.version(dist.name)
+        except _metadata.PackageNotFoundError:
+            version = None
+    return version
 
 
 def _ep_origin(name: str, dist: str | None) -> str:
@@ -137,12 +186,14 @@ def _entries() -> _Scan:
                for name, target in BUILTIN.items()}
     collisions: dict[str, tuple[str, str | None]] = {}
     conflicts: dict[str, str] = {}
+    plugins: list[_Entry] = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         dist = _dist_name(ep)
         origin = _ep_origin(ep.name, dist)
+        if ep.name in BUILTIN and ep.value.strip() == BUILTIN[ep.name]:
+            continue  # declares the built-in itself: nothing is replaced
+        plugins.append(_Entry(ep.name, ep.value.strip(), origin, dist, _dist_version(ep)))
         if ep.name in BUILTIN:
-            if ep.value.strip() == BUILTIN[ep.name]:
-                continue  # declares the built-in itself: nothing is replaced
             collisions[ep.name] = (
                 f"{origin} ({ep.value}) collides with the built-in engine {ep.name!r} "
                 f"({BUILTIN[ep.name]}); a built-in engine is never replaced", dist)
@@ -153,8 +204,8 @@ def _entries() -> _Scan:
                 conflicts[ep.name] = (f"{seen.origin} ({seen.target}) and {origin} "
                                       f"({ep.value}) both claim the engine name {ep.name!r}")
             continue
-        entries[ep.name] = _Entry(ep.name, ep.value.strip(), origin, dist)
-    return _Scan(entries, collisions, conflicts)
+        entries[ep.name] = plugins[-1]
+    return _Scan(entries, collisions, conflicts, tuple(plugins))
 
 
 def _collision_error(scan: _Scan) -> EngineDefinitionError:
@@ -340,4 +391,61 @@ def available_engines() -> list[str]:
                 out.append(name)
         except LockstepError:
             continue
+    return out
+
+
+# -- what `lockstep engines` lists ---------------------------------------------------------
+
+def lockstep_version() -> str:
+    """The installed lockstep distribution's version ("unknown" for an uninstalled checkout)."""
+    try:
+        return _metadata.version("lockstep")
+    except _metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class EngineListing:
+    """One engine as the registry knows it, loadable or not (``describe_engines``)."""
+    name: str
+    target: str                    # "package.module:Class"
+    source: str                    # "built-in" or "entry point"
+    distribution: str | None       # the distribution declaring the entry point
+    version: str | None            # that distribution's version; lockstep's for built-ins
+    engine_class: type[Engine] | None  # None when it cannot be loaded
+    problem: str | None = None     # why it cannot be used: import error, refused class, clash
+    clash: bool = False            # its name is claimed twice (a built-in's, or two plugins')
+
+
+def describe_engines() -> list[EngineListing]:
+    """Every engine the registry knows, built in and by entry point, each with where it comes
+    from, its version, its class (loaded and checked) or what is wrong with it. A plugin
+    whose name clashes with a built-in's or another plugin's is listed as a clash. Never
+    raises."""
+    scan = _entries()
+    own = lockstep_version()
+    out: list[EngineListing] = []
+
+    def load(entry: _Entry) -> tuple[type[Engine] | None, str | None]:
+        try:
+            return _resolve_entry(entry), None
+        except EngineDefinitionError as err:
+            return None, str(err)
+        except Exception as exc:  # a broken availability/capabilities must not hide the rest
+            return None, f"{entry.origin}: {type(exc).__name__}: {exc}"
+
+    for name, target in BUILTIN.items():
+        cls, problem = load(scan.entries[name])
+        out.append(EngineListing(name, target, "built-in", "lockstep", own, cls, problem))
+    for entry in scan.plugins:
+        if entry.name in scan.collisions:
+            out.append(EngineListing(entry.name, entry.target, "entry point", entry.dist,
+                                     entry.version, None, scan.collisions[entry.name][0], True))
+        elif entry.name in scan.conflicts:
+            out.append(EngineListing(entry.name, entry.target, "entry point", entry.dist,
+                                     entry.version, None, scan.conflicts[entry.name], True))
+        else:
+            cls, problem = load(entry)
+            out.append(EngineListing(entry.name, entry.target, "entry point", entry.dist,
+                                     entry.version, cls, problem))
     return out

@@ -10,8 +10,37 @@ oracle's (the logits audit, claim 1b): unlike a single op's output they carry th
 of every layer, so they have their own row entries. float32: native-host against ort-cpu
 on SmolLM2 (30 layers) differs by up to 2e-4 absolute, NMSE 4e-10; a logits row rounded
 through float16 differs by about 8e-3 at |logit| 16 and NMSE about 1e-7, so both bounds
-separate the two. The float16 and bfloat16 logits entries are a few ulps of a logit of
-magnitude 30 in that dtype, not yet measured on a real checkpoint.
+separate the two.
+
+float16 and bfloat16: the logits rows' entries and the near-tie margin are measured on
+SmolLM2-135M converted by ``lockstep convert --dtype float16|bfloat16`` (mixed precision:
+norms, softmax, rotary and the residual stream in float32; weights, KV cache, MatMuls and
+logits in the reduced dtype), judged as the runner judges them: against the package's
+reference, its float32 twin, on ort-cpu (``engines.oracle.oracle_for``). Six default prompts
+x up to 32 greedy tokens (155 steps: two prompts end at eos), every step's logits row against
+the twin's row on the engine's own prefix; "gap error" is the error on the oracle's best
+logit minus each of its next four, the quantity a near-tie margin must cover. Measured with
+``python -m suites.measure_reduced_precision`` on the 2-core CPU machine (onnxruntime 1.32.0,
+numpy 2.4.6, onnx 1.23.2):
+
+    dtype     engine          worst max abs  worst NMSE  worst gap error  tokens vs twin
+    float16   ort-cpu         0.064          3.3e-5      0.041            identical (6/6)
+    float16   native-host     0.124          2.3e-4      0.048            identical (6/6)
+    float16   onnx-reference  0.113          1.4e-4      0.061            identical (6/6)
+    bfloat16  native-host     1.11           1.4e-2      0.41             4 near-ties 0.018-0.110
+    bfloat16  onnx-reference  1.31           1.8e-2      0.40             2 near-ties 0.110, 0.112
+    (ort-cpu cannot run bfloat16: its CPU provider has no bfloat16 MatMul)
+
+Medians: float16 max abs 0.03, NMSE 2.5e-6; bfloat16 0.27, 1.5e-4. For scale, transformers on
+the same weights (its model cast to the reduced dtype: eager attention, residual stream in
+that dtype), over every position of the same six prompts plus 8 tokens, differs from its own
+float32 by up to 0.28 / NMSE 1.3e-4 in float16 and 1.9 / 1.1e-2 in bfloat16: the converter's
+packages are no further from float32 than a real engine. The rows keep 2x headroom in amplitude
+over the worst engine (max abs and near-tie margin at least 2x, NMSE at least 4x, i.e. 2x
+squared): float16 0.25 / 1e-3 / margin 0.125; bfloat16 3.0 / 8e-2 / margin 1.0. The bfloat16
+bounds are loose by nature (8 mantissa bits over 30 blocks): a bfloat16 engine is better held
+to another engine running the same package than to the twin alone. The per-op entries
+(``max_abs``, ``max_rel``, ``nmse``) are unchanged: one op's rounding, not a model's.
 """
 from __future__ import annotations
 
@@ -42,10 +71,11 @@ TABLE: dict[str, Tolerance] = {
                          logits_max_abs=1e-9, logits_nmse=1e-18),
     "float32": Tolerance("float32", max_abs=1e-4, max_rel=1e-3, nmse=1e-8, near_tie_margin=1e-2,
                          logits_max_abs=1e-3, logits_nmse=1e-8),
-    "float16": Tolerance("float16", max_abs=1e-2, max_rel=1e-2, nmse=1e-4, near_tie_margin=5e-2,
-                         logits_max_abs=1e-1, logits_nmse=1e-4),
-    "bfloat16": Tolerance("bfloat16", max_abs=5e-2, max_rel=5e-2, nmse=1e-3, near_tie_margin=1e-1,
-                          logits_max_abs=5e-1, logits_nmse=1e-3),
+    # logits and near-tie entries: measured on SmolLM2 against the float32 twin (docstring)
+    "float16": Tolerance("float16", max_abs=1e-2, max_rel=1e-2, nmse=1e-4,
+                         near_tie_margin=0.125, logits_max_abs=0.25, logits_nmse=1e-3),
+    "bfloat16": Tolerance("bfloat16", max_abs=5e-2, max_rel=5e-2, nmse=1e-3,
+                          near_tie_margin=1.0, logits_max_abs=3.0, logits_nmse=8e-2),
 }
 
 TOKENS = "exact"

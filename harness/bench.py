@@ -1,11 +1,30 @@
-"""Decode speed, engine beside engine in one process: tokens/s, step time, ratio to a baseline.
+"""Decode speed, engine beside engine in one process: prefill, steady decode, a floor, ratios.
 
 Speed claims are ratios measured side by side, never absolute numbers compared across runs
 or machines. So every engine of a package is loaded at once, warmed up, and timed in turns
 (repeat r of every engine before repeat r+1 of any), and each engine's median tokens/s is
-divided by the baseline engine's median from the same run. A device engine's stream is
-synchronised before the clock starts and before it stops, so a wall time covers the work
-itself and not only its launch.
+divided by the baseline engine's median from the same run. ``Engine.synchronize()`` is
+called before the clock starts and before it stops, so a wall time covers the work itself
+and not only its launch (a device engine waits for its stream there).
+
+What one row reports (``docs/PERFORMANCE.md`` has the method):
+
+* **tok/s**: generated tokens / wall time of the whole decode (prefill included), median
+  over the timed decodes, and its spread; the **ratio** to the baseline is taken on it.
+* **prefill ms**: the first step, i.e. the forward over the prompt and its token read back,
+  median over the timed decodes.
+* **decode ms/token** (steady): the median time of one decode step (a forward over one
+  position ending with its token on the host) over every step of every timed decode after
+  the first ``warmup_steps`` steps of each, and its **tokens/s**. Speculative rounds commit
+  several tokens: there it is the median round time over the mean tokens per round.
+* **floor ms/token**: the bytes of the decoded component's initializers (what one decode
+  step must read at least once) over the copy bandwidth of the engine's residency measured
+  in the same run (a device-to-device copy on CUDA, a numpy copy on the host), and **x
+  floor**, steady decode ms over floor ms.
+
+``ignore_eos`` (``--ignore-eos``, greedy only) keeps every decode going past eos, so each
+engine is timed on exactly ``max_new_tokens`` tokens; a decode that still stops short is an
+``error`` row.
 """
 from __future__ import annotations
 
@@ -26,7 +45,10 @@ from engines.workflow.validation import check_request
 
 MODES = ("greedy", "speculative")
 OK, UNAVAILABLE, ERROR = "ok", "unavailable", "error"
-FORMAT = 1  # the JSON file's layout version
+FORMAT = 2  # the JSON file's layout version (2: prefill, steady decode, floor, bandwidth)
+WARMUP_STEPS = 2  # decode steps of every timed decode left out of the steady median
+COPY_BYTES = 256 * 2 ** 20  # the copy that measures a residency's bandwidth
+COPY_REPEATS = 5
 
 
 @dataclass
@@ -41,6 +63,7 @@ class BenchRow:
     residency: str = ""
     prompt: list[int] = field(default_factory=list)
     max_new_tokens: int = 0
+    ignore_eos: bool = False  # every decode asked to go on past eos (greedy only)
     new_tokens: int = 0  # tokens one decode produced (fewer than asked when eos came first)
     repeats: int = 0
     tokens_per_s: list[float] = field(default_factory=list)  # one per timed decode
@@ -52,12 +75,27 @@ class BenchRow:
     # readback, so on a device it includes the work, not only the launch
     step_ms: float | None = None
     tokens_per_step: float | None = None
+    # the prefill: the first forward (over the prompt) and its token; median over repeats
+    prefill_ms: float | None = None
+    # steady decode: the median step over the steps after the first warmup_steps of every
+    # decode, per token (a speculative round's median over its mean tokens per round)
+    warmup_steps: int = 0
+    decode_steps: int = 0  # steps the steady median was taken over (all repeats)
+    decode_ms: float | None = None
+    decode_tokens_per_s: float | None = None
+    # the floor: the decoded component's initializer bytes / the residency's copy bandwidth
+    weight_bytes: int | None = None
+    bandwidth_gb_s: float | None = None  # bytes moved (read + write) per second / 1e9
+    bandwidth_how: str = ""
+    floor_ms: float | None = None
+    x_floor: float | None = None  # decode_ms / floor_ms
     # the ledger's own account: phase_seconds / forwards per phase, over every timed decode;
     # the interpreter times run_component without a sync, so on a device engine this is the
     # host-side launch time unless the engine synchronises inside its forward
     forward_ms: dict[str, float] = field(default_factory=dict)
     baseline: str = ""
     ratio: float | None = None  # tokens_per_s_median / the baseline's, same package and mode
+    decode_ratio: float | None = None  # decode_tokens_per_s / the baseline's
 
     @property
     def measured(self) -> bool:
@@ -85,6 +123,8 @@ class BenchPlan:
     warmup: int
     max_new_tokens: int
     baseline: str
+    ignore_eos: bool = False
+    warmup_steps: int = WARMUP_STEPS
 
     @property
     def total_decodes(self) -> int:
@@ -93,9 +133,26 @@ class BenchPlan:
         return len(self.engines) * len(self.targets) * per
 
 
+@dataclass(frozen=True)
+class Bandwidth:
+    """A residency's copy bandwidth, measured in this run: bytes moved (read + write) per
+    second / 1e9, or None with what prevented the measurement."""
+
+    residency: str
+    gb_per_s: float | None
+    how: str
+
+
 def _positive(value, field_name: str, remedy: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InputError(f"{field_name} must be a positive integer", field=field_name,
+                         value=value, remedy=remedy)
+    return value
+
+
+def _non_negative(value, field_name: str, remedy: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"{field_name} must be a non-negative integer", field=field_name,
                          value=value, remedy=remedy)
     return value
 
@@ -109,13 +166,16 @@ def _engine_entry(ref: str | type[Engine]) -> tuple[str, type[Engine]]:
 def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
                mode: str = "greedy", width: int | None = None, repeats: int = 5,
                max_new_tokens: int = 32, baseline: str | type[Engine] = REFERENCE_ENGINE,
-               warmup: int = 1, prompt: Sequence[int] | None = None) -> BenchPlan:
+               warmup: int = 1, prompt: Sequence[int] | None = None,
+               ignore_eos: bool = False, warmup_steps: int = WARMUP_STEPS) -> BenchPlan:
     """Validate a benchmark request and resolve its packages; nothing is timed yet.
 
     ``engines`` are names (or ``Engine`` subclasses); the baseline joins them when missing,
     since a ratio means something only against a baseline timed in the same run.
     ``packages`` are fixture names, folders or loaded packages. ``width`` (speculative only)
-    defaults to each package's ``max_width``. ``prompt`` defaults to each package's first."""
+    defaults to each package's ``max_width``. ``prompt`` defaults to each package's first.
+    ``ignore_eos`` (greedy only) times exactly ``max_new_tokens`` tokens; ``warmup_steps``
+    decode steps of each timed decode are left out of the steady decode median."""
     from harness.packages import resolve_package
 
     if mode not in MODES:
@@ -126,11 +186,18 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
                          value=width, remedy="use mode speculative, or drop the width")
     if width is not None:
         _positive(width, "width", "give a speculative width of 1 or more")
+    if not isinstance(ignore_eos, bool):
+        raise InputError("ignore_eos must be True or False", field="ignore_eos",
+                         value=ignore_eos, remedy="pass ignore_eos=True or False")
+    if ignore_eos and mode != "greedy":
+        raise InputError("ignoring eos applies to greedy decoding only", field="ignore_eos",
+                         value=True, remedy="use mode greedy, or drop --ignore-eos (a "
+                                            "speculative decode stops at eos)")
     _positive(repeats, "repeats", "time at least one decode per engine (repeats >= 1)")
     _positive(max_new_tokens, "max_new_tokens", "ask for one or more new tokens")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise InputError("warmup must be a non-negative integer", field="warmup", value=warmup,
-                         remedy="give 0 or more warm-up decodes (1 is the default)")
+    _non_negative(warmup, "warmup", "give 0 or more warm-up decodes (1 is the default)")
+    _non_negative(warmup_steps, "warmup_steps",
+                  f"give 0 or more decode steps to leave out ({WARMUP_STEPS} is the default)")
     if not engines:
         raise InputError("no engines to benchmark", field="engines", value=list(engines),
                          remedy="name one or more engines, e.g. ort-cpu,native-host")
@@ -158,61 +225,183 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
         w = check_width(spec, width if width is not None or sp is None else sp.max_width)
         targets.append(BenchTarget(package, ids, w, f"{sp.kind}/w{w}"))
     return BenchPlan(tuple(entries.items()), tuple(targets), mode, repeats, warmup,
-                     max_new_tokens, base_name)
+                     max_new_tokens, base_name, ignore_eos, warmup_steps)
 
 
-def synchronize(engine: Engine) -> None:
-    """Wait for everything the engine has queued: its own stream where it has one (both CUDA
-    engines own one), else the whole device for any other device-resident engine."""
-    stream = getattr(engine, "stream", None)
-    if stream is not None:
-        stream.synchronize()
-        return
-    residency = getattr(engine, "residency", "host")
-    if residency.startswith("cuda"):
+# -- the floor -------------------------------------------------------------------------------
+
+def weight_bytes(package, component: str = "target") -> int:
+    """The bytes of the component's initializers: what one decode step must read at least
+    once. From the ONNX file's tensor shapes and types; external data is not loaded."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(package.component_path(component)), load_external_data=False)
+    total = 0
+    for tensor in model.graph.initializer:
+        count = 1
+        for d in tensor.dims:
+            count *= int(d)
+        itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        if tensor.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+            total += (count + 1) // 2
+        else:
+            total += count * itemsize
+    return total
+
+
+def floor_ms(nbytes: int, gb_per_s: float) -> float:
+    """Milliseconds to read ``nbytes`` once at ``gb_per_s`` (1e9 bytes a second)."""
+    return 1000.0 * nbytes / (gb_per_s * 1e9)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2 ** 20:g} MiB"
+
+
+def host_copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = COPY_REPEATS) -> Bandwidth:
+    """numpy copy of an ``nbytes`` array into another (after one untimed copy that faults
+    the pages in); bytes moved = 2 x nbytes (read + write) over the median copy time."""
+    import numpy as np
+
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    return Bandwidth("host", 2 * nbytes / seconds / 1e9,
+                     f"numpy copy of {_mib(nbytes)}, median of {repeats}, read + write")
+
+
+def cuda_copy_bandwidth(device_id: int = 0, nbytes: int = COPY_BYTES,
+                        repeats: int = COPY_REPEATS, cupy=None) -> Bandwidth:
+    """A device-to-device ``memcpyAsync`` of ``nbytes`` on a stream of its own, timed with
+    CUDA events on that stream (one untimed copy first); bytes moved = 2 x nbytes (read +
+    write) over the median event time. The buffers are plain ``cudaMalloc`` allocations,
+    outside every memory pool, and freed before returning."""
+    if cupy is None:
         from engines.cuda_support import import_cupy
 
         cupy = import_cupy()
-        cupy.cuda.Device(int(residency.partition(":")[2] or 0)).synchronize()
+    residency = f"cuda:{device_id}"
+    rt = cupy.cuda.runtime
+    with cupy.cuda.Device(device_id):
+        stream = cupy.cuda.Stream(non_blocking=True)
+        src, dst = cupy.cuda.Memory(nbytes), cupy.cuda.Memory(nbytes)
+        try:
+            rt.memsetAsync(src.ptr, 1, nbytes, stream.ptr)
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            times = []
+            for i in range(repeats + 1):
+                start.record(stream)
+                rt.memcpyAsync(dst.ptr, src.ptr, nbytes, rt.memcpyDeviceToDevice, stream.ptr)
+                end.record(stream)
+                end.synchronize()
+                if i:  # the first copy is untimed
+                    times.append(cupy.cuda.get_elapsed_time(start, end) / 1000.0)
+            stream.synchronize()
+        finally:
+            del src, dst
+    seconds = statistics.median(times)
+    return Bandwidth(residency, 2 * nbytes / seconds / 1e9,
+                     f"device-to-device copy of {_mib(nbytes)} on {residency}, CUDA events, "
+                     f"median of {repeats}, read + write")
+
+
+def measure_bandwidth(residency: str, nbytes: int = COPY_BYTES,
+                      repeats: int = COPY_REPEATS) -> Bandwidth:
+    """The copy bandwidth where an engine's values live: ``host`` (numpy) or ``cuda:N``
+    (CuPy); anything else, or a CUDA residency without CuPy, gives None and the reason."""
+    if residency == "host":
+        return host_copy_bandwidth(nbytes, repeats)
+    kind, _, index = residency.partition(":")
+    if kind == "cuda":
+        try:
+            return cuda_copy_bandwidth(int(index or 0), nbytes, repeats)
+        except Exception as exc:  # no CuPy, no device: no floor, and why
+            return Bandwidth(residency, None, f"not measured: {_reason(exc)}")
+    return Bandwidth(residency, None,
+                     f"not measured: no copy benchmark for residency {residency!r}")
+
+
+# -- timing ----------------------------------------------------------------------------------
+
+def synchronize(engine: Engine) -> None:
+    """Wait for everything the engine has queued (its declared ``Engine.synchronize``)."""
+    engine.synchronize()
 
 
 def timed_decode(engine: Engine, prompt: Sequence[int], max_new_tokens: int,
-                 width: int | None):
+                 width: int | None, ignore_eos: bool = False):
     """One decode between two synchronisations; returns (result, wall seconds)."""
-    synchronize(engine)
+    engine.synchronize()
     start = time.perf_counter()
     if width is None:
-        result = greedy_decode(engine, prompt, max_new_tokens)
+        result = greedy_decode(engine, prompt, max_new_tokens, ignore_eos=ignore_eos)
     else:
         result = speculative_decode(engine, prompt, max_new_tokens, width)
-    synchronize(engine)
+    engine.synchronize()
     return result, time.perf_counter() - start
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, LockstepError) else f"{type(exc).__name__}: {exc}"
+
+
+def _failure(exc: BaseException, cls: type[Engine], plan: BenchPlan) -> tuple[str, str]:
+    """(status, reason) of an engine that raised while loading, warming up or decoding."""
+    if isinstance(exc, EngineUnavailable):  # e.g. it loads some packages only
+        return UNAVAILABLE, str(exc)
+    reason = _reason(exc)
+    if (plan.ignore_eos and cls.decodes_itself and isinstance(exc, TypeError)
+            and "ignore_eos" in str(exc)):
+        reason += (" (this engine decodes by itself and its generate takes no ignore_eos: "
+                   "bench it without --ignore-eos, or give its generate an ignore_eos "
+                   "keyword)")
+    return ERROR, reason
 
 
 def attach_ratios(rows: Sequence[BenchRow], baseline: str) -> list[BenchRow]:
     """Set each measured row's ratio to the baseline's median tokens/s of the same package and
-    mode; where the baseline was not measured there, the ratio stays None and says why."""
+    mode (and its decode ratio to the baseline's steady decode tokens/s); where the baseline
+    was not measured there, the ratios stay None and the reason says why."""
     base = {(r.package, r.mode): r for r in rows if r.engine == baseline}
     for row in rows:
         row.baseline = baseline
         ref = base.get((row.package, row.mode))
         if not row.measured:
-            row.ratio = None
+            row.ratio = row.decode_ratio = None
         elif ref is None or not ref.measured or not ref.tokens_per_s_median:
-            row.ratio = None
+            row.ratio = row.decode_ratio = None
             why = "not in this run" if ref is None else (ref.reason or ref.status)
             note = f"no ratio: baseline {baseline} not measured ({why})"
             row.reason = f"{row.reason}; {note}" if row.reason else note
         else:
             row.ratio = row.tokens_per_s_median / ref.tokens_per_s_median
+            if row.decode_tokens_per_s and ref.decode_tokens_per_s:
+                row.decode_ratio = row.decode_tokens_per_s / ref.decode_tokens_per_s
     return list(rows)
 
 
-def _summarise(row: BenchRow, results: list, walls: list[float]) -> None:
+def _note(row: BenchRow, text: str) -> None:
+    row.reason = f"{row.reason}; {text}" if row.reason else text
+
+
+def _summarise(row: BenchRow, results: list, walls: list[float], plan: BenchPlan) -> None:
     streams = {tuple(r.tokens) for r in results}
     if len(streams) > 1:
         row.status = ERROR
         row.reason = "the timed decodes produced different tokens (a nondeterministic engine)"
+    short = [len(r.tokens) for r in results if len(r.tokens) != plan.max_new_tokens]
+    if plan.ignore_eos and short and row.status == OK:
+        row.status = ERROR
+        row.reason = (f"a decode produced {short[0]} of {plan.max_new_tokens} tokens under "
+                      f"--ignore-eos: the engine did not go on past eos, so it was not timed "
+                      f"on the same tokens as the others")
     rates = [len(r.tokens) / w for r, w in zip(results, walls) if w > 0]
     row.repeats = len(results)
     row.new_tokens = len(results[0].tokens)
@@ -220,10 +409,27 @@ def _summarise(row: BenchRow, results: list, walls: list[float]) -> None:
     if rates:
         row.tokens_per_s_median = statistics.median(rates)
         row.tokens_per_s_min, row.tokens_per_s_max = min(rates), max(rates)
-    steps = [s for r in results for s in r.step_s[1:]]
-    if steps:
-        row.step_ms = 1000 * statistics.median(steps)
-        row.tokens_per_step = (row.new_tokens - 1) / (len(results[0].step_s) - 1)
+    if not plan.ignore_eos and row.status == OK and row.new_tokens < plan.max_new_tokens:
+        _note(row, f"eos after {row.new_tokens} of {plan.max_new_tokens} tokens: the figures "
+                   f"cover {row.new_tokens} (--ignore-eos times all {plan.max_new_tokens})")
+    timed = [r for r in results if len(r.step_s) >= 1]
+    if len(timed) < len(results):
+        _note(row, "the engine reports no per-step times: prefill and decode not separated")
+    else:
+        row.prefill_ms = 1000 * statistics.median(r.step_s[0] for r in results)
+        steps = [s for r in results for s in r.step_s[1:]]
+        if steps:
+            row.step_ms = 1000 * statistics.median(steps)
+            row.tokens_per_step = (row.new_tokens - 1) / (len(results[0].step_s) - 1)
+        steady = []
+        for r in results:
+            decode = r.step_s[1:]
+            steady += decode[min(plan.warmup_steps, max(len(decode) - 1, 0)):]
+        row.warmup_steps = plan.warmup_steps
+        row.decode_steps = len(steady)
+        if steady and row.tokens_per_step:
+            row.decode_ms = 1000 * statistics.median(steady) / row.tokens_per_step
+            row.decode_tokens_per_s = 1000 / row.decode_ms if row.decode_ms > 0 else None
     seconds: dict[str, float] = {}
     forwards: dict[str, int] = {}
     for r in results:
@@ -234,75 +440,121 @@ def _summarise(row: BenchRow, results: list, walls: list[float]) -> None:
     row.forward_ms = {p: 1000 * seconds[p] / n for p, n in forwards.items()}
 
 
-def run_bench(plan: BenchPlan,
-              on_decode: Callable[[int, str], None] | None = None) -> list[BenchRow]:
+def _attach_floor(row: BenchRow, nbytes: int | None, bw: Bandwidth) -> None:
+    row.weight_bytes = nbytes
+    row.bandwidth_gb_s, row.bandwidth_how = bw.gb_per_s, bw.how
+    if nbytes is not None and bw.gb_per_s:
+        row.floor_ms = floor_ms(nbytes, bw.gb_per_s)
+        if row.decode_ms is not None and row.floor_ms > 0:
+            row.x_floor = row.decode_ms / row.floor_ms
+    elif bw.gb_per_s is None:
+        _note(row, f"no floor: {row.residency} copy bandwidth {bw.how}")
+
+
+def run_bench(plan: BenchPlan, on_decode: Callable[[int, str], None] | None = None,
+              bandwidth: Callable[[str], Bandwidth] | None = None) -> list[BenchRow]:
     """Time every engine on every target of the plan; one row per (package, engine, mode).
 
     Per package every available engine is loaded, warmed up (``warmup`` greedy decodes, and
     in speculative mode one speculative decode too), then timed in turns. An engine that
-    cannot run here is an ``unavailable`` row with its reason; one that fails is an ``error``
-    row. ``on_decode(n, description)`` is told of every n decodes done (or skipped)."""
+    cannot run here is an ``unavailable`` row with its reason (so is one that declares no
+    speculative decoding, in speculative mode); one that fails is an ``error`` row.
+    ``bandwidth(residency)`` measures a residency's copy bandwidth for the floor (default
+    :func:`measure_bandwidth`, once per residency per run, with every engine idle).
+    ``on_decode(n, description)`` is told of every n decodes done (or skipped)."""
     tell = on_decode or (lambda n, text: None)
+    measure = bandwidth or measure_bandwidth
+    bandwidths: dict[str, Bandwidth] = {}
     per = plan.warmup + plan.repeats + (1 if plan.mode == "speculative" else 0)
     rows: list[BenchRow] = []
     for target in plan.targets:
         name = target.package.spec.name
-        live: dict[str, tuple[Engine, BenchRow]] = {}
+        live: dict[str, tuple[Engine, BenchRow, type[Engine]]] = {}
         for engine_name, cls in plan.engines:
             row = BenchRow(name, engine_name, target.label, OK, prompt=list(target.prompt),
-                           max_new_tokens=plan.max_new_tokens,
-                           residency=getattr(cls, "residency", ""))
+                           max_new_tokens=plan.max_new_tokens, ignore_eos=plan.ignore_eos,
+                           residency=cls.residency)
             rows.append(row)
             avail = cls.availability()
             if not avail.ok:
                 row.status, row.reason = UNAVAILABLE, avail.reason
                 tell(per, f"{name} · {engine_name}: unavailable")
                 continue
+            if target.width is not None and not cls.speculative:
+                row.status = UNAVAILABLE
+                row.reason = (f"engine {engine_name!r} declares no speculative decoding (it "
+                              f"decodes by itself)" if cls.decodes_itself else
+                              f"engine {engine_name!r} declares no speculative decoding")
+                tell(per, f"{name} · {engine_name}: unavailable")
+                continue
             engine, done = None, 0
             try:
                 engine = cls(target.package)
-                row.residency = engine.residency
                 for _ in range(plan.warmup):
-                    timed_decode(engine, target.prompt, plan.max_new_tokens, None)
+                    timed_decode(engine, target.prompt, plan.max_new_tokens, None,
+                                 plan.ignore_eos)
                     done += 1
                     tell(1, f"{name} · {engine_name} · warm-up")
                 if target.width is not None:
                     timed_decode(engine, target.prompt, plan.max_new_tokens, target.width)
                     done += 1
                     tell(1, f"{name} · {engine_name} · warm-up {target.label}")
-            except LockstepError as err:
-                unavailable = isinstance(err, EngineUnavailable)  # e.g. loads some packages only
-                row.status, row.reason = (UNAVAILABLE if unavailable else ERROR), str(err)
+            except Exception as exc:  # any failure is this engine's row, the others go on
+                row.status, row.reason = _failure(exc, cls, plan)
                 tell(per - done, f"{name} · {engine_name}: {row.status}")
                 if engine is not None:
                     engine.close()
                 continue
-            live[engine_name] = (engine, row)
+            live[engine_name] = (engine, row, cls)
         measured: dict[str, tuple[list, list[float]]] = {n: ([], []) for n in live}
         for r in range(plan.repeats):
-            for engine_name, (engine, row) in live.items():
+            for engine_name, (engine, row, cls) in live.items():
                 if row.status != OK:
                     continue
                 try:
                     result, wall = timed_decode(engine, target.prompt, plan.max_new_tokens,
-                                                target.width)
-                except LockstepError as err:
-                    row.status, row.reason = ERROR, str(err)
-                    tell(plan.repeats - r, f"{name} · {engine_name}: error")
+                                                target.width, plan.ignore_eos)
+                except Exception as exc:
+                    row.status, row.reason = _failure(exc, cls, plan)
+                    tell(plan.repeats - r, f"{name} · {engine_name}: {row.status}")
                     continue
                 measured[engine_name][0].append(result)
                 measured[engine_name][1].append(wall)
                 tell(1, f"{name} · {engine_name} · {target.label} · repeat {r + 1}/{plan.repeats}")
-        for engine_name, (engine, row) in live.items():
+        nbytes: int | None = None
+        if any(row.status == OK for _, row, _ in live.values()):
+            try:
+                nbytes = weight_bytes(target.package)
+            except Exception as exc:  # a floor is a figure, never a reason to fail
+                nbytes = None
+                for _, row, _ in live.values():
+                    _note(row, f"no floor: weight bytes unknown ({_reason(exc)})")
+        for engine_name, (engine, row, _cls) in live.items():
             if row.status == OK:
-                _summarise(row, *measured[engine_name])
+                _summarise(row, *measured[engine_name], plan)
+            if row.status == OK:
+                engine.synchronize()
+                if row.residency not in bandwidths:
+                    bandwidths[row.residency] = measure(row.residency)
+                _attach_floor(row, nbytes, bandwidths[row.residency])
             engine.close()
     return attach_ratios(rows, plan.baseline)
 
 
-def bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any], **options) -> list[BenchRow]:
+def bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
+          bandwidth: Callable[[str], Bandwidth] | None = None, **options) -> list[BenchRow]:
     """``plan_bench`` then ``run_bench``: validate everything first, then time."""
-    return run_bench(plan_bench(engines, packages, **options))
+    return run_bench(plan_bench(engines, packages, **options), bandwidth=bandwidth)
+
+
+def bandwidths_of(rows: Sequence[BenchRow]) -> list[dict[str, Any]]:
+    """Each residency's measured copy bandwidth, once (from the rows that carry it)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r.measured and r.bandwidth_how and r.residency not in seen:
+            seen[r.residency] = {"residency": r.residency, "gb_per_s": r.bandwidth_gb_s,
+                                 "how": r.bandwidth_how}
+    return list(seen.values())
 
 
 def write_json(rows: Sequence[BenchRow], path: Path, plan: BenchPlan | None = None) -> Path:
@@ -316,9 +568,11 @@ def write_json(rows: Sequence[BenchRow], path: Path, plan: BenchPlan | None = No
         "environment": collect_environment().model_dump(mode="json"),
         "settings": None if plan is None else {
             "mode": plan.mode, "repeats": plan.repeats, "warmup": plan.warmup,
-            "max_new_tokens": plan.max_new_tokens, "baseline": plan.baseline,
+            "max_new_tokens": plan.max_new_tokens, "ignore_eos": plan.ignore_eos,
+            "warmup_steps": plan.warmup_steps, "baseline": plan.baseline,
             "engines": [n for n, _ in plan.engines],
             "packages": [t.package.spec.name for t in plan.targets]},
+        "bandwidth": bandwidths_of(rows),
         "rows": [asdict(r) for r in rows],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -328,5 +582,7 @@ def write_json(rows: Sequence[BenchRow], path: Path, plan: BenchPlan | None = No
     return path
 
 
-__all__ = ["BenchPlan", "BenchRow", "BenchTarget", "MODES", "attach_ratios", "bench",
-           "plan_bench", "run_bench", "synchronize", "timed_decode", "write_json"]
+__all__ = ["Bandwidth", "BenchPlan", "BenchRow", "BenchTarget", "MODES", "attach_ratios",
+           "bandwidths_of", "bench", "cuda_copy_bandwidth", "floor_ms", "host_copy_bandwidth",
+           "measure_bandwidth", "plan_bench", "run_bench", "synchronize", "timed_decode",
+           "weight_bytes", "write_json"]

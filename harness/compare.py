@@ -1,44 +1,14 @@
-"""Comparators: token streams against the oracle (exact, margin-aware verdicts) and tensors
-against a reference (the metrics of the one tolerance table)."""
+"""Comparators: tensors against a reference, by the metrics of the one tolerance table.
+
+Token streams are judged by ``harness.judge.judge_stream`` (every token on the engine's own
+prefix), not here."""
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from engines.tolerances import Tolerance, tolerance_for
-
-NEAR_TIE = "near-tie"
-DEFECT = "defect"
-
-
-@dataclass(frozen=True)
-class TokenDivergence:
-    step: int  # index into the generated tokens
-    reference_token: int | None  # None: the reference stopped earlier
-    engine_token: int | None  # None: the engine stopped earlier
-    margin: float  # the reference's top-2 logit margin at that step
-    verdict: str  # near-tie | defect
-
-
-def compare_tokens(reference: Sequence[int], margins: Sequence[float], tokens: Sequence[int],
-                   near_tie_margin: float) -> TokenDivergence | None:
-    """First step where ``tokens`` leaves ``reference``; tokens compare exactly.
-
-    A divergence at a step whose reference margin is below ``near_tie_margin`` is a
-    ``near-tie`` (two candidates the reference itself barely separates); anything else,
-    a length mismatch included, is a ``defect``.
-    """
-    for step in range(max(len(reference), len(tokens))):
-        ref = reference[step] if step < len(reference) else None
-        got = tokens[step] if step < len(tokens) else None
-        if ref == got:
-            continue
-        margin = float(margins[step]) if step < len(margins) else float("inf")
-        tie = ref is not None and got is not None and margin < near_tie_margin
-        return TokenDivergence(step, ref, got, margin, NEAR_TIE if tie else DEFECT)
-    return None
 
 
 @dataclass(frozen=True)

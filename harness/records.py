@@ -22,9 +22,15 @@ def _divergence(finding, trace) -> ev.Divergence | None:
                          reason=finding.reason)
 
 
-def _judgement(j, oracle_name: str, tol) -> ev.Judgement:
+def _judgement(j, oracle_name: str, tol, oracle_package=None) -> ev.Judgement:
+    ref = None
+    if oracle_package is not None:
+        ref = ev.PackageRef(name=oracle_package.spec.name,
+                            content_hash=oracle_package.content_hash,
+                            path=str(oracle_package.root))
     return ev.Judgement(
-        oracle=f"oracle:{oracle_name}", near_tie_margin=tol.near_tie_margin,
+        oracle=f"oracle:{oracle_name}", oracle_package=ref,
+        near_tie_margin=tol.near_tie_margin,
         steps_judged=j.steps_judged, defects=j.defects, near_ties=j.near_ties,
         findings=[ev.StepFinding(step=f.step, engine_token=f.engine_token,
                                  oracle_token=f.oracle_token, rank=f.rank, gap=_finite(f.gap),
@@ -45,7 +51,8 @@ def _audit(audit, tol) -> ev.LogitsAuditRecord:
         readback_bytes=audit.readback_bytes)
 
 
-def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol) -> ev.EvidenceRecord:
+def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
+                oracle_package=None) -> ev.EvidenceRecord:
     """The evidence record of ``cell`` (a ``harness.runner.CellResult``)."""
     from engines.tokenizer import decode_each
 
@@ -86,7 +93,8 @@ def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol) -> ev.
         tokens=list(cell.tokens), token_digest=ev.token_digest(cell.tokens),
         tokens_text=decode_each(package, cell.tokens) if cell.tokens else None,
         reference=reference, divergence=_divergence(cell.divergence, trace),
-        judgement=None if cell.judgement is None else _judgement(cell.judgement, oracle_name, tol),
+        judgement=None if cell.judgement is None else _judgement(cell.judgement, oracle_name,
+                                                                 tol, oracle_package),
         logits_audit=None if cell.audit is None else _audit(cell.audit, tol),
         greedy=greedy,
         ledger=cell.ledger.to_dict() if cell.ledger is not None else ev.LedgerRecord(),

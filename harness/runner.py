@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from engines.engine import Engine
+from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, InputError, NonFiniteLogits
-from engines.oracle import Oracle, OracleTrace
+from engines.oracle import Oracle, OracleTrace, oracle_for
 from engines.registry import REFERENCE_ENGINE, get_engine_class
 from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
@@ -176,7 +176,7 @@ class _PackagePlan:
 def _plan(resolved, mode, widths, prompts, max_prompts, max_new_tokens) -> list[_PackagePlan]:
     """What runs where; a bad request (prompt, width, mode) is an ``InputError`` here,
     before any cell runs (exit 2), never an error cell."""
-    from engines.workflow.validation import check_request
+    from engines.requests import check_request
 
     plans = []
     for package in resolved:
@@ -204,7 +204,7 @@ class _Judge:
     @property
     def oracle(self) -> Oracle:
         if self._oracle is None:
-            self._oracle = Oracle(self.package)
+            self._oracle = oracle_for(self.package)  # a reduced package: its float32 twin
         return self._oracle
 
     def trace(self, name: str, prompt: list[int], max_new_tokens: int) -> OracleTrace:
@@ -246,13 +246,15 @@ def _describe(finding: StepJudgement) -> str:
 def _greedy_cell(engine, judge: _Judge, cell: CellResult, max_new_tokens: int):
     """A greedy cell: the budgeted decode, its judgement, the logits audit, the budgets."""
     host = engine.residency == "host"
+    auditable = engine.capabilities().logits_audit
     stage = "decode"
     try:
-        result, guard = decode(engine, cell.prompt, max_new_tokens, None, audit=host)
+        result, guard = decode(engine, cell.prompt, max_new_tokens, None,
+                               audit=host and auditable)
         cell.tokens, cell.tokens_per_s = list(result.tokens), result.tokens_per_s
         cell.ledger, cell.wall_s = result.ledger, result.wall_s
         rows, how, audit_bytes, audit_tokens = result.logits, "same", 0, None
-        if not host and result.logits is None:
+        if not host and auditable and result.logits is None:
             stage = "audit"  # a device engine: a separate, labelled audit decode
             audit_run = greedy_decode(engine, cell.prompt, max_new_tokens, audit=True)
             rows, how = audit_run.logits, "separate"
@@ -268,7 +270,7 @@ def _greedy_cell(engine, judge: _Judge, cell: CellResult, max_new_tokens: int):
             cell.audit.readback_bytes = audit_bytes
     except Exception as exc:
         return _errored(cell, CellError.of("judge", exc))
-    notes = []
+    notes = [] if auditable else ["logits not audited: the engine declares no logits audit"]
     if audit_tokens is not None and audit_tokens != cell.tokens:
         step = _first_difference(audit_tokens, cell.tokens)
         cell.judgement.findings.append(StepJudgement(
@@ -403,6 +405,32 @@ def resolve_engines(engines: Sequence[str | type[Engine]]) -> dict[str, type[Eng
     return out
 
 
+def _record(cell: CellResult, package, judge: _Judge | None, *, run_id: str, env,
+            evidence_dir: Path | None, max_new_tokens: int) -> CellResult:
+    """A finished cell's reference stream (an oracle failure makes it an ``error`` cell) and,
+    with an evidence folder, its record: what ``run_matrix`` emits for every cell (and
+    ``CellRunner`` for a cell run on its own)."""
+    from harness import evidence as ev
+    from harness.records import cell_record
+
+    trace = None
+    if judge is not None:
+        try:
+            trace = judge.trace(cell.prompt_name, cell.prompt, max_new_tokens)
+            cell.reference = list(trace.tokens)
+        except _OracleFailed as failed:
+            if cell.status != UNAVAILABLE:
+                _errored(cell, failed.error)
+    if evidence_dir is not None:
+        ran = judge is not None and judge._oracle is not None
+        record = cell_record(run_id, env, package, cell, trace,
+                             judge.oracle.name if ran else REFERENCE_ENGINE,
+                             judge.tol if judge else None,
+                             judge.oracle.package if ran else None)
+        cell.record_path = ev.write_evidence(record, evidence_dir)
+    return cell
+
+
 def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
                prompts: Sequence[Sequence[int]] | None, max_new_tokens: int,
                evidence_dir: Path | None = None,
@@ -416,7 +444,6 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
     without a speculative section in speculative mode) fail before anything runs."""
     from harness import evidence as ev
     from harness.manifest import PlannedCell, RunManifest, finish, write_manifest
-    from harness.records import cell_record
 
     classes = resolve_engines(engines)
     plans = _plan([resolve_package(ref) for ref in packages], mode, widths, prompts, max_prompts,
@@ -437,19 +464,8 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
     cells: list[CellResult] = []
 
     def emit(cell: CellResult, package, judge: _Judge | None) -> None:
-        trace = None
-        if judge is not None:
-            try:
-                trace = judge.trace(cell.prompt_name, cell.prompt, max_new_tokens)
-                cell.reference = list(trace.tokens)
-            except _OracleFailed as failed:
-                if cell.status != UNAVAILABLE:
-                    _errored(cell, failed.error)
-        if evidence_dir is not None:
-            record = cell_record(run_id, env, package, cell, trace,
-                                 judge.oracle.name if judge and judge._oracle else REFERENCE_ENGINE,
-                                 judge.tol if judge else None)
-            cell.record_path = ev.write_evidence(record, evidence_dir)
+        _record(cell, package, judge, run_id=run_id, env=env, evidence_dir=evidence_dir,
+                max_new_tokens=max_new_tokens)
         cells.append(cell)
         if on_cell:
             on_cell(cell)
@@ -469,6 +485,10 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
             except Exception as exc:
                 avail = None
                 failure = CellError.of("availability", exc)
+            if avail is not None and avail.ok and mode == "speculative" \
+                    and not cls.capabilities().speculative:
+                avail = Availability(False, f"{engine_name} declares no speculative decoding "
+                                            f"(capabilities: speculative false)")
             if avail is not None and not avail.ok:
                 for w in pp.widths:
                     for prompt_name, p in pp.prompts:
@@ -523,4 +543,119 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
     return RunSummary(cells, evidence_dir, run_id, len(planned))
 
 
-__all__ = ["MODES", "CellResult", "RunSummary", "run_matrix", "widths_for", "REFERENCE_ENGINE"]
+class _Unavailable(str):
+    """An engine that cannot run here (its reason), as ``CellRunner`` remembers it."""
+
+
+class CellRunner:
+    """Runs planned cells one at a time, as ``run_matrix``'s loop runs them, so that any process
+    (a pytest-xdist worker of ``lockstep run --devices``) can run a share of a matrix and write
+    the same records: the same availability, capability and constructor handling, one engine
+    alive at a time (closed when a cell of another engine or package arrives, or at
+    ``close``), one judge per package (its oracle cache serves every engine of the package),
+    and before a package's first speculative cell of an engine, that engine's greedy streams
+    for every planned prompt of the package. Cells must arrive in ``run_matrix``'s order within
+    a package (package, engine, width, prompt). This mirrors ``run_matrix``: change the two
+    together (``suites/test_distributed.py`` runs both and compares every record)."""
+
+    def __init__(self, run_id: str, mode: str, max_new_tokens: int,
+                 evidence_dir: Path | None, env=None):
+        from harness import evidence as ev
+
+        self.run_id, self.mode, self.max_new_tokens = run_id, mode, max_new_tokens
+        self.evidence_dir = evidence_dir
+        self.env = env if env is not None else ev.collect_environment()
+        self._package_ref: str | None = None
+        self._package = None
+        self._judge: _Judge | None = None
+        self._engine_ref: str | None = None
+        self._engine_name = ""
+        self._engine: Engine | CellError | _Unavailable | None = None
+        self._greedy: dict | None = None
+
+    def _close_engine(self) -> None:
+        engine, self._engine, self._engine_ref, self._greedy = self._engine, None, None, None
+        if isinstance(engine, Engine):
+            try:
+                engine.close()
+            except Exception:
+                pass  # a close that fails must not hide the cells' verdicts
+
+    def close(self) -> None:
+        self._close_engine()
+        self._package_ref = self._package = self._judge = None
+
+    def _use_package(self, package_ref: str) -> None:
+        if package_ref != self._package_ref:
+            self.close()
+            self._package = resolve_package(package_ref)
+            self._package_ref, self._judge = package_ref, _Judge(self._package)
+
+    def _setup(self, cls: type[Engine]):
+        """run_matrix's per-engine preamble: the engine, or why its cells cannot run."""
+        try:
+            avail = cls.availability()
+        except Exception as exc:
+            return CellError.of("availability", exc)
+        if avail.ok and self.mode == "speculative" and not cls.capabilities().speculative:
+            avail = Availability(False, f"{cls.name} declares no speculative decoding "
+                                        f"(capabilities: speculative false)")
+        if not avail.ok:
+            return _Unavailable(avail.reason)
+        try:
+            return cls(self._package)
+        except EngineUnavailable as err:  # an engine that loads only some packages
+            return _Unavailable(str(err))
+        except Exception as exc:
+            return CellError.of("constructor", exc)
+
+    def run(self, package_ref: str, engine_ref: str, label: str, width: int | None,
+            prompt_name: str, prompt: list[int],
+            package_prompts: Sequence[tuple[str, list[int]]]) -> CellResult:
+        """One cell, judged and (with an evidence folder) recorded. ``package_prompts``: every
+        planned prompt of the package, in plan order (a speculative cell's greedy streams)."""
+        self._use_package(package_ref)
+        if engine_ref != self._engine_ref:
+            self._close_engine()
+            cls = get_engine_class(engine_ref)
+            self._engine = self._setup(cls)
+            self._engine_ref, self._engine_name = engine_ref, cls.name
+        package, judge, state = self._package, self._judge, self._engine
+        cell = CellResult(package.spec.name, self._engine_name, prompt_name, list(prompt),
+                          IDENTICAL, mode=label)
+        if isinstance(state, _Unavailable):
+            cell.status, cell.reason = UNAVAILABLE, str(state)
+            return self._emit(cell, None)
+        if isinstance(state, CellError):
+            return self._emit(_errored(cell, state), judge)
+        if self.mode == "speculative" and self._greedy is None:
+            self._greedy = {n: _greedy_for_speculation(state, judge, list(p),
+                                                       self.max_new_tokens)
+                            for n, p in package_prompts}
+        try:
+            judge.trace(prompt_name, cell.prompt, self.max_new_tokens)
+        except _OracleFailed as failed:
+            return self._emit(_errored(cell, failed.error), judge)
+        if width is None:
+            _greedy_cell(state, judge, cell, self.max_new_tokens)
+        else:
+            _speculative_cell(state, judge, cell, self.max_new_tokens, width,
+                              self._greedy[prompt_name])
+        return self._emit(cell, judge)
+
+    def failed(self, package_ref: str, engine_name: str, label: str, prompt_name: str,
+               prompt: list[int], error: CellError) -> CellResult:
+        """The ``error`` record of a cell that could not be run as a cell: its process died
+        while running it, or something outside the cell's own guards raised."""
+        self._use_package(package_ref)
+        cell = CellResult(self._package.spec.name, engine_name, prompt_name, list(prompt),
+                          IDENTICAL, mode=label)
+        return self._emit(_errored(cell, error), None)
+
+    def _emit(self, cell: CellResult, judge: _Judge | None) -> CellResult:
+        return _record(cell, self._package, judge, run_id=self.run_id, env=self.env,
+                       evidence_dir=self.evidence_dir, max_new_tokens=self.max_new_tokens)
+
+
+__all__ = ["MODES", "CellResult", "CellRunner", "RunSummary", "run_matrix", "widths_for",
+           "REFERENCE_ENGINE"]

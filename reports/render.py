@@ -13,7 +13,12 @@ planned against recorded; the planted-bug catch matrix; one article per record w
 findings or an error (the first finding with both top-5 lists, the further finding steps,
 the error with its traceback, which path of a speculative cell is wrong, the streams side
 by side); the logits audit; budgets per engine and claim; claims; graph slots; ledger;
-plots; environment.
+plots; the GPUs; environment.
+
+GPUs: every record names the GPU it ran on (``environment.gpu_index`` and ``gpu_uuid``); the
+claims table shows it per record, the GPUs section counts records per GPU, and a cell recorded
+on several GPUs that fails on one and passes on another is flagged "differs between GPUs" (a
+red box in the header, and on its matrix cell).
 """
 from __future__ import annotations
 
@@ -55,6 +60,7 @@ def _env() -> Environment:
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["visible"] = visible_text
     env.filters["num"] = _num
+    env.filters["gpu"] = gpu_label
     return env
 
 
@@ -324,8 +330,8 @@ def _short(text: str, limit: int = 48) -> str:
 
 
 def _matrix(records: Sequence[EvidenceRecord], statuses: dict[int, str],
-            anchors: dict[int, str], missing: dict[tuple[str, str, str], list[PlannedCell]]
-            ) -> MatrixView:
+            anchors: dict[int, str], missing: dict[tuple[str, str, str], list[PlannedCell]],
+            differs: frozenset[tuple[str, str, str]] | set = frozenset()) -> MatrixView:
     groups: dict[tuple[str, str, str], list[EvidenceRecord]] = defaultdict(list)
     for record in records:
         groups[record.cell].append(record)
@@ -342,7 +348,7 @@ def _matrix(records: Sequence[EvidenceRecord], statuses: dict[int, str],
             if not members and not absent:
                 cells.append({"engine": engine, "verdict": NOT_RUN, "count": 0, "ok": 0,
                               "near_ties": 0, "missing": 0, "anchor": "", "title": "not run",
-                              "note": ""})
+                              "note": "", "differs_gpus": False})
                 continue
             verdict = cell_verdict(members, len(absent))
             member_status = [statuses[id(r)] for r in members]
@@ -363,11 +369,15 @@ def _matrix(records: Sequence[EvidenceRecord], statuses: dict[int, str],
             note = ""
             if verdict == UNAVAILABLE:
                 note = _short(next((r.reason for r in members if r.reason), "") or "")
+            split = (package, engine, mode) in differs
+            if split:
+                reasons.insert(0, "differs between GPUs: fails on one GPU, passes on another")
             cells.append({
                 "engine": engine, "verdict": verdict, "count": len(members),
                 "ok": sum(_is_ok(s) for s in member_status),
                 "near_ties": member_status.count(NEAR_TIE), "missing": len(absent),
-                "anchor": anchor, "title": "\n".join(reasons) or verdict, "note": note})
+                "anchor": anchor, "title": "\n".join(reasons) or verdict, "note": note,
+                "differs_gpus": split})
         rows.append((package, mode, cells))
     return MatrixView(engines, rows)
 
@@ -568,6 +578,92 @@ def _environments(records: Sequence[EvidenceRecord]) -> list[dict]:
     return list(seen.values())
 
 
+# -- GPUs -------------------------------------------------------------------------------------
+
+def gpu_key(record: EvidenceRecord) -> str | None:
+    """Which GPU produced a record: its UUID (the identity: two GPUs of one host may report
+    the same PCI bus id), else its index; None for a record that names no GPU."""
+    env = record.environment
+    if env.gpu_uuid:
+        return env.gpu_uuid
+    return f"GPU {env.gpu_index}" if env.gpu_index is not None else None
+
+
+def gpu_label(record: EvidenceRecord) -> str:
+    """``GPU 1 · GPU-5f1c2b1e`` (index and the UUID's first group), or "" without a GPU."""
+    env = record.environment
+    parts = []
+    if env.gpu_index is not None:
+        parts.append(f"GPU {env.gpu_index}")
+    if env.gpu_uuid:
+        parts.append(env.gpu_uuid[:12])
+    return " · ".join(parts)
+
+
+@dataclass
+class GpuView:
+    key: str
+    label: str
+    index: int | None
+    uuid: str | None
+    name: str | None
+    host: str
+    records: int = 0
+    ok: int = 0
+    failing: int = 0
+
+
+@dataclass
+class GpuDifference:
+    """A cell (package, engine, mode, prompt) that fails on one GPU and passes on another."""
+    cell: tuple[str, str, str, str]
+    verdicts: list[tuple[str, str]]  # (GPU label, worst status of its records there)
+    failing_on: list[str]
+    passing_on: list[str]
+
+
+def _gpus(records: Sequence[EvidenceRecord], statuses: dict[int, str]) -> list[GpuView]:
+    views: dict[str, GpuView] = {}
+    for r in records:
+        key = gpu_key(r)
+        if key is None:
+            continue
+        env = r.environment
+        v = views.setdefault(key, GpuView(key, gpu_label(r), env.gpu_index, env.gpu_uuid,
+                                          env.gpu_name, env.host))
+        v.records += 1
+        v.ok += _is_ok(statuses[id(r)])
+        v.failing += statuses[id(r)] in FAILING
+    return sorted(views.values(), key=lambda v: (v.host, v.index is None, v.index or 0, v.key))
+
+
+def gpu_differences(records: Sequence[EvidenceRecord],
+                    statuses: dict[int, str] | None = None) -> list[GpuDifference]:
+    """Cells recorded on two or more GPUs whose worst status is failing on one GPU and
+    passing (identical or near-tie) on another: "differs between GPUs"."""
+    if statuses is None:
+        statuses = {id(r): record_status(r) for r in records}
+    cells: dict[tuple[str, str, str, str], dict[str, list[EvidenceRecord]]] = defaultdict(
+        lambda: defaultdict(list))
+    for r in records:
+        key = gpu_key(r)
+        if key is not None:
+            cells[(r.package.name, r.engine, r.mode.label, r.prompt.name)][key].append(r)
+    out = []
+    for cell, by_gpu in cells.items():
+        if len(by_gpu) < 2:
+            continue
+        verdicts = []
+        for members in by_gpu.values():
+            verdicts.append((gpu_label(members[0]) or gpu_key(members[0]),
+                             worst(*(statuses[id(m)] for m in members))))
+        failing = [label for label, v in verdicts if v in FAILING]
+        passing = [label for label, v in verdicts if _is_ok(v)]
+        if failing and passing:
+            out.append(GpuDifference(cell, sorted(verdicts), sorted(failing), sorted(passing)))
+    return sorted(out, key=lambda d: (d.cell[0], _mode_sort(d.cell[2]), d.cell[1], d.cell[3]))
+
+
 def _unavailable(records: Sequence[EvidenceRecord], statuses: dict[int, str]) -> list[dict]:
     groups: dict[tuple[str, str], dict] = {}
     for r in records:
@@ -619,6 +715,8 @@ def render_report(records: Sequence[EvidenceRecord],
     counts = {s: 0 for s in SEVERITY}
     for s in statuses.values():
         counts[s] += 1
+    differences = gpu_differences(records, statuses)
+    differs = {d.cell[:3] for d in differences}
     context = {
         "title": title,
         "generated": (generated or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
@@ -642,7 +740,9 @@ def render_report(records: Sequence[EvidenceRecord],
         "has_manifests": bool(manifests),
         "unmanifested": sorted({r.run_id for r in records} - manifest_ids) if manifests else [],
         "unavailable": _unavailable(records, statuses),
-        "matrix": _matrix(records, statuses, anchors, missing),
+        "matrix": _matrix(records, statuses, anchors, missing, differs),
+        "gpus": _gpus(records, statuses),
+        "gpu_differences": differences,
         "findings": findings,
         "audits": [(rows_anchor[id(r)], r) for r in records if r.logits_audit is not None],
         "budget_groups": budget_groups,

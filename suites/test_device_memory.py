@@ -16,6 +16,8 @@ import pytest
 from engines.device_memory import CountingAllocator, driver_free_bytes
 from engines.ledger import Ledger
 
+pytestmark = pytest.mark.claim("flat_memory")
+
 
 class FakePooled:
     def __init__(self, pool, ptr, size):

@@ -69,6 +69,7 @@ def nmse(a, b):
 
 # -- build, validate, cache -------------------------------------------------------------------
 
+@pytest.mark.claim("token_identity")
 @pytest.mark.parametrize("name", NAMES)
 def test_builtin_fixture_builds_validates_and_is_well_conditioned(built, name):
     pkg = load_package(built[name])
@@ -156,6 +157,7 @@ def test_fixture_graphs_use_only_supported_ops_and_host_shapes(built, name):
 
 # -- lookup_chained ---------------------------------------------------------------------------
 
+@pytest.mark.claim("token_identity")
 def test_lookup_chained_oracle_equals_the_analytic_stream(built):
     pkg = load_package(built["lookup_chained"])
     for prompt in pkg.spec.prompts:
@@ -164,6 +166,7 @@ def test_lookup_chained_oracle_equals_the_analytic_stream(built):
         assert len(set(expected)) == NEW  # full period: never constant, never a short cycle
 
 
+@pytest.mark.claim("logits_within_tolerance")
 def test_lookup_chained_target_reads_its_cache(built):
     session, spec = session_for(built["lookup_chained"])
     prompt = spec.prompts[2]
@@ -259,6 +262,7 @@ def test_conditioning_rejects_a_collapsed_stream(tmp_path):
 
 # -- tiny_llama -------------------------------------------------------------------------------
 
+@pytest.mark.claim("token_identity")
 def test_tiny_llama_append_and_static_share_weights_and_streams(built):
     append, static = (load_package(built[n]) for n in ("tiny_llama", "tiny_llama_static"))
     assert read_build_info(built["tiny_llama"])["seed"] == \
@@ -287,6 +291,7 @@ def chunked_logits(folder, prompt, chunks):
     return np.concatenate(rows)
 
 
+@pytest.mark.claim("logits_within_tolerance")
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_llama_static"])
 def test_tiny_llama_any_chunking_matches_one_forward(built, name):
     prompt = [1, 60, 3, 88, 23, 9, 71, 4, 40, 2]
@@ -306,6 +311,7 @@ def test_llama_config_rejects_bad_grouping():
 
 # -- generated decoders -----------------------------------------------------------------------
 
+@pytest.mark.claim("logits_within_tolerance", "finite_logits")
 @given(decoder_configs())
 def test_generated_decoders_validate_and_agree_across_cache_kinds(tmp_path_factory, case):
     root = tmp_path_factory.mktemp("generated")
@@ -403,6 +409,7 @@ def test_tied_llama_is_declared_and_its_build_record_counts_every_step_tied(buil
     assert pkg.spec.decoding.speculative is None and pkg.spec.vocab_size == 96
 
 
+@pytest.mark.claim("token_identity")
 def test_tied_llama_oracle_logits_tie_in_pairs_on_every_engine(tied_engines):
     """At every step the from-scratch prefix logits hold ids 2k and 2k+1 bitwise equal, on each
     host engine, and the oracle names the even twin best and the odd one runner-up at margin 0."""
@@ -422,6 +429,7 @@ def test_tied_llama_oracle_logits_tie_in_pairs_on_every_engine(tied_engines):
             assert (rows.max(-1) - third >= tolerance_for("float32").near_tie_margin).all()
 
 
+@pytest.mark.claim("token_identity")
 def test_tied_llama_every_engine_emits_the_even_twin_and_the_same_stream(tied_engines):
     pkg, engines = tied_engines
     for prompt in pkg.spec.prompts:

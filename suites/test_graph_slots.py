@@ -70,6 +70,7 @@ def test_static_fixtures_are_listed_and_static(packages):
 
 # -- greedy: capture once, replay every later step ---------------------------------------------
 
+@pytest.mark.claim("graph_replay", "token_identity", "zero_staging", "readback_budget")
 @pytest.mark.parametrize("package_name", STATIC)
 def test_greedy_captures_primary_once_and_replays_every_later_step(cp, packages, package_name):
     from harness.transfer_guard import transfer_guard
@@ -104,6 +105,7 @@ def test_greedy_captures_primary_once_and_replays_every_later_step(cp, packages,
 
 # -- replay integrity ------------------------------------------------------------------------------
 
+@pytest.mark.claim("graph_replay", "token_identity")
 @pytest.mark.parametrize("package_name", STATIC)
 def test_poisoned_replays_still_equal_the_oracle(cp, packages, package_name):
     package = packages[package_name]
@@ -129,6 +131,7 @@ def _after_capture(engine, prompt):
     return session, session.last_token(out["logits"])
 
 
+@pytest.mark.claim("graph_replay")
 def test_a_replay_that_writes_nothing_is_caught_by_the_poison(cp, packages):
     package = packages["tiny_llama_static"]
     engine = make_engine(package, poison_outputs=True)
@@ -147,6 +150,7 @@ def test_a_replay_that_writes_nothing_is_caught_by_the_poison(cp, packages):
         engine.close()
 
 
+@pytest.mark.claim("graph_replay")
 def test_a_replay_reading_a_stale_input_is_caught_by_the_eager_comparison(cp, packages):
     """A good replay equals the eager forward bit for bit; a graph left reading the tokens
     buffer it captured (the feed now copied elsewhere) does not."""
@@ -188,6 +192,7 @@ def _after_capture_eager(engine, prompt):
 
 # -- two slots, interleaved, reset independently -----------------------------------------------------
 
+@pytest.mark.claim("graph_replay")
 @pytest.mark.parametrize("package_name", STATIC)
 def test_primary_and_verify_interleave_and_reset_independently(cp, packages, package_name):
     package = packages[package_name]
@@ -231,6 +236,7 @@ def test_primary_and_verify_interleave_and_reset_independently(cp, packages, pac
 
 # -- fallback ---------------------------------------------------------------------------------------
 
+@pytest.mark.claim("graph_replay", "token_identity")
 def test_a_capture_unsafe_op_falls_back_once_and_stays_correct(cp, packages, monkeypatch):
     package = packages["tiny_llama_static"]
     prompt = list(package.spec.prompts[0])
@@ -259,6 +265,7 @@ def test_a_capture_unsafe_op_falls_back_once_and_stays_correct(cp, packages, mon
 
 # -- memory, crossings -----------------------------------------------------------------------------
 
+@pytest.mark.claim("flat_memory", "graph_replay")
 @pytest.mark.parametrize("package_name", STATIC)
 def test_device_memory_stays_flat_across_replays(cp, package_name, evidence_dir):
     steps = 100
@@ -281,6 +288,7 @@ def test_device_memory_stays_flat_across_replays(cp, package_name, evidence_dir)
     assert probe["host_staging"] == 0
 
 
+@pytest.mark.claim("zero_staging", "readback_budget", "token_identity")
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 @pytest.mark.parametrize("package_name", STATIC)
 def test_a_warm_greedy_decode_moves_only_the_prompt_and_token_ids(cp, packages, package_name,
@@ -310,6 +318,7 @@ def test_a_warm_greedy_decode_moves_only_the_prompt_and_token_ids(cp, packages, 
         engine.close()
 
 
+@pytest.mark.claim("tensor_ops")
 def test_device_feed_ops_equal_the_host_ops(cp, packages):
     from engines.ledger import Ledger
     from engines.tensor_ops.host import HostTensorOps
@@ -336,6 +345,7 @@ def test_device_feed_ops_equal_the_host_ops(cp, packages):
 
 # -- speculative: both slots replay ------------------------------------------------------------
 
+@pytest.mark.claim("graph_replay", "spec_equals_greedy", "zero_staging", "readback_budget")
 @pytest.mark.parametrize("width", [1, 2, 4])
 def test_speculative_replays_primary_for_proposals_and_verify_for_verification(cp, packages,
                                                                                width):
@@ -343,7 +353,7 @@ def test_speculative_replays_primary_for_proposals_and_verify_for_verification(c
     PRIMARY and the target's W+1-position verifications in VERIFY; neither falls back; the
     stream equals greedy; nothing is staged (ledger and guard) and the readback is exact."""
     from engines.workflow.speculative import speculative_decode
-    from harness.runner import expected_readback
+    from harness.budgets import expected_readback
     from harness.transfer_guard import transfer_guard
 
     package = packages["tiny_llama_pair_static"]

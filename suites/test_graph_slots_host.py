@@ -153,6 +153,7 @@ def zeros_state():
 
 # -- signatures and phases ---------------------------------------------------------------------
 
+@pytest.mark.claim("graph_replay")
 def test_signature_is_component_plus_feed_shapes_and_dtypes():
     a = toy_feeds([1], 0, zeros_state())
     b = toy_feeds([9], 7, np.ones((1, 4), np.float32))  # other values, same shapes
@@ -164,6 +165,7 @@ def test_signature_is_component_plus_feed_shapes_and_dtypes():
     assert Signature.of("target", a) != Signature.of("target", c)
 
 
+@pytest.mark.claim("graph_replay")
 def test_phases_map_to_slots_and_every_other_phase_is_eager():
     assert slot_for_phase("decode") is GraphSlot.PRIMARY
     assert slot_for_phase("propose") is GraphSlot.PRIMARY  # a proposer step is M=1 work
@@ -177,6 +179,7 @@ def test_phases_map_to_slots_and_every_other_phase_is_eager():
     assert set(SLOT_FOR_PHASE.values()) == set(GraphSlot)
 
 
+@pytest.mark.claim("graph_replay")
 def test_graphs_are_on_by_default_only_where_every_kv_cell_is_static(packages):
     assert graphs_default(packages["tiny_llama_static"].spec)
     assert graphs_default(packages["tiny_llama_pair_static"].spec)
@@ -185,6 +188,7 @@ def test_graphs_are_on_by_default_only_where_every_kv_cell_is_static(packages):
     assert not graphs_default(packages["lookup_chained"].spec)
 
 
+@pytest.mark.claim("graph_replay")
 def test_routing_other_phases_graphs_off_and_host_empties_run_eagerly():
     feeds = toy_feeds([1], 0, zeros_state())
     h = Harness()
@@ -206,6 +210,7 @@ def test_routing_other_phases_graphs_off_and_host_empties_run_eagerly():
 
 # -- lifecycle ---------------------------------------------------------------------------------
 
+@pytest.mark.claim("graph_replay")
 def test_first_use_captures_then_replays_with_static_buffers():
     h = Harness()
     feeds = toy_feeds([3], 4, zeros_state())
@@ -227,6 +232,7 @@ def test_first_use_captures_then_replays_with_static_buffers():
     assert slot._keep == ["kept"]  # what the graph reads is held while it lives
 
 
+@pytest.mark.claim("graph_replay")
 def test_a_state_cell_fed_back_from_a_static_output_reads_the_value_it_saw():
     """The interpreter's loop: the cell's next feed IS last replay's output buffer; the
     copy into the static input happens before the launch that overwrites that buffer."""
@@ -245,6 +251,7 @@ def test_a_state_cell_fed_back_from_a_static_output_reads_the_value_it_saw():
     assert h.counters(GraphSlot.PRIMARY).replays == 11
 
 
+@pytest.mark.claim("graph_replay")
 def test_a_feed_that_is_the_static_input_is_not_copied():
     h = Harness()
     h.run(GraphSlot.PRIMARY, toy_feeds([1], 0, zeros_state()))
@@ -258,6 +265,7 @@ def test_a_feed_that_is_the_static_input_is_not_copied():
     np.testing.assert_array_equal(out["state_out"], np.full((1, 4), 3.0 + 2 + 1, np.float32))
 
 
+@pytest.mark.claim("graph_replay")
 def test_a_new_signature_invalidates_and_recaptures():
     h = Harness()
     h.run(GraphSlot.VERIFY, toy_feeds([1, 2, 3], 0, zeros_state()))
@@ -272,6 +280,7 @@ def test_a_new_signature_invalidates_and_recaptures():
     assert h.counters(GraphSlot.VERIFY).replays == 2
 
 
+@pytest.mark.claim("graph_replay")
 def test_reset_drops_one_slot_and_the_other_keeps_replaying():
     h = Harness()
     p, v = GraphSlot.PRIMARY, GraphSlot.VERIFY
@@ -290,6 +299,7 @@ def test_reset_drops_one_slot_and_the_other_keeps_replaying():
     assert h.counters(p).resets == 2
 
 
+@pytest.mark.claim("graph_replay")
 def test_a_failed_capture_falls_back_once_per_signature_and_stays_correct():
     device = FakeDevice(fail_capture=True)
     h = Harness(device)
@@ -309,6 +319,7 @@ def test_a_failed_capture_falls_back_once_per_signature_and_stays_correct():
     assert device.captures == 2 and c.invalidations == 1 and c.fallbacks == 6
 
 
+@pytest.mark.claim("graph_replay")
 def test_bad_feeds_at_first_use_raise_and_leave_the_slot_empty():
     h = Harness()
 
@@ -325,6 +336,7 @@ def test_bad_feeds_at_first_use_raise_and_leave_the_slot_empty():
 
 # -- poison and sabotage -------------------------------------------------------------------------
 
+@pytest.mark.claim("graph_replay")
 def test_poison_fills_the_outputs_before_every_replay():
     h = Harness(poison=True)
     h.run(GraphSlot.PRIMARY, toy_feeds([1], 0, zeros_state()))
@@ -334,6 +346,7 @@ def test_poison_fills_the_outputs_before_every_replay():
     assert np.isfinite(out["logits"]).all()  # a working replay overwrites the poison
 
 
+@pytest.mark.claim("graph_replay")
 def test_a_replay_that_writes_nothing_is_caught_by_the_poison():
     h = Harness(FakeDevice(broken_graphs=True), poison=True)
     h.run(GraphSlot.PRIMARY, toy_feeds([1], 0, zeros_state()))
@@ -342,6 +355,7 @@ def test_a_replay_that_writes_nothing_is_caught_by_the_poison():
     assert (out["state_out"] != out["state_out"]).all()
 
 
+@pytest.mark.claim("graph_replay")
 def test_a_replay_reading_a_stale_input_differs_from_eager():
     """Negative control: the graph keeps reading the buffer it captured while the slot
     copies the feed elsewhere; comparing with the eager forward catches it."""
@@ -361,6 +375,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["PRIMARY", "VERIFY", "reset PRIMARY", 
                          st.integers(1, 3)), min_size=1, max_size=30)
 
 
+@pytest.mark.claim("graph_replay")
 @given(program=OPS, fail=st.booleans())
 def test_every_slot_forward_is_one_capture_replay_or_fallback_and_equals_eager(program, fail):
     h = Harness(FakeDevice(fail_capture=fail), poison=True)
@@ -465,6 +480,7 @@ def test_a_host_backend_adopts_as_before():
 
 # -- the device feed on the host tensor ops ------------------------------------------------------
 
+@pytest.mark.claim("tensor_ops")
 def test_next_token_feed_keeps_the_argmax_as_an_int64_feed():
     ops = HostTensorOps(Ledger())
     assert ops.supports_device_feed
@@ -479,6 +495,7 @@ def test_next_token_feed_keeps_the_argmax_as_an_int64_feed():
     assert err.value.field == "logits2d"
 
 
+@pytest.mark.claim("tensor_ops")
 def test_advance_positions_continues_from_the_last_position():
     ops = HostTensorOps(Ledger())
     nxt = ops.advance_positions(np.arange(4, 9, dtype=np.int64).reshape(1, 5))
@@ -491,6 +508,7 @@ def test_advance_positions_continues_from_the_last_position():
         ops.advance_positions(np.zeros((1, 0), np.int64))
 
 
+@pytest.mark.claim("tensor_ops")
 def test_device_feed_takes_arrays_only():
     ops = HostTensorOps(Ledger())
     with pytest.raises(InputError) as err:
@@ -517,6 +535,7 @@ class SlottedHostEngine(NativeHostEngine):
                               forward_positions(self.package.spec.components[component], feeds))
 
 
+@pytest.mark.claim("graph_replay")
 @pytest.mark.parametrize("package_name", ["tiny_llama_static", "tiny_llama_pair_static"])
 def test_greedy_through_the_slots_captures_once_and_equals_native_host(packages, engine_cache,
                                                                        package_name):
@@ -539,6 +558,7 @@ def test_greedy_through_the_slots_captures_once_and_equals_native_host(packages,
     assert again.ledger.slot("PRIMARY").replays == steps
 
 
+@pytest.mark.claim("graph_replay", "spec_equals_greedy")
 def test_speculative_through_the_slots_equals_greedy(packages, engine_cache):
     """VERIFY replays feed static outputs back through truncation and rollback."""
     from engines.workflow import greedy_decode
@@ -561,14 +581,32 @@ def test_speculative_through_the_slots_equals_greedy(packages, engine_cache):
     assert primary.invalidations <= 1  # at most once, for a last plain decode of the target
 
 
-def test_the_interpreter_tells_the_phase_only_to_engines_that_take_it():
-    from engines.workflow.session import takes_phase
+def test_the_interpreter_tells_every_forward_its_phase(packages):
+    """``phase`` is part of ``Engine.run_component``'s declared signature: the interpreter
+    always passes it, by keyword, to every engine (no signature probing)."""
+    from engines.workflow import greedy_decode
+    from engines.workflow.speculative import speculative_decode
 
-    assert takes_phase(lambda component, feeds, phase=None: None)
-    assert not takes_phase(lambda component, feeds: None)
-    assert not takes_phase(lambda component, feeds, **kw: None)  # by name only
+    seen = []
+
+    class PhaseLog(NativeHostEngine):
+        name = "phase-log"
+
+        def run_component(self, component, feeds, phase=None):
+            seen.append((component, phase))
+            return super().run_component(component, feeds, phase=phase)
+
+    package = packages["tiny_llama_pair"]
+    engine = PhaseLog(package)
+    greedy_decode(engine, list(package.spec.prompts[0]), 4)
+    assert [p for _, p in seen] == ["prefill", "decode", "decode", "decode"]
+    seen.clear()
+    speculative_decode(engine, list(package.spec.prompts[0]), 6, 2)
+    phases = {p for _, p in seen}
+    assert None not in phases and {"prefill", "propose", "verify"} <= phases
 
 
+@pytest.mark.claim("token_identity", "tensor_ops")
 def test_greedy_feeds_each_next_token_and_position_from_the_tensor_ops(packages, engine_cache,
                                                                       monkeypatch):
     """One interpreter for every engine: on the host too, after the prompt nothing is

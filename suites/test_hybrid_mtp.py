@@ -89,6 +89,7 @@ def test_speculative_section_declares_the_mtp_contract(package):
     assert not spec.state_of("mtp_head")  # the head is stateless: rows are independent
 
 
+@pytest.mark.claim("token_identity")
 def test_oracle_streams_are_well_conditioned_and_context_shaped(package, oracle_streams):
     c = hybrid_mtp.CONFIG
     follows = departs = 0
@@ -107,6 +108,7 @@ def test_oracle_streams_are_well_conditioned_and_context_shaped(package, oracle_
 
 # -- exactness --------------------------------------------------------------------------------
 
+@pytest.mark.claim("token_identity")
 @pytest.mark.parametrize("engine_name", HOST_ENGINES)
 def test_greedy_equals_the_oracle(engines, package, oracle_streams, engine_name):
     engine = engines(engine_name)
@@ -133,6 +135,7 @@ def test_the_interpreter_carries_the_recurrent_cells(engines, package):
             assert value.shape == tuple(cell.shape) and np.abs(value).max() > 0.01
 
 
+@pytest.mark.claim("batch_invariance")
 @pytest.mark.parametrize("engine_name", ["native-host", "ort-cpu"])
 @pytest.mark.parametrize("prefix_len, tokens", [(4, [7]), (3, [9, 27, 50, 2]),
                                                 (7, [33, 8, 50, 1, 60, 3, 28, 23, 9])])
@@ -230,6 +233,7 @@ def test_mtp_head_agrees_sometimes_and_disagrees_sometimes(engines, package, ora
     assert counts[width] > 0 and counts[1:width].sum() > 0, counts  # full and partial accepts
 
 
+@pytest.mark.claim("batch_invariance")
 def test_mtp_rows_are_independent_and_the_carry_matters(engines, package):
     engine = engines("native-host")
     spec = package.spec
@@ -259,6 +263,7 @@ def greedy_by_hand(engine, spec, prompt, n, corrupt):
     return tokens
 
 
+@pytest.mark.claim("token_identity")
 def test_recurrent_cells_decide_tokens(engines, package, oracle_streams):
     """Forgetting the recurrent cells, or missing the snapshot restore after rejected drafts
     (every fourth step), changes the greedy stream on every default prompt: token identity

@@ -134,6 +134,7 @@ def test_engine_without_cuda_is_unavailable_with_a_reason():
 
 # -- GEMV ----------------------------------------------------------------------------------
 
+@pytest.mark.claim("batch_invariance")
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("shape", GEMV_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -188,6 +189,7 @@ def test_gemv_rows_checks_its_operands(cp, stream, kernels):
 
 # -- batched matmul ------------------------------------------------------------------------
 
+@pytest.mark.claim("batch_invariance")
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int32"])
 def test_batched_matmul_rows_and_trailing_zeros(cp, stream, kernels, dtype):
@@ -214,6 +216,7 @@ def test_batched_matmul_rows_and_trailing_zeros(cp, stream, kernels, dtype):
     assert same_bits(host(short, stream), host(padded, stream))
 
 
+@pytest.mark.claim("batch_invariance")
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int64"])
 def test_batched_matmul_repeats_the_host_arithmetic(cp, stream, kernels, dtype):
@@ -238,6 +241,7 @@ def test_batched_matmul_repeats_the_host_arithmetic(cp, stream, kernels, dtype):
 
 # -- sum -----------------------------------------------------------------------------------
 
+@pytest.mark.claim("batch_invariance")
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int32", "int64"])
 def test_sum_axis_repeats_the_host_arithmetic(cp, stream, backend, dtype):
@@ -254,6 +258,7 @@ def test_sum_axis_repeats_the_host_arithmetic(cp, stream, backend, dtype):
     assert same_bits(host(backend.sum(strided, 2), stream), reference.sum(x[:, ::2, 5:30], 2))
 
 
+@pytest.mark.claim("batch_invariance")
 @pytest.mark.gpu
 def test_sum_rows_and_trailing_zeros(cp, stream, kernels):
     rng = np.random.default_rng(8)
@@ -274,6 +279,7 @@ def test_sum_rows_and_trailing_zeros(cp, stream, kernels):
 
 # -- the backend ---------------------------------------------------------------------------
 
+@pytest.mark.claim("batch_invariance")
 @pytest.mark.gpu
 @given(data=st.data())
 def test_backend_matmul_matches_the_host_backend(cp, stream, backend, data):

@@ -222,6 +222,7 @@ def test_erf_matches_math_erf():
                                rtol=2e-7, atol=1e-7)
 
 
+@pytest.mark.claim("zero_staging", "logits_within_tolerance", "batch_invariance")
 @pytest.mark.parametrize("cache,dtype,tied", [
     ("append", "float32", False), ("static", "float32", True),
     ("append", "float16", True), ("static", "float16", False)])

@@ -82,7 +82,7 @@ class HostBoundEngine(Engine):
                 name, package.component_model(name), width_input(package.spec, name), memory,
                 _cpu_session(path), _cpu_session(path) if graph else None, None, poison)
 
-    def run_component(self, component, feeds):
+    def run_component(self, component, feeds, phase=None):
         return self.components[component].run(feeds, self.ledger)
 
 
@@ -154,7 +154,7 @@ def test_static_packages_are_the_shape_stable_ones(packages):
 # -- host: shapes and binding logic ----------------------------------------------------------
 def _feeds_for(package, component, m, past_len):
     """Feeds for a forward of ``m`` positions after ``past_len`` (zero caches)."""
-    from engines.workflow.state import dtype_of
+    from engines.dtypes import dtype_of
 
     spec = package.spec
     comp = spec.components[component]
@@ -211,6 +211,7 @@ def test_resolution_rules():
     assert got == {"logits": (1, 5, 96), "present": None, "x": None, "y": None}
 
 
+@pytest.mark.claim("token_identity", "graph_replay")
 @pytest.mark.parametrize("package_name", fixture_names())
 def test_binding_logic_decodes_like_the_oracle_on_the_host(packages, package_name):
     """Pointers bound per forward, and on static packages the fixed graph buffers reused
@@ -238,6 +239,7 @@ def test_binding_logic_decodes_like_the_oracle_on_the_host(packages, package_nam
         assert slot.fallbacks == 0 and slot.invalidations == 0
 
 
+@pytest.mark.claim("token_identity", "spec_equals_greedy")
 @pytest.mark.parametrize("package_name", sorted(speculative_fixtures()))
 def test_binding_logic_speculative_equals_the_oracle_on_the_host(packages, package_name):
     """Speculative rounds through the same binding logic (a static drafter's steps on its
@@ -295,6 +297,7 @@ def test_cuda_graph_on_an_append_package_is_refused(monkeypatch, packages):
     assert info.value.field == "cuda_graph" and "append" in info.value.remedy
 
 
+@pytest.mark.claim("zero_staging")
 def test_memcpy_audit_counts_the_nodes_onnxruntime_saves(tmp_path, packages):
     """The audit reads onnxruntime's saved optimized graph: the file appears where the
     engine looks, and inserted copy nodes are counted by kind."""
@@ -350,6 +353,7 @@ def test_stage_script_splits_and_joins_byte_identically(tmp_path):
 
 
 # -- GPU --------------------------------------------------------------------------------------
+@pytest.mark.claim("token_identity", "zero_staging", "readback_budget", "graph_replay")
 @gpu
 @pytest.mark.parametrize("package_name", fixture_names())
 def test_greedy_equals_oracle_with_zero_staging(packages, engine_cache, package_name):
@@ -370,6 +374,7 @@ def test_greedy_equals_oracle_with_zero_staging(packages, engine_cache, package_
             assert slot is None
 
 
+@pytest.mark.claim("logits_within_tolerance")
 @gpu
 def test_outputs_stay_on_the_device_and_match_ort_cpu(packages):
     """Preallocated outputs and onnxruntime-allocated ones (the append cache) are CuPy arrays
@@ -395,6 +400,7 @@ def test_outputs_stay_on_the_device_and_match_ort_cpu(packages):
         engine.close()
 
 
+@pytest.mark.claim("graph_replay", "token_identity", "zero_staging")
 @gpu
 @pytest.mark.parametrize("package_name", STATIC_FIXTURES)
 def test_cuda_graph_captures_once_and_replays_every_later_step(packages, package_name):
@@ -428,6 +434,7 @@ def test_cuda_graph_captures_once_and_replays_every_later_step(packages, package
         eager.close()
 
 
+@pytest.mark.claim("graph_replay")
 @gpu
 def test_onnxruntime_log_shows_exactly_one_capture(packages, capfd):
     """Independent of lockstep's counters: onnxruntime's CUDA provider logs each capture; the

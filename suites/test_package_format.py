@@ -553,3 +553,39 @@ def test_hash_is_independent_of_creation_order_and_location(files, seed):
         second = package_content_hash(_write_files(Path(two) / "deeper" / "q", files,
                                                    list(reversed(shuffled))))
     assert first == second
+
+
+# -- hostile YAML: refused in bounded time, one clear error ------------------------------------
+def _alias_bomb(levels: int) -> str:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels + 1):
+        refs = ", ".join([f"*a{i - 1}"] * 9)
+        lines.append(f"a{i}: &a{i} [{refs}]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("text, needle", [
+    (_alias_bomb(9), "expands to more than"),
+    ("x: " + "[" * 5000 + "]" * 5000 + "\n", "nest"),
+    ("x: &a [1, *a]\n", "recursive alias"),
+])
+def test_hostile_yaml_is_refused_quickly_naming_the_file(pkg: Pkg, text, needle):
+    import time
+
+    pkg.yaml_text = text
+    root = pkg.write()
+    start = time.perf_counter()
+    with pytest.raises(PackageError, match=needle) as info:
+        load_package(root)
+    # a bound on hostile input, not a speed claim: the 9-level bomb took 62 s before
+    assert time.perf_counter() - start < 15.0
+    assert "package.yaml" in str(info.value) and info.value.remedy
+
+
+def test_a_benign_alias_still_loads(pkg: Pkg):
+    """Aliases are allowed when they expand to something reasonable."""
+    root = pkg.write()
+    first = list(pkg.doc["prompts"][0])
+    doc = {k: v for k, v in pkg.doc.items() if k != "prompts"}
+    (root / "package.yaml").write_text(yaml.safe_dump(doc) + f"prompts:\n- &p {first}\n- *p\n")
+    assert load_package(root).spec.prompts == [first, first]

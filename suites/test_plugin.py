@@ -244,3 +244,31 @@ def test_transfer_guard_fixture_is_imported_lazily(pytester):
         result.stdout.fnmatch_lines(["*harness.transfer_guard cannot be imported*"])
     else:
         result.assert_outcomes(passed=1)
+
+
+def test_claim_markers_are_validated_at_collection(pytester):
+    """An unknown claim id in ``@pytest.mark.claim`` stops the run, naming the test, the id
+    and the valid ids (harness/claims.py); a known one runs."""
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.claim("token_identity")
+        def test_known():
+            pass
+
+        @pytest.mark.claim("tokens_look_fine")
+        def test_unknown():
+            pass
+    """)
+    result = _run(pytester)
+    assert result.ret != 0
+    text = result.stdout.str() + result.stderr.str()
+    assert "unknown claim 'tokens_look_fine'" in text and "token_identity" in text
+    pytester.makepyfile(test_unknown="""
+        import pytest
+
+        @pytest.mark.claim("readback_budget")
+        def test_known():
+            pass
+    """)
+    assert _run(pytester, "test_unknown.py").ret == 0

@@ -15,7 +15,7 @@ import pytest
 from engines.ledger import Ledger
 from suites.support import write_figure
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.claim("snapshot_budget")]
 SIZES = (16 * 2**10, 2**20, 16 * 2**20, 256 * 2**20)  # bytes of float32 state
 REPEATS = 20
 

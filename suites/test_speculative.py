@@ -69,6 +69,7 @@ def check_tallies(result, package) -> None:
     assert led.readback_total == 0 and led.h2d_bytes == 0 and led.host_staging == 0
 
 
+@pytest.mark.claim("spec_equals_greedy", "token_identity")
 @pytest.mark.parametrize("package_name,width", CELLS, ids=[f"{n}-w{w}" for n, w in CELLS])
 @pytest.mark.parametrize("engine_name", HOST_ENGINES)
 def test_speculative_equals_greedy_equals_oracle(packages, engine_cache, package_name, width,
@@ -118,6 +119,7 @@ def rounds_match_the_contract(package, result) -> bool:
                for drafts, start in zip(result.drafts_per_round, result.start_per_round))
 
 
+@pytest.mark.claim("spec_equals_greedy")
 @pytest.mark.parametrize("width", range(1, SPECULATIVE["lookup_chained"] + 1))
 @pytest.mark.parametrize("engine_name", HOST_ENGINES)
 def test_chained_drafts_follow_seed_carry_and_borrowed_cache(packages, engine_cache,
@@ -129,6 +131,7 @@ def test_chained_drafts_follow_seed_carry_and_borrowed_cache(packages, engine_ca
         assert rounds_match_the_contract(package, result)
 
 
+@pytest.mark.claim("spec_equals_greedy")
 def test_a_drafter_bound_to_the_seed_cache_is_caught(packages, engine_cache):
     """Binding the borrowed cell to its initial (seed) value instead of the target's latest
     output changes the drafts; verification still keeps the stream right, so only a check
@@ -153,6 +156,7 @@ def test_a_drafter_bound_to_the_seed_cache_is_caught(packages, engine_cache):
         assert any(caught), f"width {width}: the seed-bound drafter went unnoticed"
 
 
+@pytest.mark.claim("spec_equals_greedy")
 def test_a_carry_seeded_from_the_wrong_row_is_caught(packages, engine_cache):
     """Seeding from the verify output's last row even after a rejection is caught."""
     package = packages["lookup_chained"]
@@ -203,6 +207,7 @@ def test_every_fixture_with_a_speculative_section_is_in_the_speculative_table(pa
     assert declared == set(SPECULATIVE)
 
 
+@pytest.mark.claim("spec_equals_greedy")
 def test_stop_at_max_new_tokens_exactly_like_greedy(packages, engine_cache):
     """Lengths 1..9 at width 4: the last round narrows, a last single token is a decode."""
     package = packages["tiny_llama_pair"]
@@ -215,6 +220,7 @@ def test_stop_at_max_new_tokens_exactly_like_greedy(packages, engine_cache):
         assert all(w <= 4 for w in result.widths_per_round)
 
 
+@pytest.mark.claim("spec_equals_greedy", "snapshot_budget")
 def test_host_snapshot_variant_decodes_the_same(packages, engine_cache):
     package = packages["tiny_llama_pair_static"]
     engine = engine_cache("ort-cpu", package)
@@ -226,6 +232,7 @@ def test_host_snapshot_variant_decodes_the_same(packages, engine_cache):
 
 
 # -- the runner and the CLI ------------------------------------------------------------------
+@pytest.mark.claim("spec_equals_greedy", "token_identity")
 def test_cli_speculative_matrix_writes_one_record_per_width(tmp_path, capsys):
     from harness.cli import main
     from harness.evidence import EvidenceRecord
@@ -262,6 +269,7 @@ def test_cli_refuses_bad_speculative_requests(argv, field, capsys):
     assert f"[field {field}" in err and "remedy:" in err
 
 
+@pytest.mark.claim("spec_equals_greedy", "token_identity")
 def test_runner_flags_a_speculative_stream_that_leaves_greedy(monkeypatch):
     """A broken acceptance rule (accept every draft) is a defect against greedy and oracle."""
     from engines.tensor_ops.host import HostTensorOps
@@ -286,6 +294,7 @@ def hybrid(tmp_path_factory):
     return load_package(build_recurrent_pair(tmp_path_factory.mktemp("recurrent_pair")))
 
 
+@pytest.mark.claim("spec_equals_greedy", "token_identity", "snapshot_budget")
 @pytest.mark.parametrize("width", range(1, 5))
 @pytest.mark.parametrize("engine_name", HOST_ENGINES)
 def test_recurrent_target_restores_and_readvances(hybrid, engine_cache, engine_name, width):
@@ -301,6 +310,7 @@ def test_recurrent_target_restores_and_readvances(hybrid, engine_cache, engine_n
     assert all(totals.values()), totals
 
 
+@pytest.mark.claim("snapshot_budget", "token_identity")
 @pytest.mark.parametrize("bug", ["no-restore", "kv-not-rolled-back"])
 def test_a_skipped_restore_or_rollback_leaves_the_oracle(hybrid, engine_cache, monkeypatch, bug):
     """The hybrid package's tokens depend on both cells, so either bug is a defect."""
@@ -317,6 +327,7 @@ def test_a_skipped_restore_or_rollback_leaves_the_oracle(hybrid, engine_cache, m
     assert any(diverged)
 
 
+@pytest.mark.claim("snapshot_budget", "spec_equals_greedy")
 def test_host_snapshot_comparison_decodes_the_same(hybrid, engine_cache):
     engine = engine_cache("ort-cpu", hybrid)
     prompt = hybrid.spec.prompts[0]

@@ -37,9 +37,10 @@ def expected_readback(result) -> dict[str, int]:
     led = result.ledger
     steps = sum(result.widths_per_round)
     return {"token_id": 4 * (1 + led.forwards["decode"] + steps + led.proposals),
-            "accept_count": 4 * led.proposals}
+            "accept_count": 4 * led.proposals, "logits_audit": 0}
 
 
+@pytest.mark.claim("spec_equals_greedy", "token_identity", "zero_staging", "readback_budget")
 @pytest.mark.parametrize("package_name,width", CELLS, ids=[f"{n}-w{w}" for n, w in CELLS])
 def test_speculative_equals_greedy_with_zero_staging_and_exact_readback(
         packages, engine_cache, package_name, width):
@@ -62,6 +63,7 @@ def test_speculative_equals_greedy_with_zero_staging_and_exact_readback(
         assert led.proposals == len(result.acceptance_per_round) > 0
 
 
+@pytest.mark.claim("snapshot_budget")
 @pytest.mark.parametrize("package_name", list(SPECULATIVE))
 def test_rolled_back_cells_stay_on_the_device_at_the_committed_length(packages, engine_cache,
                                                                       package_name):
@@ -90,6 +92,7 @@ def assert_cells_at_committed_length(package, engine, session) -> None:
             assert cell.value.shape[cell.spec.seq_axis] == session.target.position
 
 
+@pytest.mark.claim("snapshot_budget", "zero_staging")
 def test_device_snapshot_restores_byte_identical_state_without_a_host_byte():
     import cupy
     import ml_dtypes
@@ -119,6 +122,7 @@ def test_device_snapshot_restores_byte_identical_state_without_a_host_byte():
     assert service.length("r") == 1
 
 
+@pytest.mark.claim("readback_budget", "zero_staging")
 def test_accept_drafts_reads_back_exactly_8_bytes_and_copy_into_none():
     import cupy
 
@@ -133,11 +137,12 @@ def test_accept_drafts_reads_back_exactly_8_bytes_and_copy_into_none():
         assert ops.accept_drafts(logits, [1, 2]) == (1, 0)
         ops.copy_into(ops.zeros((3, 3), np.float32), logits)
         stream.synchronize()
-    assert ops.ledger.readback_bytes == {"token_id": 8, "accept_count": 8}
+    assert ops.ledger.readback_bytes == {"token_id": 8, "accept_count": 8, "logits_audit": 0}
     assert guard.readback_bytes["token_id"] == 8 and guard.readback_bytes["accept_count"] == 8
     assert guard.staging_count == 0
 
 
+@pytest.mark.claim("flat_memory")
 @pytest.mark.parametrize("package_name", list(SPECULATIVE))
 def test_live_allocations_flat_across_100_proposals(packages, engine_cache, package_name,
                                                     evidence_dir):
@@ -190,6 +195,7 @@ def test_live_allocations_flat_across_100_proposals(packages, engine_cache, pack
     assert abs(free_drift) <= FREE_MEMORY_DRIFT
 
 
+@pytest.mark.claim("snapshot_budget", "zero_staging")
 def test_device_versus_host_snapshot_timing(packages, engine_cache, evidence_dir,
                                             tmp_path_factory):
     """The measured comparison: the host-snapshot variant stages every snapshot (counted),

@@ -155,7 +155,7 @@ class StateServiceMachine(RuleBasedStateMachine):
             self._equal(service, self.model)
 
 
-TestStateServiceOnHost = StateServiceMachine.TestCase
+TestStateServiceOnHost = pytest.mark.claim("snapshot_budget")(StateServiceMachine.TestCase)
 
 
 class CudaStateServiceMachine(StateServiceMachine):
@@ -171,6 +171,7 @@ class CudaStateServiceMachine(StateServiceMachine):
                 HostTensorOps(Ledger()))
 
 
+@pytest.mark.claim("snapshot_budget", "tensor_ops")
 @pytest.mark.gpu
 def test_gpu_state_service_agrees_with_host():
     ok, reason = cuda_availability()
@@ -182,6 +183,7 @@ def test_gpu_state_service_agrees_with_host():
 
 
 # -- plain facts -------------------------------------------------------------------------------
+@pytest.mark.claim("snapshot_budget")
 def test_restore_is_byte_identical_and_counted():
     ops = HostTensorOps(Ledger())
     service = StateService.fresh(ops, SPECS, snapshot_cells=["r"])

@@ -21,6 +21,7 @@ from engines.errors import InputError, LockstepError, ResidencyError
 from engines.ledger import Ledger
 from engines.tensor_ops import SUPPORTED_DTYPES, HostTensorOps, TensorOps
 
+pytestmark = pytest.mark.claim("tensor_ops")
 DTYPE_NAMES = tuple(SUPPORTED_DTYPES)
 LAYOUTS = ("contiguous", "step2", "transposed", "reversed")
 _FLOAT_POOL = np.array([0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 2.0, 3.0, np.inf, -np.inf, np.nan,

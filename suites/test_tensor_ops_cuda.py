@@ -29,6 +29,8 @@ from suites.test_tensor_ops import (
     materialize,
 )
 
+pytestmark = pytest.mark.claim("tensor_ops")
+
 
 # -- host-side pieces of the CUDA backend (run in CI) ----------------------------------------
 def test_every_supported_dtype_has_a_kernel_type():
@@ -113,6 +115,7 @@ def test_gpu_slice_is_a_view_exactly_when_leading_extents_are_one(cp, stream, da
         assert out.data.mem is not v.data.mem and out.flags.c_contiguous, "a copy"
 
 
+@pytest.mark.claim("readback_budget")
 @pytest.mark.gpu
 @given(data=st.data())
 def test_gpu_argmax_reads_back_exactly_4_bytes_a_row(cp, stream, data):
@@ -133,6 +136,7 @@ def test_gpu_argmax_reads_back_exactly_4_bytes_a_row(cp, stream, data):
     assert g.staging_count == 0 and ops.ledger.host_staging == 0
 
 
+@pytest.mark.claim("zero_staging", "readback_budget")
 @pytest.mark.gpu
 def test_gpu_no_op_but_argmax_moves_a_byte_to_the_host(cp, stream):
     ops = cuda_ops(cp, stream)

@@ -7,6 +7,7 @@ from engines.oracle import oracle_decode
 from engines.workflow import greedy_decode
 from suites.support import HOST_ENGINES, fixture_names
 
+pytestmark = pytest.mark.claim("token_identity")
 NEW_TOKENS = 32
 
 

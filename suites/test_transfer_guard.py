@@ -25,6 +25,7 @@ from harness.transfer_guard import (
     transfer_guard,
 )
 
+pytestmark = pytest.mark.claim("zero_staging")
 HERE = os.path.abspath(__file__)
 
 
@@ -239,6 +240,7 @@ def test_disallow_raises_naming_the_site_before_the_transfer(fake):
     assert g.staging_count == 1
 
 
+@pytest.mark.claim("readback_budget")
 def test_sanctioned_readback_counts_as_readback_and_passes_disallow(fake):
     x = FakeArray(np.zeros(3, np.int32))
     with guard(fake, "disallow") as g:
@@ -252,6 +254,7 @@ def test_sanctioned_readback_counts_as_readback_and_passes_disallow(fake):
     assert [e.kind for e in g.events] == ["readback", "readback"]
 
 
+@pytest.mark.claim("readback_budget")
 def test_sanctioned_readback_refuses_unknown_purposes():
     with pytest.raises(ValueError, match="not sanctioned"):
         with sanctioned_readback("logits"):
@@ -434,6 +437,7 @@ def test_gpu_cupy_internal_readbacks_are_seen(cp):
     assert g.staging_count >= 1, "boolean-mask indexing reads its size back"
 
 
+@pytest.mark.claim("readback_budget")
 @pytest.mark.gpu
 def test_gpu_sanctioned_readback_is_readback(cp):
     ids = cp.arange(3, dtype=cp.int32)

@@ -1,4 +1,4 @@
-"""``hf``: transformers' own LLaMA (or Qwen2) with the package's float32 weights.
+"""``hf``: transformers' own LLaMA (or Qwen2) with the package's own weights.
 
 The independent reference: none of lockstep's graph or executor code computes its logits.
 It loads only packages converted from a checkpoint (``lockstep convert``), whose
@@ -7,27 +7,45 @@ are read back from the package itself, so transformers multiplies exactly the nu
 other engines do. GGUF's ``llama`` Q/K rows were permuted for adjacent-pair RoPE; they are
 permuted back (a reordering, no arithmetic) because transformers rotates halves.
 
-It decodes itself: ``greedy(prompt, max_new_tokens)`` runs transformers' ``generate``
-(greedy, its own KV cache) and returns a ``DecodeResult``; the runner calls it instead of
-the workflow interpreter for any engine that has it. ``run_component`` serves the oracle:
-a from-scratch forward over the whole prefix (fresh state only), returning logits and the
-final hidden state.
+It decodes itself (``decodes_itself``): ``generate(prompt, max_new_tokens)`` runs
+transformers' ``generate`` (greedy, its own KV cache) and returns a ``DecodeResult``; the
+interpreter calls it instead of driving the components. It declares no speculative decoding.
+``run_component`` serves the oracle: a from-scratch forward over the whole prefix (fresh
+state only), returning logits and the final hidden state.
+
+``hf-cuda`` (:class:`HfCudaEngine`) is the same model on the GPU as a peer for speed and
+parity: device ``cuda:0``, transformers' static cache (``generate(...,
+cache_implementation="static")``, which transformers compiles with ``torch.compile`` on a
+CUDA device unless ``torch_compile=False``), transformers' default SDPA attention, float16 for a
+float16 package and float32 otherwise (or the ``dtype`` given to the constructor). It is a
+black box like ``hf``: its residency is declared ``cuda:0`` because its weights, cache and
+logits live there (the bench measures that device's copy bandwidth for its floor, and the
+runner audits its logits in a separate decode); lockstep judges no device budgets for an
+engine that decodes by itself.
+``synchronize()`` waits for the device (``torch.cuda.synchronize``) so the bench's clock
+covers its work.
 """
 from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from engines.decode_result import DecodeResult
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, InputError
+from engines.requests import check_request
 
 SIDECAR = "checkpoint.json"
 _LLAMA = ("llama", "LlamaForCausalLM")
 _QWEN2 = ("qwen2", "Qwen2ForCausalLM")
 INSTALL = "pip install 'lockstep[hf]' (torch==2.13.0 CPU and transformers)"
+INSTALL_CUDA = ("install a CUDA build of torch (pip install torch --index-url "
+                "https://download.pytorch.org/whl/cu130) and transformers, on a machine with a GPU")
+# the package dtype names hf accepts, and the torch dtype each computes in
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 def unpermute_pairs(w: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
@@ -41,7 +59,16 @@ def unpermute_pairs(w: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
 class HfEngine(Engine):
     name = "hf"
     residency = "host"
+    decodes_itself = True  # through transformers' generate
+    speculative = False    # its components run from scratch only (see run_component)
+    logits_audit = True    # generate's output_logits
     description = "transformers' LLaMA/Qwen2 (eager attention), greedy through generate"
+    #: the torch device the model runs on
+    device: ClassVar[str] = "cpu"
+    #: transformers' static cache (``cache_implementation="static"``) instead of its dynamic one
+    static_cache: ClassVar[bool] = False
+    #: transformers' attention implementation (eager: the plain reference arithmetic)
+    attention: ClassVar[str] = "eager"
 
     @classmethod
     def availability(cls) -> Availability:
@@ -53,23 +80,50 @@ class HfEngine(Engine):
         return Availability(True, f"transformers {transformers.__version__}, "
                                   f"torch {torch.__version__}")
 
-    def __init__(self, package):
+    @classmethod
+    def default_dtype(cls, package_dtype: str) -> str:
+        """The dtype transformers computes in when the constructor is given none: the
+        package's own."""
+        return package_dtype
+
+    def __init__(self, package, *, dtype: str | None = None, static_cache: bool | None = None,
+                 torch_compile: bool = True):
+        """``dtype``: float32, float16 or bfloat16 (default :meth:`default_dtype` of the
+        package's dtype); the package's weights are widened to float32 exactly and then cast
+        to it. ``static_cache``: transformers' static cache (default: the class's
+        ``static_cache``). ``torch_compile=False`` passes ``disable_compile`` to ``generate``
+        (transformers otherwise compiles the forward of a static-cache decode on CUDA)."""
         super().__init__(package)
         import torch
 
         self._torch = torch
-        # One intra-op thread, as ort-cpu: on a shared 2-core runner (pytest -n 2) torch's
-        # OpenMP threads otherwise spin against each other, ten times slower. Process-wide.
-        torch.set_num_threads(1)
+        self.torch_device = torch.device(self.device)
+        if self.torch_device.type == "cuda":
+            found = cuda_availability(torch)
+            if not found.ok:
+                raise EngineUnavailable(f"{self.name} needs CUDA: {found.reason}",
+                                        field="engine", value=self.name, remedy=INSTALL_CUDA)
+        if self.torch_device.type == "cpu":
+            # One intra-op thread, as ort-cpu: on a shared 2-core runner (pytest -n 2) torch's
+            # OpenMP threads otherwise spin against each other, ten times slower. Process-wide.
+            torch.set_num_threads(1)
         sidecar_path = package.root / SIDECAR
         if not sidecar_path.is_file():
             raise EngineUnavailable(
-                f"hf runs packages converted from a checkpoint; {package.spec.name!r} has no "
-                f"{SIDECAR}", field="package", value=str(package.root),
+                f"{self.name} runs packages converted from a checkpoint; {package.spec.name!r} "
+                f"has no {SIDECAR}", field="package", value=str(package.root),
                 remedy="convert a checkpoint with lockstep convert (fixtures built from seeds "
                        "have no transformers counterpart)")
         self.sidecar = json.loads(sidecar_path.read_text())
-        self.dtype = {"float32": torch.float32, "float16": torch.float16}[package.spec.dtype]
+        chosen = dtype if dtype is not None else self.default_dtype(package.spec.dtype)
+        if chosen not in DTYPES:
+            raise (InputError if dtype is not None else EngineUnavailable)(
+                f"{self.name} computes in {', '.join(DTYPES)}, not {chosen!r}", field="dtype",
+                value=chosen, remedy=f"give dtype= one of {', '.join(DTYPES)}")
+        self.dtype_name = chosen
+        self.dtype = getattr(torch, chosen)
+        self.use_static_cache = self.static_cache if static_cache is None else bool(static_cache)
+        self.torch_compile = bool(torch_compile)
         self.model = self._build_model()
         comp = package.spec.components["target"]
         self._ports = dict(comp.inputs), dict(comp.outputs)
@@ -101,7 +155,7 @@ class HfEngine(Engine):
         else:
             config = transformers.LlamaConfig(attention_bias=False, mlp_bias=False, **common)
             cls = transformers.LlamaForCausalLM
-        config._attn_implementation = "eager"
+        config._attn_implementation = self.attention
         names = self.sidecar["weights"]["target"]
         inits = {t.name: t for t in self.package.component_model("target").graph.initializer}
 
@@ -111,10 +165,15 @@ class HfEngine(Engine):
         state = self._state_dict(get, a)
         torch.manual_seed(0)  # the random init is overwritten; seeded only to be repeatable
         model = cls(config).to(self.dtype)
-        model.load_state_dict({k: torch.from_numpy(np.array(v, order="C")).to(self.dtype)
-                               for k, v in state.items()}, strict=True)
+        # widened to float32 first (exact from float16 and bfloat16), then cast once
+        model.load_state_dict({k: torch.from_numpy(np.array(v, dtype=np.float32, order="C"))
+                               .to(self.dtype) for k, v in state.items()}, strict=True)
         model.eval()
+        model.to(self.torch_device)
         model.generation_config.do_sample = False
+        # eos is passed to each generate call (and left out under ignore_eos): a default in
+        # the model's generation config would otherwise stop a decode asked to go on
+        model.generation_config.eos_token_id = None
         return model
 
     @staticmethod
@@ -146,12 +205,13 @@ class HfEngine(Engine):
         return sd
 
     # -- decoding ------------------------------------------------------------------------
-    def greedy(self, prompt, max_new_tokens: int, audit: bool = False):
-        """Greedy decoding by transformers' ``generate``; stops after emitting eos. With
-        ``audit`` each step's raw logits row (``output_logits``) comes back too."""
-        from engines.workflow import DecodeResult
-        from engines.workflow.validation import check_request
-
+    def generate(self, prompt, max_new_tokens: int, audit: bool = False,
+                 ignore_eos: bool = False) -> DecodeResult:
+        """Greedy decoding by transformers' ``generate``; stops after emitting eos (unless
+        ``ignore_eos``, for timing only: then exactly ``max_new_tokens``). With ``audit``
+        each step's raw logits row (``output_logits``) comes back too. Step times come from
+        a streamer that transformers hands each token on the host (``tokens.cpu()``, which
+        waits for the device), the first being the prefill and its token."""
         torch = self._torch
         ids = check_request(self.package.spec, prompt, max_new_tokens)
         ledger = self.reset_ledger()
@@ -165,25 +225,39 @@ class HfEngine(Engine):
             def end(self):
                 pass
 
+        options: dict[str, Any] = {}
+        if eos is not None and not ignore_eos:
+            options["eos_token_id"] = eos
+        if self.use_static_cache:
+            options["cache_implementation"] = "static"
+        if not self.torch_compile:
+            options["disable_compile"] = True
+        device = self.torch_device
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(
-                torch.tensor([ids], dtype=torch.long),
-                attention_mask=torch.ones((1, len(ids)), dtype=torch.long),
+                torch.tensor([ids], dtype=torch.long, device=device),
+                attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=device),
                 max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                eos_token_id=eos, pad_token_id=self.model.config.pad_token_id,
+                pad_token_id=self.model.config.pad_token_id,
                 streamer=_Clock(), use_cache=True, output_logits=audit,
-                return_dict_in_generate=True)
+                return_dict_in_generate=True, **options)
+            tokens = [int(t) for t in out.sequences[0, len(ids):].tolist()]
         wall = time.perf_counter() - start
-        rows = ([step[0].double().numpy() for step in out.logits] if audit else None)
-        tokens = [int(t) for t in out.sequences[0, len(ids):].tolist()]
+        rows = ([step[0].detach().to("cpu", torch.float64).numpy() for step in out.logits]
+                if audit else None)
         steps = [b - a for a, b in zip([start] + stamps[1:], stamps[1:])]
         for n, seconds in enumerate(steps):
             ledger.record_forward("prefill" if n == 0 else "decode",
                                   len(ids) if n == 0 else 1, seconds)
         return DecodeResult(self.name, ids, tokens, ledger, wall, steps, rows)
 
-    def run_component(self, component: str, feeds: dict[str, Any]) -> dict[str, Any]:
+    def greedy(self, prompt, max_new_tokens: int, audit: bool = False) -> DecodeResult:
+        """The former name of :meth:`generate` (kept for callers of ``HfEngine.greedy``)."""
+        return self.generate(prompt, max_new_tokens, audit=audit)
+
+    def run_component(self, component: str, feeds: dict[str, Any],
+                      phase: str | None = None) -> dict[str, Any]:
         """A from-scratch forward (what the oracle asks for): logits and the final hidden
         state over every fed position. A carried cache is refused: hf keeps its own."""
         torch = self._torch
@@ -199,12 +273,78 @@ class HfEngine(Engine):
         if carried or not np.array_equal(np.asarray(positions)[0], np.arange(m)):
             raise InputError("hf recomputes from scratch: positions must start at 0 with no "
                              "carried KV cache", field="feeds", value=carried or "positions",
-                             remedy="decode through HfEngine.greedy (transformers' generate)")
+                             remedy="decode through HfEngine.generate (transformers' generate)")
         with torch.inference_mode():
-            out = self.model(torch.from_numpy(ids.astype(np.int64)), use_cache=False,
-                             output_hidden_states=True)
-        np_dtype = np.float32 if self.dtype == torch.float32 else np.float16
-        result = {outputs["logits"]: out.logits.float().numpy().astype(np_dtype)}
+            out = self.model(torch.from_numpy(ids.astype(np.int64)).to(self.torch_device),
+                             use_cache=False, output_hidden_states=True)
+        np_dtype = np.float16 if self.dtype == torch.float16 else np.float32
+        result = {outputs["logits"]: out.logits.float().cpu().numpy().astype(np_dtype)}
         if "hidden" in outputs:
-            result[outputs["hidden"]] = out.hidden_states[-1].float().numpy().astype(np_dtype)
+            result[outputs["hidden"]] = (out.hidden_states[-1].float().cpu().numpy()
+                                         .astype(np_dtype))
         return result
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on the model's CUDA device (nothing to wait for on the
+        CPU)."""
+        if self.torch_device.type == "cuda":
+            self._torch.cuda.synchronize(self.torch_device)
+
+    def close(self) -> None:
+        """Drop the model; on CUDA wait for the device and return torch's cached blocks, so
+        the engines that follow in the same process get the memory back."""
+        model, self.model = getattr(self, "model", None), None
+        if model is not None and self.torch_device.type == "cuda":
+            torch = self._torch
+            torch.cuda.synchronize(self.torch_device)
+            del model
+            torch.cuda.empty_cache()
+
+
+def cuda_availability(torch) -> Availability:
+    """Whether this torch can run on a CUDA device, and if not, why."""
+    built = getattr(torch.version, "cuda", None)
+    if not built:
+        return Availability(False, f"torch {torch.__version__} is a CPU-only build (no CUDA "
+                                   f"support); {INSTALL_CUDA}")
+    try:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception as exc:  # a broken driver: the reason, not an exception
+        return Availability(False, f"torch {torch.__version__} (CUDA {built}) cannot query "
+                                   f"CUDA: {type(exc).__name__}: {exc}")
+    if count < 1:
+        return Availability(False, f"torch {torch.__version__} (CUDA {built}) sees no CUDA "
+                                   f"device (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides "
+                                   f"it)")
+    return Availability(True, f"torch {torch.__version__} (CUDA {built}), "
+                              f"{torch.cuda.get_device_name(0)}")
+
+
+class HfCudaEngine(HfEngine):
+    """transformers on the GPU as a peer: ``cuda:0``, static cache, float16 for a float16
+    package and float32 otherwise (or the constructor's ``dtype``)."""
+
+    name = "hf-cuda"
+    residency = "cuda:0"
+    description = ("transformers' LLaMA/Qwen2 on cuda:0 (SDPA attention, static cache, "
+                   "torch.compile where transformers applies it), greedy through generate")
+    device: ClassVar[str] = "cuda:0"
+    static_cache: ClassVar[bool] = True
+    attention: ClassVar[str] = "sdpa"  # transformers' default, as it is run for speed
+
+    @classmethod
+    def availability(cls) -> Availability:
+        try:
+            import torch
+            import transformers
+        except ImportError as exc:
+            return Availability(False, f"{exc.name} is not installed; {INSTALL_CUDA}")
+        found = cuda_availability(torch)
+        if not found.ok:
+            return found
+        return Availability(True, f"transformers {transformers.__version__}, {found.reason}")
+
+    @classmethod
+    def default_dtype(cls, package_dtype: str) -> str:
+        """float16 for a float16 package; float32 for every other (float32, bfloat16)."""
+        return "float16" if package_dtype == "float16" else "float32"

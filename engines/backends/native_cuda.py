@@ -58,6 +58,7 @@ class NativeCudaEngine(Engine):
     name = "native-cuda"
     residency = "cuda:0"
     batch_invariant = True
+    graph_slots = True
     description = "lockstep executor, CuPy backend, batch-invariant kernels, one stream"
     device_id: ClassVar[int] = 0
 
@@ -93,7 +94,7 @@ class NativeCudaEngine(Engine):
                                 poison_outputs=poison_outputs)
         self.publish_memory()
 
-    def _make_tensor_ops(self):
+    def make_tensor_ops(self):
         from engines.tensor_ops.cuda import CudaTensorOps
 
         if getattr(self, "backend", None) is not None:
@@ -157,6 +158,10 @@ class NativeCudaEngine(Engine):
         return {name: (cupy.empty(v.shape, v.dtype)
                        if isinstance(v, np.ndarray) and v.size == 0 else v)
                 for name, v in feeds.items()}
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the engine's stream."""
+        self.stream.synchronize()
 
     def close(self) -> None:
         """Wait for the stream's queued work, then drop plans and cached weights."""

@@ -27,5 +27,6 @@ class NativeHostEngine(Engine):
         self._plans = {name: Plan(package.component_model(name), self.backend)
                        for name in package.spec.components}
 
-    def run_component(self, component: str, feeds: dict[str, Any]) -> dict[str, Any]:
+    def run_component(self, component: str, feeds: dict[str, Any],
+                      phase: str | None = None) -> dict[str, Any]:
         return self._plans[component].run(feeds)

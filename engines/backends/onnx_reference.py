@@ -28,6 +28,7 @@ class OnnxReferenceEngine(Engine):
                             for name in package.spec.components}
         self._outputs = {name: list(ev.output_names) for name, ev in self._evaluators.items()}
 
-    def run_component(self, component: str, feeds: dict[str, Any]) -> dict[str, Any]:
+    def run_component(self, component: str, feeds: dict[str, Any],
+                      phase: str | None = None) -> dict[str, Any]:
         values = self._evaluators[component].run(None, feeds)
         return dict(zip(self._outputs[component], values))

@@ -20,6 +20,15 @@ class OrtCpuEngine(Engine):
         return Availability(True, f"onnxruntime {onnxruntime.__version__}")
 
     def __init__(self, package):
+        if package.spec.dtype == "bfloat16":
+            from engines.errors import EngineUnavailable
+
+            raise EngineUnavailable(
+                "onnxruntime's CPU provider runs no bfloat16 MatMul (NOT_IMPLEMENTED at "
+                "session creation) and its Python binding takes no bfloat16 arrays",
+                field="package.dtype", value="bfloat16",
+                remedy="run bfloat16 packages on native-host, onnx-reference or a device "
+                       "engine; ort-cpu judges them through their float32 twin")
         super().__init__(package)
         import onnxruntime as ort
 
@@ -35,6 +44,7 @@ class OrtCpuEngine(Engine):
         }
         self._outputs = {name: [o.name for o in s.get_outputs()] for name, s in self._sessions.items()}
 
-    def run_component(self, component: str, feeds: dict[str, Any]) -> dict[str, Any]:
+    def run_component(self, component: str, feeds: dict[str, Any],
+                      phase: str | None = None) -> dict[str, Any]:
         values = self._sessions[component].run(None, feeds)
         return dict(zip(self._outputs[component], values))

@@ -126,7 +126,7 @@ def resolve_output_shapes(input_dims: dict[str, tuple[Dim, ...] | None],
 
 def numpy_dtype(elem_type: int) -> np.dtype:
     if elem_type == onnx.TensorProto.BFLOAT16:
-        from engines.workflow.state import dtype_of
+        from engines.dtypes import dtype_of
 
         return dtype_of("bfloat16")
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
@@ -484,6 +484,7 @@ def _probe() -> tuple[bool, str, str]:
 class OrtCudaEngine(Engine):
     name = "ort-cuda"
     residency = "cuda:0"
+    graph_slots = True  # onnxruntime's CUDA graphs, counted in ledger.slot(...)
     description = "onnxruntime CUDAExecutionProvider, IO binding on the engine's stream"
     device_id: ClassVar[int] = 0
 
@@ -551,7 +552,7 @@ class OrtCudaEngine(Engine):
                 name, package.component_model(name), width_input(package.spec, name),
                 self.memory, session, graph_session, refusal, poison_graph_outputs)
 
-    def _make_tensor_ops(self):
+    def make_tensor_ops(self):
         from engines.tensor_ops.cuda import CudaTensorOps
 
         return CudaTensorOps(self.ledger, self.stream, device_id=self.device_id)
@@ -603,6 +604,10 @@ class OrtCudaEngine(Engine):
         for _ in range(staged):  # onnxruntime's own device-to-host copies, bytes unseen
             self.ledger.record_staging(0, f"onnxruntime MemcpyToHost node in {component!r}")
         return out
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the engine's stream."""
+        self.stream.synchronize()
 
     def close(self) -> None:
         """Wait for the stream's queued work, then drop the sessions and their buffers."""

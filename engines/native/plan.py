@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -102,15 +102,16 @@ def required_host_inputs(model: onnx.ModelProto) -> set[str]:
 
 
 class _Step:
-    __slots__ = ("kernel", "label", "backend", "inputs", "outputs", "free")
+    __slots__ = ("kernel", "label", "backend", "inputs", "outputs", "free", "node")
 
-    def __init__(self, kernel, label, backend, inputs, outputs):
+    def __init__(self, kernel, label, backend, inputs, outputs, node=None):
         self.kernel = kernel
         self.label = label
         self.backend = backend
         self.inputs = inputs
         self.outputs = outputs
         self.free: tuple[str, ...] = ()
+        self.node = node  # the NodeProto, for ``run(..., observe=)``
 
 
 class Plan:
@@ -248,7 +249,7 @@ class Plan:
                 else:
                     inputs.append((_ENV, x))
             steps.append(_Step(kernel, label, self.host if is_host else backend,
-                               tuple(inputs), tuple(node.output)))
+                               tuple(inputs), tuple(node.output), node))
 
         produced = set(self.input_names) | {y for s in steps for y in s.outputs if y}
         self._outputs: list[tuple[int, Any]] = []
@@ -405,8 +406,17 @@ class Plan:
                                          value=tuple(value.shape),
                                          remedy=f"give axis {axis} extent {d.dim_value}")
 
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        """Graph outputs by name; arrays live on the backend."""
+    def run(self, feeds: Mapping[str, Any],
+            observe: Callable[[onnx.NodeProto, str, Any], None] | None = None
+            ) -> dict[str, Any]:
+        """Graph outputs by name; arrays live on the backend.
+
+        ``observe`` (forensics, ``harness.forensics``): called as ``observe(node, name,
+        value)`` for every output of every run-time step, in execution (topological) order,
+        right after the step ran; values live where the step ran (host-resolved shape
+        arithmetic on the host, the rest on the backend) and must not be written. Values
+        fixed at build (constants, weight-only folds) are not run-time steps and are not
+        observed. Without it nothing changes."""
         self.check_feeds(feeds)
         backend = self.backend
         env: dict[str, Any] = {name: feeds[name] for name in self.input_names}
@@ -430,6 +440,10 @@ class Plan:
             for y, v in zip(step.outputs, values):
                 if y:
                     env[y] = v
+            if observe is not None:
+                for y, v in zip(step.outputs, values):
+                    if y:
+                        observe(step.node, y, v)
             for key in step.free:
                 env.pop(key, None)
         out = {}

@@ -9,13 +9,14 @@ from engines.package.ports import graph_inputs, graph_outputs
 from engines.package.schema import (DTYPES, FORMAT_VERSION, INPUT_ROLES, KV_UPDATES,
                                     OUTPUT_ROLES, PACKAGE_FILE, SPECULATIVE_KINDS, STATE_KINDS,
                                     CarrySpec, ComponentSpec, DecodingSpec, EmbeddingSpec,
-                                    GreedySpec, PackageSpec, SpeculativeSpec, StateCellSpec,
-                                    TokenizerSpec, field_path)
+                                    GreedySpec, PackageSpec, ReferenceSpec, SpeculativeSpec,
+                                    StateCellSpec, TokenizerSpec, field_path)
 
 __all__ = [
     "DTYPES", "FORMAT_VERSION", "INPUT_ROLES", "KV_UPDATES", "OUTPUT_ROLES", "PACKAGE_FILE",
     "SPECULATIVE_KINDS", "STATE_KINDS", "CarrySpec", "ComponentSpec", "DecodingSpec",
-    "EmbeddingSpec", "GreedySpec", "Package", "PackageSpec", "SpeculativeSpec",
+    "EmbeddingSpec", "GreedySpec", "Package", "PackageSpec", "ReferenceSpec",
+    "SpeculativeSpec",
     "StateCellSpec", "TokenizerSpec", "field_path", "graph_inputs", "graph_outputs",
     "load_package", "locate", "package_content_hash", "read_spec",
 ]

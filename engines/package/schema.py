@@ -11,6 +11,7 @@ remedy, so ``messages.py`` can turn every failure into the same ``PackageError``
 """
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -52,6 +53,30 @@ class _Strict(BaseModel):
 class TokenizerSpec(_Strict):
     kind: Literal["huggingface"] = Field(description="tokenizer family; format 1 knows huggingface")
     path: NonEmpty = Field(description="tokenizer.json, relative to the package folder")
+
+
+class ReferenceSpec(_Strict):
+    """The package the oracle judges this one against (``engines.oracle.oracle_for``).
+
+    A reduced-precision package (float16, bfloat16) computes the same function as a float32
+    package of the same weights; the recompute oracle runs that *reference* package, and
+    this package's streams are judged with this package's own dtype row. The reference is
+    named as a sibling folder (same parent folder) and pinned by its content hash: a package
+    never points at an arbitrary path, and a reference whose bytes changed is refused."""
+
+    folder: PackageName = Field(description="the reference package's folder name, a sibling "
+                                            "of this package's folder")
+    content_hash: str = Field(description="package_content_hash of the reference folder "
+                                          "(sha256:<64 hex digits>)")
+
+    @field_validator("content_hash")
+    @classmethod
+    def _is_a_content_hash(cls, value: str) -> str:
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", value):
+            raise fail((), value, "content_hash is not a package content hash",
+                       "write sha256: followed by the 64 lowercase hex digits of the "
+                       "reference folder's package_content_hash (lockstep convert writes it)")
+        return value
 
 
 class ComponentSpec(_Strict):
@@ -261,6 +286,9 @@ class PackageSpec(_Strict):
                                           "output, dtype, shape, ...}")
     decoding: DecodingSpec = Field(default_factory=DecodingSpec,
                                    description="decoding contracts: {greedy: {}}")
+    reference: ReferenceSpec | None = Field(
+        default=None, description="optional: {folder, content_hash} of the package the "
+                                  "oracle runs to judge this one (its float32 twin)")
 
     @field_validator("format", mode="before")
     @classmethod
@@ -462,6 +490,8 @@ class PackageSpec(_Strict):
         for cell in data["state"].values():
             if cell["kind"] == "recurrent":  # kv-only keys would only read as noise
                 del cell["seq_axis"], cell["update"]
+        if data["reference"] is None:  # optional: a package without one never mentions it
+            del data["reference"]
         return yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
 
 

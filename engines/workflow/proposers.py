@@ -24,7 +24,7 @@ import numpy as np
 from engines.errors import InputError, PackageError
 from engines.package.speculative_ports import embedding_table
 from engines.residency import residency_of
-from engines.workflow.session import DecodeSession, component_runner
+from engines.workflow.session import DecodeSession
 from engines.workflow.state import StateCells
 
 
@@ -89,7 +89,6 @@ class CarryProposer:
         self.seed_role = spec.carry.seed
         self.carry_out = spec.carry.output
         self.cells = StateCells(package, spec.proposer, engine.tensor_ops)
-        self._run_component = component_runner(engine)
         self.position = 0  # proposer-owned cells: positions processed
         self.table = None
         self.buffer = None
@@ -146,7 +145,7 @@ class CarryProposer:
         feeds.update(self._borrowed())
         feeds.update(self.cells.feeds())
         start = time.perf_counter()
-        out = self._run_component(self.name, feeds, phase)
+        out = self.engine.run_component(self.name, feeds, phase=phase)
         self.engine.ledger.record_forward(phase, 1, time.perf_counter() - start)
         self.cells.absorb(out, 1)
         self.position = position + 1

@@ -6,55 +6,21 @@ only through the engine's tensor ops: ``adopt`` on the way in, ``argmax_rows`` (
 row) on the way out, both counted in the engine's ledger. Where the tensor ops keep a
 device feed (``supports_device_feed``), a greedy step's token id and position are made
 where the engine lives (``next_token_feed``, ``advance_positions``): only the prompt
-crosses in. An engine whose ``run_component`` takes a ``phase`` parameter is told each
-forward's phase (native-cuda's graph slots replay ``decode``, ``propose`` and ``verify``
-forwards).
+crosses in. Every forward is told its phase (``Engine.run_component``'s ``phase``:
+native-cuda's graph slots replay ``decode``, ``propose`` and ``verify`` forwards).
 """
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from engines.decode_result import DecodeResult
 from engines.ledger import Ledger
+from engines.requests import check_request
 from engines.workflow.state import StateCells
-from engines.workflow.validation import check_request
-
-
-def takes_phase(run_component) -> bool:
-    """Whether an engine's ``run_component`` takes the forward's ``phase`` (by name)."""
-    try:
-        return "phase" in inspect.signature(run_component).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def component_runner(engine):
-    """``run(component, feeds, phase)`` for ``engine``: the phase is passed on only where its
-    ``run_component`` takes one (decided once, off the decode hot path)."""
-    if takes_phase(engine.run_component):
-        return lambda component, feeds, phase: engine.run_component(component, feeds, phase=phase)
-    return lambda component, feeds, phase: engine.run_component(component, feeds)
-
-
-@dataclass
-class DecodeResult:
-    engine: str
-    prompt: list[int]
-    tokens: list[int]
-    ledger: Ledger
-    wall_s: float
-    step_s: list[float] = field(default_factory=list)
-    # each step's logits row (host float64), where the decode was asked to audit them
-    logits: list[np.ndarray] | None = None
-
-    @property
-    def tokens_per_s(self) -> float:
-        return len(self.tokens) / self.wall_s if self.wall_s > 0 else 0.0
 
 
 class DecodeSession:
@@ -72,7 +38,6 @@ class DecodeSession:
         self.position = 0
         # the last forward's positions feed and the position it ended at (device feed)
         self._positions: tuple[Any, int] | None = None
-        self._run_component = component_runner(engine)
 
     @property
     def ops(self):
@@ -108,7 +73,7 @@ class DecodeSession:
     def _run(self, feeds: dict[str, Any], m: int, phase: str) -> dict[str, Any]:
         feeds.update(self.cells.feeds())
         start = time.perf_counter()
-        out = self._run_component(self.component, feeds, phase)
+        out = self.engine.run_component(self.component, feeds, phase=phase)
         self.ledger.record_forward(phase, m, time.perf_counter() - start)
         self.cells.absorb(out, m)
         self.position += m
@@ -140,18 +105,21 @@ class DecodeSession:
         return self.ops.audit_row(last.reshape(1, last.shape[-1]))
 
     def greedy(self, prompt: Sequence[int], max_new_tokens: int,
-               audit: bool = False) -> DecodeResult:
+               audit: bool = False, ignore_eos: bool = False) -> DecodeResult:
+        """Greedy decode: stops after emitting the package's eos or at ``max_new_tokens``.
+        ``ignore_eos`` (for timing only: ``lockstep bench --ignore-eos``) keeps going past
+        eos, so exactly ``max_new_tokens`` come back; a parity run never sets it."""
         ids = check_request(self.spec, prompt, max_new_tokens)
         tokens: list[int] = []
         try:
-            return self._greedy(ids, max_new_tokens, audit, tokens)
+            return self._greedy(ids, max_new_tokens, audit, tokens, ignore_eos)
         except Exception as exc:
             exc.decode_step = len(tokens)  # the step being decided when it failed
             raise
 
     def _greedy(self, ids: list[int], max_new_tokens: int, audit: bool,
-                tokens: list[int]) -> DecodeResult:
-        eos = self.spec.eos_id
+                tokens: list[int], ignore_eos: bool = False) -> DecodeResult:
+        eos = None if ignore_eos else self.spec.eos_id
         rows: list[np.ndarray] | None = [] if audit else None
         start = time.perf_counter()
         steps = []
@@ -175,12 +143,25 @@ class DecodeSession:
 
 
 def greedy_decode(engine, prompt: Sequence[int], max_new_tokens: int,
-                  audit: bool = False) -> DecodeResult:
+                  audit: bool = False, ignore_eos: bool = False) -> DecodeResult:
     """Fresh ledger, fresh session, greedy decode; with ``audit`` each step's logits row
-    comes back too (``DecodeResult.logits``). An engine that decodes by itself (an external
-    reference such as ``hf``, through its own ``generate``) supplies ``greedy``."""
-    own = getattr(engine, "greedy", None)
-    if own is not None:
-        return own(prompt, max_new_tokens, audit=audit)
+    comes back too (``DecodeResult.logits``). An engine that declares ``decodes_itself`` (a
+    black box such as ``hf``, through transformers' ``generate``) is handed the validated
+    request through ``Engine.generate`` instead.
+
+    ``ignore_eos`` is for timing only (``lockstep bench --ignore-eos``): the loop goes on
+    past eos and returns exactly ``max_new_tokens`` tokens. A parity run never sets it. A
+    black box is asked for it as ``generate(..., ignore_eos=True)`` (only then, so the
+    contract's three-argument ``generate`` is all a parity run needs); one whose
+    ``generate`` takes no such keyword fails with a ``TypeError``."""
+    if engine.decodes_itself:
+        ids = check_request(engine.package.spec, prompt, max_new_tokens)
+        if ignore_eos:
+            return engine.generate(ids, max_new_tokens, audit=audit, ignore_eos=True)
+        return engine.generate(ids, max_new_tokens, audit=audit)
     engine.reset_ledger()
-    return DecodeSession(engine).greedy(prompt, max_new_tokens, audit=audit)
+    return DecodeSession(engine).greedy(prompt, max_new_tokens, audit=audit,
+                                        ignore_eos=ignore_eos)
+
+
+__all__ = ["DecodeResult", "DecodeSession", "greedy_decode"]

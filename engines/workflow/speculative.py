@@ -30,7 +30,7 @@ from engines.errors import InputError
 from engines.workflow.proposers import CarryProposer, DraftModelProposer, argmax_last_row
 from engines.workflow.session import DecodeResult, DecodeSession
 from engines.workflow.state_service import SNAPSHOT_MODES, StateService
-from engines.workflow.validation import check_request
+from engines.requests import check_request
 
 
 @dataclass
@@ -176,7 +176,12 @@ class SpeculativeSession:
 
 def speculative_decode(engine, prompt: Sequence[int], max_new_tokens: int, width: int,
                        snapshot_mode: str = "device") -> SpeculativeResult:
-    """Fresh ledger, fresh session, speculative decode at ``width``."""
+    """Fresh ledger, fresh session, speculative decode at ``width``; an engine that
+    declares no speculative decoding (``Engine.speculative`` False) is refused."""
+    if not engine.speculative:
+        raise InputError(f"engine {engine.name!r} declares no speculative decoding",
+                         field="engine", value=engine.name,
+                         remedy="run it with --mode greedy (its capabilities: lockstep engines)")
     check_width(engine.package.spec, width)
     engine.reset_ledger()
     return SpeculativeSession(engine, snapshot_mode).decode(prompt, max_new_tokens, width)

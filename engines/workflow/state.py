@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from engines.dtypes import dtype_of  # re-exported: engines.workflow.state.dtype_of
 from engines.errors import ExecutionError, InputError
 
 
@@ -21,14 +20,6 @@ class Cell:
     spec: Any  # StateCellSpec
     value: Any
     length: int  # valid positions (kv); forwards absorbed (recurrent)
-
-
-def dtype_of(name: str):
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 class StateCells:
@@ -85,3 +76,6 @@ class StateCells:
             if cell.spec.update == "append":
                 cell.value = self.ops.truncate_axis(cell.value, cell.spec.seq_axis, length)
             cell.length = length
+
+
+__all__ = ["Cell", "StateCells", "dtype_of"]

@@ -1,4 +1,6 @@
-"""The ``lockstep`` command: one subcommand per module in this package.
+"""lockstep: differential testing and parity for LLM inference engines.
+
+Each subcommand is a module of this package.
 
 Each subcommand module exposes ``register(subparsers)``, which adds its parser and sets
 ``func`` (taking the parsed namespace, returning an exit status). User errors
@@ -12,11 +14,14 @@ import sys
 
 from engines.errors import LockstepError
 
-SUBCOMMANDS = ("run", "fixtures", "report", "nightly", "bench", "convert")
+SUBCOMMANDS = ("run", "report", "claims", "engines", "bench", "fixtures", "convert", "explain", "repro")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from engines.registry import lockstep_version
+
     parser = argparse.ArgumentParser(prog="lockstep", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"lockstep {lockstep_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
         try:

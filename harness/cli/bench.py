@@ -1,5 +1,7 @@
-"""``lockstep bench``: decode speed per engine and package, timed side by side in one run,
-each engine as a ratio to a baseline engine from the same run."""
+"""``lockstep bench``: decode speed per engine and package, timed side by side in one run:
+prefill and steady decode apart, a floor from the weight bytes and the copy bandwidth
+measured in the same run, and each engine as a ratio to a baseline engine from the same run
+(``docs/PERFORMANCE.md``)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +15,8 @@ from rich.table import Table
 from engines.errors import InputError
 from engines.registry import REFERENCE_ENGINE, engine_names
 from harness.cli.run import split_list
+
+WARMUP_STEPS = 2  # harness.bench.WARMUP_STEPS (not imported here: the CLI loads every command)
 
 STYLE = {"ok": "", "unavailable": "dim", "error": "bold red"}
 SHORT = {"unavailable": "n/a", "error": "error"}  # the ratio cell of a row not measured
@@ -36,16 +40,35 @@ def _num(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
 
+def _ms(value: float | None) -> str:
+    """Milliseconds: three decimals, or two significant digits below 0.01 (a floor on a tiny
+    fixture is microseconds)."""
+    if value is None:
+        return "–"
+    return f"{value:.3f}" if value >= 0.01 else f"{value:.2g}"
+
+
+def _times(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.0f}x" if value >= 100 else f"{value:.1f}x"
+
+
 def bench_table(rows, plan) -> Table:
-    """One line per (engine, package, mode): median tokens/s, its spread over the repeats
-    ((max - min) / median), the median step time and the ratio to the baseline's median;
-    reasons are printed below the table."""
+    """One line per (engine, package, mode): median tokens/s of the whole decode and its
+    spread over the repeats ((max - min) / median), the prefill, the steady decode (ms a
+    token and tokens/s), the floor and how far above it, and the ratio to the baseline's
+    median tokens/s; reasons are printed below the table."""
     speculative = plan.mode == "speculative"
-    table = Table(title=f"lockstep bench: {plan.mode}, {plan.max_new_tokens} new tokens, "
-                        f"median of {plan.repeats}, ratio to {plan.baseline} in this run")
-    columns = ["engine", "package", "mode", "tok/s", "spread", "step ms"]
+    eos = ", eos ignored" if plan.ignore_eos else ""
+    steps = plan.warmup_steps
+    table = Table(title=f"lockstep bench: {plan.mode}, {plan.max_new_tokens} new tokens{eos}, "
+                        f"median of {plan.repeats}, steady decode after {steps} warm-up "
+                        f"step{'s' if steps != 1 else ''}, ratio to {plan.baseline} in this run")
+    columns = ["engine", "package", "mode", "tok/s", "spread", "prefill ms", "decode ms/tok",
+               "decode tok/s"]
     columns += ["tok/step"] if speculative else []
-    columns += ["ratio"]
+    columns += ["floor ms/tok", "x floor", "ratio"]
     for i, col in enumerate(columns):
         # the package name folds on a narrow terminal; names and numbers never break
         table.add_column(col, justify="left" if i < 3 else "right", no_wrap=col != "package",
@@ -53,13 +76,32 @@ def bench_table(rows, plan) -> Table:
     for r in rows:
         if r.measured:
             spread = (r.tokens_per_s_max - r.tokens_per_s_min) / r.tokens_per_s_median
-            cells = [_num(r.tokens_per_s_median, ".1f"), f"{spread:.0%}", _num(r.step_ms, ".3f")]
+            cells = [_num(r.tokens_per_s_median, ".1f"), f"{spread:.0%}", _ms(r.prefill_ms),
+                     _ms(r.decode_ms), _num(r.decode_tokens_per_s, ".1f")]
             cells += [_num(r.tokens_per_step, ".2f")] if speculative else []
-            cells += ["–" if r.ratio is None else f"{r.ratio:.2f}x"]
+            cells += [_ms(r.floor_ms), _times(r.x_floor),
+                      "–" if r.ratio is None else f"{r.ratio:.2f}x"]
         else:
             cells = ["–"] * (len(columns) - 4) + [SHORT.get(r.status, r.status)]
         table.add_row(r.engine, r.package, r.mode, *cells, style=STYLE.get(r.status) or None)
     return table
+
+
+def floor_lines(rows) -> list[str]:
+    """What the floor column was computed from: each residency's copy bandwidth measured in
+    this run, and each package's weight bytes."""
+    from harness.bench import bandwidths_of
+
+    lines = []
+    for bw in bandwidths_of(rows):
+        value = "–" if bw["gb_per_s"] is None else f"{bw['gb_per_s']:.1f} GB/s"
+        lines.append(f"[dim]bandwidth {bw['residency']}: {value} ({bw['how']})[/]")
+    sizes = dict.fromkeys((r.package, r.weight_bytes) for r in rows
+                          if r.measured and r.weight_bytes is not None)
+    for package, nbytes in sizes:
+        lines.append(f"[dim]weights {package}: {nbytes / 1e6:.3f} MB a decode step (the "
+                     f"target's initializers)[/]")
+    return lines
 
 
 def notes(rows) -> list[str]:
@@ -84,6 +126,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=1,
                    help="untimed greedy decodes per engine first (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="greedy only, for timing: every decode goes on past eos and produces "
+                        "exactly --max-new-tokens tokens (a decode that stops short is an "
+                        "error row)")
+    p.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS, metavar="K",
+                   help=f"decode steps at the start of every timed decode left out of the "
+                        f"steady decode median (default {WARMUP_STEPS})")
     p.add_argument("--baseline", default=REFERENCE_ENGINE,
                    help=f"the engine every ratio is taken against (default {REFERENCE_ENGINE}); "
                         f"it joins --engines when missing")
@@ -109,9 +158,13 @@ def run(args: argparse.Namespace) -> int:
         packages = list(speculative_fixtures())
     else:
         packages = fixture_names()
+    if args.ignore_eos and args.mode != "greedy":
+        raise InputError("--ignore-eos applies to greedy decoding only", field="--ignore-eos",
+                         value=True, remedy="drop --mode speculative, or drop --ignore-eos")
     plan = plan_bench(engines, packages, mode=args.mode, width=width, repeats=args.repeats,
                       max_new_tokens=args.max_new_tokens, baseline=args.baseline,
-                      warmup=args.warmup)
+                      warmup=args.warmup, ignore_eos=args.ignore_eos,
+                      warmup_steps=args.warmup_steps)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
@@ -119,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         rows = run_bench(plan, lambda n, text: progress.update(task, advance=n, description=text))
 
     console.print(bench_table(rows, plan))
-    for line in notes(rows):
+    for line in floor_lines(rows) + notes(rows):
         console.print(line, highlight=False)
     if args.json is not None:
         console.print(f"json: {write_json(rows, args.json, plan).resolve()}")

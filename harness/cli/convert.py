@@ -4,6 +4,9 @@
 A conversion already made from the same checkpoint bytes with the same options is reused
 (``--force`` converts again). ``--draft-layers N`` adds a layer-skip drafter and a
 speculative section, so ``lockstep run --mode speculative`` self-speculates on the checkpoint.
+``--dtype float16|bfloat16`` writes a mixed-precision package (norms, softmax, rotary and the
+residual stream in float32) and, beside it, its float32 twin, which the oracle runs to judge
+it (``--no-twin`` skips the twin: the oracle then runs the reduced package itself).
 """
 from __future__ import annotations
 
@@ -22,8 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the package folder to write (default: the conversion cache)")
     p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
                    help="KV cache: dynamic (grows each step) or static (fixed buffer)")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
-                   help="weights and compute dtype of the package")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="weights, KV cache, matmul and logits dtype of the package (float16 "
+                        "and bfloat16 keep norms, softmax, rotary and the residual stream in "
+                        "float32)")
+    p.add_argument("--no-twin", action="store_true",
+                   help="with --dtype float16/bfloat16: do not write the float32 twin "
+                        "(beside the package, in the same parent folder) that the oracle "
+                        "judges the package against")
     p.add_argument("--max-context", type=int, default=None, metavar="N",
                    help="positions a sequence may hold (default: the checkpoint's, at most "
                         "2048 dynamic / 512 static)")
@@ -48,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     with console.status(f"converting {source.name}"):
         result = convert(source, args.output, force=args.force, cache=args.cache,
                          dtype=args.dtype, max_context=args.max_context, name=args.name,
-                         tokenizer=not args.no_tokenizer, draft_layers=args.draft_layers)
+                         tokenizer=not args.no_tokenizer, draft_layers=args.draft_layers,
+                         twin=not args.no_twin)
     package = load_package(result.folder)
     spec = package.spec
     verb = "up to date" if result.reused else "converted"
@@ -57,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
                   f"vocab {spec.vocab_size}, max_context {spec.max_context}, "
                   f"tokenizer {'yes' if spec.tokenizer else 'no'}")
     console.print(f"  source {source.name} ({result.source_hash[:19]})")
+    if spec.reference is not None:
+        console.print(f"  reference (the oracle runs it): {spec.reference.folder} "
+                      f"({spec.reference.content_hash[:19]})")
     sp = spec.decoding.speculative
     if sp is not None:
         blocks = len(spec.state_of(sp.proposer)) // 2

@@ -115,6 +115,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="write no evidence (verdicts and budgets are judged all the same)")
     p.add_argument("--strict", action="store_true",
                    help="an unavailable engine fails the run instead of being reported")
+    p.add_argument("--explain", action="store_true",
+                   help="explain every failing greedy cell: the first node whose error leaves "
+                        "the noise floor, written to <evidence dir>/forensics/ (lockstep explain)")
+    p.add_argument("--devices", metavar="all|0,1",
+                   help="run the cells on these GPUs with pytest-xdist, one worker pinned to "
+                        "each (all: every visible GPU; indices as nvidia-smi numbers them); "
+                        "without it the matrix runs in this process")
     p.set_defaults(func=run)
 
 
@@ -135,6 +142,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         packages = split_list(args.packages) or fixture_names()
     prompts = [parse_prompt(p) for p in args.prompts] if args.prompts else None
+    devices = None
+    if getattr(args, "devices", None) is not None:
+        from harness.distributed import parse_devices, require_xdist, visible_gpus
+
+        devices = parse_devices(args.devices, visible_gpus())
+        require_xdist()
     evidence_dir = None if args.no_evidence else args.evidence_dir
     if evidence_dir is not None:
         evidence_dir.mkdir(parents=True, exist_ok=True)
@@ -147,10 +160,21 @@ def run(args: argparse.Namespace) -> int:
             progress.update(task, advance=1, description=f"{cell.package} · {cell.mode} · "
                                                           f"{cell.engine} · {cell.prompt_name}")
 
-        summary = run_matrix(engines, packages, prompts, args.max_new_tokens, evidence_dir,
-                             on_cell, mode=args.mode, widths=widths,
-                             max_prompts=args.max_prompts,
-                             on_plan=lambda n: progress.update(task, total=n))
+        if devices is None:
+            summary = run_matrix(engines, packages, prompts, args.max_new_tokens, evidence_dir,
+                                 on_cell, mode=args.mode, widths=widths,
+                                 max_prompts=args.max_prompts,
+                                 on_plan=lambda n: progress.update(task, total=n))
+        else:
+            from harness.distributed import run_matrix_on_devices
+
+            label = f"parity matrix on {len(devices)} GPU(s) ({','.join(devices)})"
+            progress.update(task, description=label)
+            summary = run_matrix_on_devices(
+                engines, packages, prompts, args.max_new_tokens, evidence_dir, devices,
+                mode=args.mode, widths=widths, max_prompts=args.max_prompts,
+                on_plan=lambda n: progress.update(task, total=n),
+                on_progress=lambda n: progress.update(task, completed=n))
 
     console.print(matrix_table(summary, args.max_new_tokens, args.mode))
     details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
@@ -170,5 +194,12 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"evidence: {evidence_dir.resolve()} "
                       f"({sum(1 for c in summary.cells if c.record_path)} records, "
                       f"run {summary.run_id})")
+    if devices is not None:
+        console.print(f"devices: {len(devices)} GPU(s) ({','.join(devices)}), one pytest-xdist "
+                      f"worker pinned to each")
+    if args.explain and summary.failed:
+        from harness.forensics import explain_and_print
+
+        explain_and_print(summary, engines, print_fn=print)
     unavailable = any(c.status == "unavailable" for c in summary.cells)
     return 1 if summary.failed or (args.strict and unavailable) else 0

@@ -2,14 +2,21 @@
 
 Library versions come from package metadata (no import of onnxruntime just to ask); GPU
 facts only when CuPy imports and a device answers. Anything unknown is None.
+
+Which GPU: ``gpu_index`` is the index nvidia-smi gives it (from ``CUDA_VISIBLE_DEVICES``, which
+a pytest-xdist worker of ``lockstep run --devices`` is pinned with; ``LOCKSTEP_GPU`` names the
+pinned GPU even where CuPy cannot start), ``gpu_uuid`` the UUID as nvidia-smi prints it.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata as metadata
 import importlib.util
+import os
 import platform
 import socket
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from .schema import Environment
@@ -30,20 +37,87 @@ def _cuda_version(code: int) -> str:
     return f"{code // 1000}.{(code % 1000) // 10}"
 
 
+def format_gpu_uuid(raw) -> str | None:
+    """A device UUID as nvidia-smi prints it, ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``,
+    from the 16 raw bytes (``getDeviceProperties(...)["uuid"]``, ``cuDeviceGetUuid``), 32 hex
+    digits, or the printed form itself. Fewer than 16 bytes (a binding that stops a char array
+    at its first zero byte) is no identity: None."""
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        text = raw.strip()
+        if text.startswith("GPU-"):
+            return text
+        digits = text.replace("-", "").lower()
+        if len(digits) != 32 or any(c not in "0123456789abcdef" for c in digits):
+            return None
+    else:
+        data = bytes(raw)
+        if len(data) < 16:
+            return None
+        digits = data[:16].hex()
+    d = digits
+    return f"GPU-{d[:8]}-{d[8:12]}-{d[12:16]}-{d[16:20]}-{d[20:32]}"
+
+
+def _driver_uuid(device_id: int) -> bytes | None:
+    """The device's 16 UUID bytes from the driver API (``cuDeviceGetUuid``), or None."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        device = ctypes.c_int()
+        if lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(device), int(device_id)) != 0:
+            return None
+        buf = (ctypes.c_ubyte * 16)()
+        get = getattr(lib, "cuDeviceGetUuid_v2", None) or lib.cuDeviceGetUuid
+        return bytes(buf) if get(buf, device) == 0 else None
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+def gpu_index_of(device_id: int, environ: Mapping[str, str] | None = None) -> int | None:
+    """The index nvidia-smi gives CUDA device ``device_id`` of this process: the entry of
+    ``CUDA_VISIBLE_DEVICES`` it stands for (None where that is a UUID or MIG name), else the
+    device id itself."""
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return int(device_id)
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if 0 <= device_id < len(entries) and entries[device_id].isdigit():
+        return int(entries[device_id])
+    return None
+
+
+def pinned_gpu_index(environ: Mapping[str, str] | None = None) -> int | None:
+    """The index of the GPU this process was pinned to (``LOCKSTEP_GPU``), or None."""
+    env = os.environ if environ is None else environ
+    pinned = (env.get("LOCKSTEP_GPU") or "").strip()
+    return int(pinned) if pinned.isdigit() else None
+
+
 def _gpu_facts() -> dict:
-    if importlib.util.find_spec("cupy") is None:
-        return {}
     facts: dict = {}
+    pinned = pinned_gpu_index()
+    if pinned is not None:
+        facts["gpu_index"] = pinned
+    if importlib.util.find_spec("cupy") is None:
+        return facts
     try:
         import cupy  # noqa: PLC0415 - optional dependency
         facts["cupy"] = cupy.__version__
         runtime = cupy.cuda.runtime
         facts["cuda_runtime"] = _cuda_version(runtime.runtimeGetVersion())
         facts["cuda_driver"] = _cuda_version(runtime.driverGetVersion())
-        props = runtime.getDeviceProperties(cupy.cuda.Device().id)
+        device_id = cupy.cuda.Device().id
+        props = runtime.getDeviceProperties(device_id)
         name = props.get("name", b"")
         facts["gpu_name"] = name.decode() if isinstance(name, bytes) else str(name)
         facts["gpu_memory_bytes"] = int(props.get("totalGlobalMem", 0)) or None
+        index = gpu_index_of(device_id)
+        if index is not None:
+            facts["gpu_index"] = index
+        facts["gpu_uuid"] = (format_gpu_uuid(props.get("uuid"))
+                             or format_gpu_uuid(_driver_uuid(device_id)))
     except Exception:  # no driver, no device, broken install: evidence still gets written
         pass
     return facts

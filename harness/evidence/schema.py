@@ -74,6 +74,11 @@ class Environment(_Strict):
     cuda_driver: str | None = None
     gpu_name: str | None = None
     gpu_memory_bytes: int | None = None
+    # which GPU: its index as nvidia-smi numbers it (the one a pytest-xdist worker was pinned
+    # to), and its UUID as nvidia-smi prints it ("GPU-xxxxxxxx-..."), the identity that tells
+    # two GPUs of one host apart (their device properties may show the same PCI bus id)
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
     git_commit: str | None = None
 
 
@@ -158,6 +163,8 @@ class StepFinding(_Strict):
 class Judgement(_Strict):
     """Claim 1 over the whole stream: every step judged on the engine's own prefix."""
     oracle: str  # the engine the recompute oracle ran on
+    # the package the oracle ran: the judged package itself, or its float32 twin (reference)
+    oracle_package: PackageRef | None = None
     near_tie_margin: float
     steps_judged: int = Field(ge=0)
     defects: int = Field(ge=0)

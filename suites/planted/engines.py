@@ -30,7 +30,7 @@ class Planted(NativeHostEngine):
 
     def run_component(self, component: str, feeds: dict[str, Any], phase: str | None = None):
         feeds = self.corrupt_feeds(component, dict(feeds), phase)
-        out = dict(super().run_component(component, feeds))
+        out = dict(super().run_component(component, feeds, phase=phase))
         return self.corrupt(component, feeds, out, phase)
 
     def corrupt_feeds(self, component, feeds, phase):
@@ -104,7 +104,7 @@ class RollbackNoTruncate(Planted):
     """Speculative rollback that does not truncate the KV cache: rejected drafts stay."""
     name = "planted-rollback-no-truncate"
 
-    def _make_tensor_ops(self):
+    def make_tensor_ops(self):
         return _NoTruncate(self.ledger)
 
 
@@ -179,7 +179,7 @@ class LastIndexTies(Planted):
     """argmax breaks exact ties towards the highest index."""
     name = "planted-last-index-ties"
 
-    def _make_tensor_ops(self):
+    def make_tensor_ops(self):
         return _LastIndexTies(self.ledger)
 
 
@@ -198,7 +198,7 @@ class TokenSwap(Planted):
     """At step K the emitted token is its neighbour id (a rare wrong pick)."""
     name = "planted-token-swap"
 
-    def _make_tensor_ops(self):
+    def make_tensor_ops(self):
         ops = _SwapAt(self.ledger)
         ops.engine = self
         return ops
@@ -264,8 +264,9 @@ class WrongStateShape(Planted):
 class EarlyStop(Planted):
     """An eos check off by one: the stream stops after K tokens though no eos came."""
     name = "planted-early-stop"
+    decodes_itself = True  # its own (broken) loop: the interpreter calls generate
 
-    def greedy(self, prompt, max_new_tokens: int, audit: bool = False):
+    def generate(self, prompt, max_new_tokens: int, audit: bool = False):
         from engines.workflow import DecodeSession
 
         self.reset_ledger()
@@ -318,7 +319,7 @@ class SimulatedDevice(Planted):
     name = "planted-simulated-device"
     residency = "sim:0"
 
-    def _make_tensor_ops(self):
+    def make_tensor_ops(self):
         return _SimulatedDeviceOps(self.ledger)
 
 

@@ -1,0 +1,41 @@
+"""What one decode returns, whoever decoded: the workflow interpreter or an engine that
+decodes by itself (``Engine.generate``).
+
+Below the workflow so that a backend can build one without importing the interpreter;
+``engines.workflow`` re-exports it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engines.ledger import Ledger
+
+
+@dataclass
+class DecodeResult:
+    """One greedy decode of one prompt.
+
+    ``tokens`` are the generated ids only (not the prompt), at most ``max_new_tokens`` and
+    ending early only after the package's eos. ``ledger`` is the decode's own (fresh) ledger.
+    ``wall_s`` is the decode's wall time, ``step_s`` each step's (the prefill first).
+    ``logits``: with an audit, each generated step's logits row as a host float64 vector of
+    ``vocab_size`` entries (row i decided ``tokens[i]``); None when no audit was asked for or
+    the engine cannot return them."""
+
+    engine: str
+    prompt: list[int]
+    tokens: list[int]
+    ledger: Ledger
+    wall_s: float
+    step_s: list[float] = field(default_factory=list)
+    # each step's logits row (host float64), where the decode was asked to audit them
+    logits: list[np.ndarray] | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+__all__ = ["DecodeResult"]

@@ -1,0 +1,58 @@
+"""``lockstep repro EVIDENCE -o DIR``: the smallest package that still shows a defect.
+
+Shrinks the record's prompt (chunks, then single ids, then smaller ids, while the engine
+still fails the same way against the oracle), explains the shrunk record, and cuts the first
+value out of the noise floor with its producer into a package of its own: the step's correct
+inputs (``inputs.npz``), the arbiter's outputs (``expected.npz``), the engine and its version
+(``repro.json``) and a generated pytest file that fails on the engine and passes on a
+correct one (``LOCKSTEP_REPRO_ENGINE=native-host python -m pytest DIR``).
+``harness.forensics.write_repro`` is the same as a function.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("repro", help="write a repro pack (a cut-out subgraph, its inputs and "
+                                     "a pytest file) for a failing record")
+    p.add_argument("evidence", type=Path, metavar="EVIDENCE_FILE",
+                   help="an evidence record (one JSON file of an evidence folder)")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="DIR",
+                   help="the folder to write the pack into (created)")
+    p.add_argument("--engine", metavar="REF",
+                   help="the engine, if the record's engine name is not registered here: a "
+                        "name or package.module:Class")
+    p.add_argument("--package", metavar="REF",
+                   help="the package (fixture name or folder), if the record's path moved")
+    p.add_argument("--no-shrink", action="store_true", help="keep the record's prompt")
+    p.add_argument("--max-runs", type=int, default=64,
+                   help="at most this many candidate prompts are run while shrinking")
+    p.add_argument("--factor", type=float, default=None,
+                   help="noise floor = FACTOR x the larger correct float32 spread (default 8)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.forensics import FACTOR, write_repro
+
+    pack = write_repro(args.evidence, args.output, engine=args.engine, package=args.package,
+                       shrink=not args.no_shrink, max_runs=args.max_runs,
+                       factor=args.factor or FACTOR)
+    m = pack.manifest
+    print(m["explanation"])
+    print(f"cut: {m['why']}")
+    if m["subgraph"]:
+        s = m["subgraph"]
+        print(f"subgraph: {s['label']}, {s['op']} {s['node'] or ''} -> {s['value']!r} "
+              f"({len(s['nodes'])} node(s), {len(s['stored'])} stored input(s)) at step "
+              f"{m['step']['index']} ({m['step']['phase']})")
+    p = m["prompt"]
+    print(f"prompt: {p['original']} -> {p['shrunk']} ({p['runs']} run(s); {p['status']})")
+    for engine, check in (m.get("self_check") or {}).items():
+        print(f"self-check on {engine}: {check['outcome']}")
+    print(f"pack: {pack.folder.resolve()}")
+    print(f"run it: python -m pytest {pack.folder}   (LOCKSTEP_REPRO_ENGINE=native-host: "
+          f"must pass)")
+    return 0
