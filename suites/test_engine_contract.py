@@ -243,3 +243,23 @@ def test_the_interpreter_and_the_runner_do_not_probe_engines(path):
 def test_backends_and_the_contract_sit_below_the_workflow(path):
     assert not any(m == "engines.workflow" or m.startswith("engines.workflow.")
                    for m in _imports(path))
+
+
+@pytest.mark.parametrize("cls_path", ["engines.backends.native_cuda:NativeCudaEngine",
+                                      "engines.backends.ort_cuda:OrtCudaEngine",
+                                      "engines.backends.ort_cpu:OrtCpuEngine"])
+def test_engines_that_cannot_run_bfloat16_say_so_before_loading(cls_path):
+    """Seen on the H200 and here: these engines refuse a bfloat16 package as unavailable,
+    naming the dtype and the engines that can run it (not as a crash mid-load)."""
+    import importlib
+    from types import SimpleNamespace
+
+    from engines.errors import EngineUnavailable
+
+    module, _, name = cls_path.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    package = SimpleNamespace(spec=SimpleNamespace(dtype="bfloat16"))
+    with pytest.raises(EngineUnavailable) as info:
+        cls(package)
+    assert info.value.field == "package.dtype" and info.value.value == "bfloat16"
+    assert "native-host" in info.value.remedy

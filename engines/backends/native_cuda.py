@@ -68,6 +68,17 @@ class NativeCudaEngine(Engine):
         return Availability(ok, reason)
 
     def __init__(self, package, *, graphs: bool | None = None, poison_outputs: bool = False):
+        if package.spec.dtype == "bfloat16":
+            from engines.errors import EngineUnavailable
+
+            # seen on the H200 (docs/evidence/2026-12-01-h200-run6): the plan refuses to
+            # place the package's bfloat16 weights, CuPy having no bfloat16 dtype
+            raise EngineUnavailable(
+                "native-cuda runs no bfloat16 package yet: CuPy has no bfloat16 dtype, and "
+                "the kernels that would keep it as uint16 storage are not written",
+                field="package.dtype", value="bfloat16",
+                remedy="run it on native-host, onnx-reference or hf-cuda, or convert with "
+                       "--dtype float16")
         cupy = import_cupy()  # EngineUnavailable naming what is missing and how to get it
         self._cupy = cupy
         self._device = cupy.cuda.Device(self.device_id)

@@ -500,6 +500,17 @@ class OrtCudaEngine(Engine):
         cache is an ``InputError``. ``poison_graph_outputs`` fills the fixed outputs with
         NaN before every graph run (tests: a replay that writes nothing cannot pass).
         ``log_severity_level``: onnxruntime's (0 verbose .. 4 fatal) for these sessions."""
+        if package.spec.dtype == "bfloat16":
+            from engines.errors import EngineUnavailable
+
+            # seen on the H200 with onnxruntime-gpu 1.31.1 (docs/evidence/2026-12-01-h200-run6)
+            raise EngineUnavailable(
+                "onnxruntime's CUDA provider does not load this bfloat16 package: session "
+                "creation fails with 'Provider type for ReduceMax node ... is not set' (no "
+                "bfloat16 kernel for an op of the graph)",
+                field="package.dtype", value="bfloat16",
+                remedy="run it on native-host, onnx-reference or hf-cuda, or convert with "
+                       "--dtype float16")
         ok, reason, remedy = _probe()
         if not ok:
             raise EngineUnavailable(f"ort-cuda is unavailable: {reason}", field="engine",
