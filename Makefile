@@ -42,9 +42,9 @@ fixtures: real
 # width) and the real SmolLM2 checkpoint, writing evidence and the report.
 demo: fixtures
 	rm -rf $(EVIDENCE)
-	$(BIN)/lockstep run --evidence-dir $(EVIDENCE)
+	$(BIN)/lockstep run --explain --evidence-dir $(EVIDENCE)
 	$(BIN)/lockstep run --mode speculative --evidence-dir $(EVIDENCE)
-	$(BIN)/lockstep run --packages smollm2 --engines ort-cpu,native-host,hf --max-prompts 2 \
+	$(BIN)/lockstep run --explain --packages smollm2 --engines ort-cpu,native-host,hf --max-prompts 2 \
 	  --evidence-dir $(EVIDENCE)
 	$(BIN)/lockstep run --mode speculative --width all --packages smollm2-selfspec --engines ort-cpu \
 	  --max-prompts 2 --max-new-tokens 16 --evidence-dir $(EVIDENCE)

@@ -434,9 +434,10 @@ def run_matrix_on_devices(engines: Sequence[str], packages: Sequence[str],
     from engines.errors import LockstepError
     from engines.registry import get_engine_class
     from harness import evidence as ev
-    from harness.manifest import PlannedCell, RunManifest, finish, write_manifest
+    from harness.manifest import finish, write_manifest
     from harness.packages import REAL_CHECKPOINTS, fixture_names, resolve_package
-    from harness.runner import CellError, CellResult, RunSummary, _plan, _record, resolve_engines
+    from harness.runner import (CellError, CellResult, RunSummary, _plan, _record,
+                                plan_manifest, resolve_engines)
 
     require_xdist()
     if not devices:
@@ -458,13 +459,8 @@ def run_matrix_on_devices(engines: Sequence[str], packages: Sequence[str],
     plans = _plan(resolved, mode, widths, prompts, max_prompts, max_new_tokens)
 
     run_id = ev.new_run_id()
-    planned = [PlannedCell(package=pp.package.spec.name, engine=name, mode=pp.labels[w],
-                           prompt=prompt_name)
-               for pp in plans for name in classes for w in pp.widths
-               for prompt_name, _ in pp.prompts]
-    manifest = RunManifest(run_id=run_id, started=datetime.now(timezone.utc),
-                           command=list(command if command is not None else sys.argv),
-                           planned=planned)
+    manifest = plan_manifest(run_id, plans, list(classes), command)
+    planned = manifest.planned
     scratch = Path(tempfile.mkdtemp(prefix="lockstep-devices-"))
     folder = Path(evidence_dir) if evidence_dir is not None else scratch / "evidence"
     folder.mkdir(parents=True, exist_ok=True)

@@ -431,6 +431,21 @@ def _record(cell: CellResult, package, judge: _Judge | None, *, run_id: str, env
     return cell
 
 
+def plan_manifest(run_id: str, plans, engine_names: Sequence[str],
+                  command: Sequence[str] | None = None):
+    """The run manifest of ``plans`` (``_plan``'s packages, widths and prompts) over the
+    engines: every planned cell, in the order the runner runs them."""
+    from harness.manifest import PlannedCell, RunManifest
+
+    planned = [PlannedCell(package=pp.package.spec.name, engine=name, mode=pp.labels[w],
+                           prompt=prompt_name)
+               for pp in plans for name in engine_names for w in pp.widths
+               for prompt_name, _ in pp.prompts]
+    return RunManifest(run_id=run_id, started=datetime.now(timezone.utc),
+                       command=list(command if command is not None else sys.argv),
+                       planned=planned)
+
+
 def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
                prompts: Sequence[Sequence[int]] | None, max_new_tokens: int,
                evidence_dir: Path | None = None,
@@ -443,20 +458,15 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
     Bad requests (an unknown engine or mode, a width outside a package's range, a package
     without a speculative section in speculative mode) fail before anything runs."""
     from harness import evidence as ev
-    from harness.manifest import PlannedCell, RunManifest, finish, write_manifest
+    from harness.manifest import finish, write_manifest
 
     classes = resolve_engines(engines)
     plans = _plan([resolve_package(ref) for ref in packages], mode, widths, prompts, max_prompts,
                   max_new_tokens)
     run_id = ev.new_run_id()
     env = ev.collect_environment()
-    planned = [PlannedCell(package=pp.package.spec.name, engine=name, mode=pp.labels[w],
-                           prompt=prompt_name)
-               for pp in plans for name in classes for w in pp.widths
-               for prompt_name, _ in pp.prompts]
-    manifest = RunManifest(run_id=run_id, started=datetime.now(timezone.utc),
-                           command=list(command if command is not None else sys.argv),
-                           planned=planned)
+    manifest = plan_manifest(run_id, plans, list(classes), command)
+    planned = manifest.planned
     if evidence_dir is not None:
         write_manifest(evidence_dir, manifest)
     if on_plan:

@@ -157,6 +157,7 @@ class FindingView:
     traceback: str
     reference_segments: list[tuple[str, bool]] = field(default_factory=list)
     engine_segments: list[tuple[str, bool]] = field(default_factory=list)
+    explanation: Any = None  # lockstep explain's fragment (first bad node, layer curve, repro)
 
 
 def _piece(texts: list[str] | None, step: int) -> str | None:
@@ -683,12 +684,15 @@ def render_report(records: Sequence[EvidenceRecord],
                   title: str = "lockstep parity report",
                   generated: datetime | None = None,
                   manifests: Sequence[RunManifest] | None = None,
-                  catch_matrix: Mapping | str | os.PathLike | None = None) -> str:
+                  catch_matrix: Mapping | str | os.PathLike | None = None,
+                  explanations: Mapping | None = None) -> str:
     """The whole report as one HTML string (UTF-8 text, no external reference).
 
     ``manifests`` (``harness.manifest.read_manifests``) make completeness visible: planned
     cells without a record show as ``missing`` and an unfinished run as INCOMPLETE.
-    ``catch_matrix`` (the parsed JSON, or a path to it) adds the planted-bug section."""
+    ``catch_matrix`` (the parsed JSON, or a path to it) adds the planted-bug section.
+    ``explanations`` (``harness.forensics.load_explanations``) put each explained finding's
+    first bad node, layer curve and repro-pack link into its article."""
     records = sorted(records, key=lambda r: (r.package.name, _mode_sort(r.mode.label),
                                              r.engine, r.prompt.name, r.created))
     statuses = {id(r): record_status(r) for r in records}
@@ -698,6 +702,12 @@ def render_report(records: Sequence[EvidenceRecord],
         anchors[id(r)] = f"cell-{i}"
         if _needs_article(r, statuses[id(r)]):
             view = _finding_view(f"finding-{len(findings)}", r, statuses[id(r)])
+            if explanations:
+                from harness.forensics import explanation_for, explanation_html
+
+                entry = explanation_for(r, explanations)
+                if entry is not None:  # the fragment escapes every string it holds
+                    view.explanation = Markup(explanation_html(entry, f"{view.anchor}-explain"))
             findings.append(view)
             anchors[id(r)] = view.anchor
     rows_anchor = {id(r): f"cell-{i}" for i, r in enumerate(records)}

@@ -151,7 +151,7 @@ fi
   ${kexpr:+-k "$kexpr"} --junitxml="$OUT/junit-gpu.xml" --evidence-dir /tmp/lockstep-gpu-evidence suites > "$OUT/pytest-gpu.log" 2>&1 || status=1
 tail -n 60 "$OUT/pytest-gpu.log"
 
-"$PY" -m harness.cli run --engines "$ENGINES" --strict ${DEVICES[@]+"${DEVICES[@]}"} \
+"$PY" -m harness.cli run --engines "$ENGINES" --strict --explain ${DEVICES[@]+"${DEVICES[@]}"} \
   --evidence-dir /tmp/lockstep-evidence > "$OUT/matrix.txt" 2>&1 || status=1
 "$PY" -m harness.cli run --mode speculative --width all --engines "$ENGINES" --strict ${DEVICES[@]+"${DEVICES[@]}"} \
   --evidence-dir /tmp/lockstep-evidence >> "$OUT/matrix.txt" 2>&1 || status=1

@@ -378,3 +378,21 @@ def test_layer_curve_plot_formats(records, tmp_path):
     curve = e.layer_curve()
     assert curve["labels"] == ["layer 0", "layer 1", "head", "output"]
     assert curve["first_bad"] == "layer 0"
+
+
+def test_the_report_shows_each_explained_finding_with_its_layer_curve_and_repro(tmp_path):
+    """``lockstep run --explain`` writes explanations and repro packs beside the records;
+    ``lockstep report`` puts each one into its finding's article."""
+    from harness.cli import main
+    from harness.evidence import load_evidence_dir
+    from reports.render import render_report
+
+    ev = tmp_path / "ev"
+    assert main(["run", "--engines", "suites.planted.engines:PositionOffByOne", "--packages",
+                 "tiny_llama", "--max-new-tokens", "8", "--max-prompts", "1",
+                 "--evidence-dir", str(ev), "--explain"]) == 1
+    explained = load_explanations(ev)
+    assert explained
+    html = render_report(load_evidence_dir(ev), explanations=explained)
+    assert "Where it starts (lockstep explain)" in html and "n_Gather_1" in html
+    assert "repro pack" in html and "<svg" in html

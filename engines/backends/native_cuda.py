@@ -29,7 +29,7 @@ import onnx
 
 from engines.cuda_support import cuda_availability, import_cupy
 from engines.engine import Availability, Engine
-from engines.errors import InputError
+from engines.errors import EngineUnavailable, InputError
 from engines.native.graph_slots import (CaptureError, CupyGraphDevice, GraphSlots,
                                         forward_positions, graphs_default)
 
@@ -68,9 +68,7 @@ class NativeCudaEngine(Engine):
         return Availability(ok, reason)
 
     def __init__(self, package, *, graphs: bool | None = None, poison_outputs: bool = False):
-        if package.spec.dtype == "bfloat16":
-            from engines.errors import EngineUnavailable
-
+        if package is not None and package.spec.dtype == "bfloat16":
             # seen on the H200 (docs/evidence/2026-12-01-h200-run6): the plan refuses to
             # place the package's bfloat16 weights, CuPy having no bfloat16 dtype
             raise EngineUnavailable(

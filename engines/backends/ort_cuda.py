@@ -500,9 +500,7 @@ class OrtCudaEngine(Engine):
         cache is an ``InputError``. ``poison_graph_outputs`` fills the fixed outputs with
         NaN before every graph run (tests: a replay that writes nothing cannot pass).
         ``log_severity_level``: onnxruntime's (0 verbose .. 4 fatal) for these sessions."""
-        if package.spec.dtype == "bfloat16":
-            from engines.errors import EngineUnavailable
-
+        if package is not None and package.spec.dtype == "bfloat16":
             # seen on the H200 with onnxruntime-gpu 1.31.1 (docs/evidence/2026-12-01-h200-run6)
             raise EngineUnavailable(
                 "onnxruntime's CUDA provider does not load this bfloat16 package: session "

@@ -50,8 +50,11 @@ def run(args: argparse.Namespace) -> int:
     manifests = read_manifests(args.evidence_dir)
     baseline = load_evidence_dir(args.baseline) if args.baseline is not None else None
     catch_matrix = _catch_matrix(args)
+    from harness.forensics import load_explanations
+
     html = render_report(records, baseline, title=args.title, manifests=manifests,
-                         catch_matrix=catch_matrix)
+                         catch_matrix=catch_matrix,
+                         explanations=load_explanations(args.evidence_dir))
     output: Path = args.output
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")

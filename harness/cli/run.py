@@ -117,7 +117,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="an unavailable engine fails the run instead of being reported")
     p.add_argument("--explain", action="store_true",
                    help="explain every failing greedy cell: the first node whose error leaves "
-                        "the noise floor, written to <evidence dir>/forensics/ (lockstep explain)")
+                        "the noise floor and a repro pack, written to <evidence dir>/forensics/ "
+                        "and shown in the report (lockstep explain, lockstep repro)")
     p.add_argument("--devices", metavar="all|0,1",
                    help="run the cells on these GPUs with pytest-xdist, one worker pinned to "
                         "each (all: every visible GPU; indices as nvidia-smi numbers them); "
@@ -200,6 +201,6 @@ def run(args: argparse.Namespace) -> int:
     if args.explain and summary.failed:
         from harness.forensics import explain_and_print
 
-        explain_and_print(summary, engines, print_fn=print)
+        explain_and_print(summary, engines, print_fn=print, repro=True)
     unavailable = any(c.status == "unavailable" for c in summary.cells)
     return 1 if summary.failed or (args.strict and unavailable) else 0
