@@ -126,6 +126,7 @@ def judge_stream(oracle, prompt: Sequence[int], tokens: Sequence[int], max_new_t
     findings: list[StepJudgement] = []
     judged = 0
     ended = False
+    unjudgeable = False  # an id outside the vocabulary: no prefix after it can be judged
     for step, token in enumerate(tokens):
         token = int(token)
         if ended or step >= max_new_tokens:
@@ -143,6 +144,7 @@ def judge_stream(oracle, prompt: Sequence[int], tokens: Sequence[int], max_new_t
             findings.append(StepJudgement(step, token, best, None, None, DEFECT,
                                           f"token id {token} is outside the vocabulary "
                                           f"[0, {vocab})", top_k(row)))
+            unjudgeable = True
             break
         own = lowest_argmax(engine_row) if engine_row is not None else token
         if own not in (-1, token):
@@ -153,8 +155,7 @@ def judge_stream(oracle, prompt: Sequence[int], tokens: Sequence[int], max_new_t
             findings.append(_finding(step, token, row, best, tol, "", engine_row))
         prefix.append(token)
         ended = eos is not None and token == eos
-    if not ended and len(tokens) < max_new_tokens and not any(
-            f.reason.startswith("token id") for f in findings):
+    if not ended and not unjudgeable and len(tokens) < max_new_tokens:
         row = oracle.row(prefix)
         best = lowest_argmax(row)
         findings.append(StepJudgement(len(tokens), None, best, None, None, DEFECT,

@@ -66,9 +66,9 @@ def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
     greedy = None
     if cell.greedy_tokens is not None:
         gj = cell.greedy_judgement
-        parted = next((i for i in range(max(len(cell.tokens), len(cell.greedy_tokens)))
-                       if i >= len(cell.tokens) or i >= len(cell.greedy_tokens)
-                       or cell.tokens[i] != cell.greedy_tokens[i]), None)
+        from harness.runner import first_difference
+
+        parted = first_difference(cell.tokens, cell.greedy_tokens)
         greedy = ev.GreedyRef(tokens=list(cell.greedy_tokens),
                               digest=ev.token_digest(cell.greedy_tokens),
                               verdict=gj.verdict, first_finding=_divergence(gj.first, trace),

@@ -26,7 +26,7 @@ from engines.oracle import Oracle, OracleTrace, oracle_for
 from engines.registry import REFERENCE_ENGINE, get_engine_class
 from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
-from engines.workflow.speculative import SpeculativeResult, speculative_decode
+from engines.workflow.speculative import speculative_decode
 from harness.budgets import budget_summary, device_budgets
 from harness.judge import (BUDGET, DEFECT, ERROR, FAILING, IDENTICAL, NEAR_TIE, NON_FINITE,
                            UNAVAILABLE,
@@ -229,7 +229,8 @@ class _OracleFailed(Exception):
         self.error = error
 
 
-def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first step where two streams part (a length difference included), else None."""
     for i in range(max(len(a), len(b))):
         if i >= len(a) or i >= len(b) or a[i] != b[i]:
             return i
@@ -272,7 +273,7 @@ def _greedy_cell(engine, judge: _Judge, cell: CellResult, max_new_tokens: int):
         return _errored(cell, CellError.of("judge", exc))
     notes = [] if auditable else ["logits not audited: the engine declares no logits audit"]
     if audit_tokens is not None and audit_tokens != cell.tokens:
-        step = _first_difference(audit_tokens, cell.tokens)
+        step = first_difference(audit_tokens, cell.tokens)
         cell.judgement.findings.append(StepJudgement(
             step, cell.tokens[step] if step < len(cell.tokens) else None,
             audit_tokens[step] if step < len(audit_tokens) else None, None, None, DEFECT,
@@ -339,7 +340,7 @@ def _speculative_cell(engine, judge: _Judge, cell: CellResult, max_new_tokens: i
     notes: list[str] = []
     spec_bad = cell.judgement.defects > 0
     greedy_bad = greedy_judgement.defects > 0
-    parted = _first_difference(cell.tokens, greedy_tokens)
+    parted = first_difference(cell.tokens, greedy_tokens)
     if spec_bad:
         notes.append("the speculative path is wrong" + (
             " (so is the greedy path)" if greedy_bad else ""))

@@ -27,6 +27,7 @@ from engines.registry import get_engine_class
 from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
 from harness.judge import judge_stream
+from harness.runner import first_difference
 
 pytestmark = pytest.mark.real_checkpoint
 
@@ -187,11 +188,6 @@ def spec_oracle(selfspec):
     engine.close()
 
 
-def _first_difference(a, b):
-    return next((i for i in range(max(len(a), len(b)))
-                 if i >= len(a) or i >= len(b) or a[i] != b[i]), None)
-
-
 def test_selfspec_package_declares_the_layer_skip_drafter(selfspec, smollm2):
     from fixtures.real_checkpoints import SELFSPEC_DRAFT_LAYERS
 
@@ -234,7 +230,7 @@ def test_selfspec_follows_greedy_and_the_oracle_on_ort_cpu(selfspec, spec_oracle
                 assert j.defects == 0, (name, width, "speculative", j.findings)
                 if j.findings:
                     near_ties.append((name, width, j.findings))
-                step = _first_difference(greedy, result.tokens)
+                step = first_difference(greedy, result.tokens)
                 if step is not None:  # left greedy: a near-tie on the shared prefix, or fail
                     row = spec_oracle.row(prompts[name] + greedy[:step])  # cached
                     pair = greedy[step:step + 1] + result.tokens[step:step + 1]
