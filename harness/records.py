@@ -22,14 +22,18 @@ def _divergence(finding, trace) -> ev.Divergence | None:
                          reason=finding.reason)
 
 
-def _judgement(j, oracle_name: str, tol, oracle_package=None) -> ev.Judgement:
-    ref = None
+def _judgement(j, oracle_name: str, tol, oracle_package=None, oracle_check=None) -> ev.Judgement:
+    ref = check = None
+    if oracle_check is not None:
+        c = oracle_check
+        check = ev.OracleCheck(engine=c.engine, against=c.against, prefix_tokens=c.prefix_tokens,
+                               steps=c.steps, max_abs=c.max_abs, nmse=c.nmse)
     if oracle_package is not None:
         ref = ev.PackageRef(name=oracle_package.spec.name,
                             content_hash=oracle_package.content_hash,
                             path=str(oracle_package.root))
     return ev.Judgement(
-        oracle=f"oracle:{oracle_name}", oracle_package=ref,
+        oracle=f"oracle:{oracle_name}", oracle_package=ref, oracle_check=check,
         near_tie_margin=tol.near_tie_margin,
         steps_judged=j.steps_judged, defects=j.defects, near_ties=j.near_ties,
         findings=[ev.StepFinding(step=f.step, engine_token=f.engine_token,
@@ -51,8 +55,26 @@ def _audit(audit, tol) -> ev.LogitsAuditRecord:
         readback_bytes=audit.readback_bytes)
 
 
+def _prompt(package, cell) -> ev.PromptRef:
+    """The prompt's ids, their text, and for a text or chat prompt what they were made of."""
+    from engines.tokenizer import decode_each
+
+    ref = ev.PromptRef(name=cell.prompt_name, ids=list(cell.prompt),
+                       text=decode_each(package, cell.prompt, joined=True))
+    given = cell.prompt_source  # harness.prompts.ResolvedPrompt, or None for plain ids
+    if given is None or given.source.kind == "ids":
+        return ref
+    src = given.source
+    return ref.model_copy(update={
+        "source": src.kind,
+        "source_text": src.text if src.kind == "text" else given.rendered,
+        "messages": ([ev.ChatMessage(role=r, content=c) for r, c in src.messages]
+                     if src.kind == "chat" else None),
+        "chat_template": given.chat_template})
+
+
 def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
-                oracle_package=None) -> ev.EvidenceRecord:
+                oracle_package=None, oracle_check=None) -> ev.EvidenceRecord:
     """The evidence record of ``cell`` (a ``harness.runner.CellResult``)."""
     from engines.tokenizer import decode_each
 
@@ -86,15 +108,16 @@ def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
         run_id=run_id, environment=env,
         package=ev.PackageRef(name=package.spec.name, content_hash=package.content_hash,
                               path=str(package.root)),
-        engine=cell.engine, mode=mode,
-        prompt=ev.PromptRef(name=cell.prompt_name, ids=list(cell.prompt),
-                            text=decode_each(package, cell.prompt, joined=True)),
+        engine=cell.engine, engine_provenance=getattr(cell, "provenance", None) or None,
+        mode=mode,
+        prompt=_prompt(package, cell),
         status=cell.status, reason=cell.reason or None, error=error,
         tokens=list(cell.tokens), token_digest=ev.token_digest(cell.tokens),
         tokens_text=decode_each(package, cell.tokens) if cell.tokens else None,
         reference=reference, divergence=_divergence(cell.divergence, trace),
         judgement=None if cell.judgement is None else _judgement(cell.judgement, oracle_name,
-                                                                 tol, oracle_package),
+                                                                 tol, oracle_package,
+                                                                 oracle_check),
         logits_audit=None if cell.audit is None else _audit(cell.audit, tol),
         greedy=greedy,
         ledger=cell.ledger.to_dict() if cell.ledger is not None else ev.LedgerRecord(),

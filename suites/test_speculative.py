@@ -259,7 +259,7 @@ def test_cli_speculative_matrix_writes_one_record_per_width(tmp_path, capsys):
     (["--mode", "speculative", "--width", "5", "--packages", "lookup_chained"], "--width"),
     (["--mode", "speculative", "--width", "0", "--packages", "lookup_chained"], "--width"),
     (["--width", "2", "--packages", "lookup_chained"], "--width"),
-    (["--mode", "speculative", "--packages", "tiny_llama"], "--packages"),
+    (["--mode", "speculative", "--packages", "tiny_llama"], "decoding.speculative"),
 ])
 def test_cli_refuses_bad_speculative_requests(argv, field, capsys):
     from harness.cli import main

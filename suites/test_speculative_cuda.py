@@ -99,20 +99,20 @@ def test_device_snapshot_restores_byte_identical_state_without_a_host_byte():
 
     from engines.package.schema import StateCellSpec
     from engines.tensor_ops import CudaTensorOps
-    from engines.workflow.state_service import StateService
+    from engines.workflow.state import DecodeState
     from harness.transfer_guard import transfer_guard
 
     stream = cupy.cuda.Stream(non_blocking=True)
     ops = CudaTensorOps(Ledger(), stream)
     specs = {"r": StateCellSpec(kind="recurrent", component="target", input="a", output="b",
                                 dtype="bfloat16", shape=[1, 3, 257])}
-    service = StateService.fresh(ops, specs, snapshot_cells=["r"])
+    service = DecodeState.fresh(ops, specs, snapshot_cells=["r"])
     rng = np.random.default_rng(0)
     before = rng.standard_normal((1, 3, 257)).astype(ml_dtypes.bfloat16)
-    service.absorb({"r": ops.adopt(before)}, 1)
+    service.absorb({"b": ops.adopt(before)}, 1)  # outputs by graph output name
     with transfer_guard("disallow") as guard:
         service.snapshot()
-        service.absorb({"r": ops.zeros((1, 3, 257), ml_dtypes.bfloat16)}, 4)
+        service.absorb({"b": ops.zeros((1, 3, 257), ml_dtypes.bfloat16)}, 4)
         service.restore()
         stream.synchronize()
     assert guard.events == [] and ops.ledger.readback_total == 0

@@ -1,12 +1,14 @@
-"""The state service as a stateful property (Hypothesis ``RuleBasedStateMachine``).
+"""The decode state (``DecodeState``, the one owner of cells and position) as a stateful
+property (Hypothesis ``RuleBasedStateMachine``).
 
-Random sequences of append (a forward's new cell values), truncate, snapshot, restore and
-fork run on two services at once, one per ``TensorOps``, next to a plain numpy model of what
-the cells must hold. After every rule the services equal the model (valid prefix of every
-kv cell, every recurrent cell, every length), and a rule one service refuses (truncate past
-the length, restore without a snapshot, truncate a recurrent cell) the other refuses with
-the same error class and field. In CI both services run on ``HostTensorOps``; the ``gpu``
-machine pairs ``CudaTensorOps`` with ``HostTensorOps``.
+Random sequences of append (a forward's new cell values), rollback, snapshot, restore and
+fork run on two states at once, one per ``TensorOps``, next to a plain numpy model of what
+the cells must hold. After every rule the states equal the model (valid prefix of every
+kv cell, every recurrent cell, every length, and the position equal to the kv length: the
+two move together), and a rule one state refuses (rollback past the length, restore without
+a snapshot, roll back a recurrent cell) the other refuses with the same error class and
+field, changing nothing. In CI both states run on ``HostTensorOps``; the ``gpu`` machine
+pairs ``CudaTensorOps`` with ``HostTensorOps``.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from engines.errors import InputError, LockstepError
 from engines.ledger import Ledger
 from engines.package.schema import StateCellSpec
 from engines.tensor_ops import HostTensorOps
-from engines.workflow.state_service import StateService
+from engines.workflow.state import DecodeState
 
 MAX_CONTEXT = 12
 SPECS = {
@@ -64,15 +66,15 @@ class Model:
         return self.kv["k"].shape[2]
 
 
-class StateServiceMachine(RuleBasedStateMachine):
-    """Two services (``ops_a``, ``ops_b``) and the model move together."""
+class DecodeStateMachine(RuleBasedStateMachine):
+    """Two states (``ops_a``, ``ops_b``) and the model move together."""
 
     make_ops = staticmethod(lambda: (HostTensorOps(Ledger()), HostTensorOps(Ledger())))
 
     @initialize()
     def start(self):
         self.ops = self.make_ops()
-        self.services = [StateService.fresh(ops, SPECS, snapshot_cells=["r"]) for ops in self.ops]
+        self.services = [DecodeState.fresh(ops, SPECS, snapshot_cells=["r"]) for ops in self.ops]
         self.model = Model()
 
     def _both(self, fn):
@@ -94,14 +96,14 @@ class StateServiceMachine(RuleBasedStateMachine):
         for service, ops in zip(self.services, self.ops):
             static = to_host(service.value("s")).copy()  # a static buffer is written in place
             static[:, length:length + m] = rows
-            service.absorb({"k": ops.adopt(new_k.copy()), "s": ops.adopt(static),
-                            "r": ops.adopt(new_r.copy())}, m)
+            service.absorb({"ok": ops.adopt(new_k.copy()), "os": ops.adopt(static),
+                            "or": ops.adopt(new_r.copy())}, m)
         self.model.kv = {"k": new_k, "s": np.concatenate([self.model.kv["s"], rows], axis=1)}
         self.model.r = new_r
 
     @rule(length=st.integers(-1, MAX_CONTEXT + 1))
-    def truncate(self, length):
-        status, field = self._both(lambda s: s.truncate(length, ["k", "s"]))
+    def rollback(self, length):
+        status, field = self._both(lambda s: s.rollback(length, ["k", "s"]))
         if 0 <= length <= self.model.length:
             assert status == "ok"
             self.model.kv = {"k": self.model.kv["k"][:, :, :length],
@@ -110,8 +112,8 @@ class StateServiceMachine(RuleBasedStateMachine):
             assert (status, field) == ("InputError", "state.k")
 
     @rule()
-    def truncate_recurrent(self):
-        assert self._both(lambda s: s.truncate(0, ["r"])) == ("InputError", "state.r")
+    def rollback_recurrent(self):
+        assert self._both(lambda s: s.rollback(0, ["r"])) == ("InputError", "state.r")
 
     @rule()
     def snapshot(self):
@@ -133,13 +135,13 @@ class StateServiceMachine(RuleBasedStateMachine):
         forks = [s.fork() for s in self.services]
         kept = self.model.copy()
         self.append(1, seed)
-        self.truncate(max(self.model.length - 2, 0))
+        self.rollback(max(self.model.length - 2, 0))
         for fork in forks:
             self._equal(fork, kept)
         self.services, self.model = forks, kept
 
     def _equal(self, service, model):
-        assert service.length("k") == service.length("s") == model.length
+        assert service.length("k") == service.length("s") == service.position == model.length
         k = to_host(service.value("k"))
         assert k.shape == model.kv["k"].shape and k.tobytes() == model.kv["k"].tobytes()
         s = to_host(service.value("s"))[:, :model.length]
@@ -155,10 +157,10 @@ class StateServiceMachine(RuleBasedStateMachine):
             self._equal(service, self.model)
 
 
-TestStateServiceOnHost = pytest.mark.claim("snapshot_budget")(StateServiceMachine.TestCase)
+TestDecodeStateOnHost = pytest.mark.claim("snapshot_budget")(DecodeStateMachine.TestCase)
 
 
-class CudaStateServiceMachine(StateServiceMachine):
+class CudaDecodeStateMachine(DecodeStateMachine):
     """The device half: CudaTensorOps against HostTensorOps."""
 
     @staticmethod
@@ -173,42 +175,78 @@ class CudaStateServiceMachine(StateServiceMachine):
 
 @pytest.mark.claim("snapshot_budget", "tensor_ops")
 @pytest.mark.gpu
-def test_gpu_state_service_agrees_with_host():
+def test_gpu_decode_state_agrees_with_host():
     ok, reason = cuda_availability()
     if not ok:
         pytest.skip(f"CUDA unavailable: {reason}")
     from hypothesis.stateful import run_state_machine_as_test
 
-    run_state_machine_as_test(CudaStateServiceMachine)
+    run_state_machine_as_test(CudaDecodeStateMachine)
 
 
 # -- plain facts -------------------------------------------------------------------------------
+def _outputs(ops, k_length=0, r=None):
+    """A forward's outputs for the k and r cells of SPECS, by graph output name."""
+    return {"ok": ops.adopt(np.ones((1, 2, k_length, 3), np.float32)),
+            "or": ops.adopt(np.zeros((1, 4), np.float32) if r is None else r.copy())}
+
+
+K_AND_R = {"k": SPECS["k"], "r": SPECS["r"]}
+
+
 @pytest.mark.claim("snapshot_budget")
 def test_restore_is_byte_identical_and_counted():
     ops = HostTensorOps(Ledger())
-    service = StateService.fresh(ops, SPECS, snapshot_cells=["r"])
+    state = DecodeState.fresh(ops, K_AND_R, snapshot_cells=["r"])
     before = np.arange(4, dtype=np.float32).reshape(1, 4) - 1.5
-    service.absorb({"r": ops.adopt(before.copy())}, 1)
-    service.snapshot()
-    service.absorb({"r": ops.adopt(np.full((1, 4), 9, np.float32))}, 2)
-    service.restore()
-    assert service.value("r").tobytes() == before.tobytes()
-    assert service.length("r") == 1
+    state.absorb(_outputs(ops, 1, before), 1)
+    state.snapshot()
+    state.absorb(_outputs(ops, 3, np.full((1, 4), 9, np.float32)), 2)
+    state.rollback(1)
+    state.restore()
+    assert state.value("r").tobytes() == before.tobytes()
+    assert state.length("r") == state.length("k") == state.position == 1
     assert ops.ledger.snapshots == 1 and ops.ledger.restores == 1
 
 
 def test_snapshot_cells_must_be_recurrent():
     with pytest.raises(InputError) as info:
-        StateService.fresh(HostTensorOps(Ledger()), SPECS, snapshot_cells=["k"])
+        DecodeState.fresh(HostTensorOps(Ledger()), SPECS, snapshot_cells=["k"])
     assert info.value.field == "snapshot" and info.value.value == "k"
     assert "truncate" in info.value.remedy
 
 
-def test_truncate_is_all_or_nothing():
-    """A refused truncate leaves every cell as it was (checked before any change)."""
+def test_rollback_is_all_or_nothing():
+    """A refused rollback leaves every cell and the position as they were."""
     ops = HostTensorOps(Ledger())
-    service = StateService.fresh(ops, SPECS, snapshot_cells=["r"])
-    service.absorb({"k": ops.adopt(np.ones((1, 2, 3, 3), np.float32))}, 3)
+    state = DecodeState.fresh(ops, K_AND_R, snapshot_cells=["r"])
+    state.absorb(_outputs(ops, 3), 3)
     with pytest.raises(InputError):
-        service.truncate(2, ["k", "r"])
-    assert service.length("k") == 3 and service.value("k").shape[2] == 3
+        state.rollback(2, ["k", "r"])
+    assert state.length("k") == 3 and state.value("k").shape[2] == 3 and state.position == 3
+
+
+def test_absorb_of_a_misshapen_output_changes_nothing():
+    from engines.errors import ExecutionError
+
+    ops = HostTensorOps(Ledger())
+    state = DecodeState.fresh(ops, K_AND_R)
+    state.absorb(_outputs(ops, 2), 2)
+    with pytest.raises(ExecutionError) as info:
+        state.absorb(_outputs(ops, 5), 1)  # the graph grew k by 3, not 1
+    assert info.value.field == "state.k"
+    assert state.length("k") == state.length("r") == state.position == 2
+
+
+def test_a_session_rolls_cells_and_position_back_together(packages, engine_cache):
+    from engines.workflow import DecodeSession
+
+    package = packages["tiny_llama"]
+    session = DecodeSession(engine_cache("native-host", package))
+    prompt = list(package.spec.prompts[0])
+    session.forward(prompt, "prefill")
+    session.forward([3], "decode")
+    session.rollback(2)
+    cells = session.state.cells.values()
+    assert session.position == 2 and all(c.length == 2 for c in cells)
+    assert all(c.value.shape[c.spec.seq_axis] == 2 for c in cells)

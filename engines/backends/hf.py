@@ -1,11 +1,15 @@
-"""``hf``: transformers' own LLaMA (or Qwen2) with the package's own weights.
+"""``hf``: transformers' own model, built from the checkpoint the package was converted from.
 
-The independent reference: none of lockstep's graph or executor code computes its logits.
-It loads only packages converted from a checkpoint (``lockstep convert``), whose
-``checkpoint.json`` names the architecture and each weight's ONNX initializer; the weights
-are read back from the package itself, so transformers multiplies exactly the numbers the
-other engines do. GGUF's ``llama`` Q/K rows were permuted for adjacent-pair RoPE; they are
-permuted back (a reordering, no arithmetic) because transformers rotates halves.
+The independent reference: none of lockstep's converter, graph or executor code computes
+its logits. The package's ``checkpoint.json`` names its source checkpoint (found again by
+``checkpoint_source``, verified by content hash); hf builds the model from *that*, the way
+transformers itself would: a GGUF through transformers' GGUF loader (its configuration,
+its dequantisation, its un-permutation of the Q/K rows), a Hugging Face folder from its
+``config.json`` and its own architecture class. So a configuration field the converter
+ignores or mishandles is one hf honours, and the two disagree (the verdict catches it)
+instead of agreeing on a wrong model. Where the checkpoint cannot be found, hf falls back
+to the package's own weights under the converter's record and says so
+(:meth:`HfEngine.provenance`, a warning).
 
 It decodes itself (``decodes_itself``): ``generate(prompt, max_new_tokens)`` runs
 transformers' ``generate`` (greedy, its own KV cache) and returns a ``DecodeResult``; the
@@ -29,6 +33,8 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,6 +45,12 @@ from engines.errors import EngineUnavailable, InputError
 from engines.requests import check_request
 
 SIDECAR = "checkpoint.json"
+# the converter's architecture record with every optional feature off (plain Llama / Qwen2)
+_PLAIN_FEATURES = {"rope_scaling": None, "rope_local_base": None, "output_bias": False,
+                   "mlp_bias": False, "qk_norm": "none", "norm_placement": "pre",
+                   "activation": "silu", "embed_scale": None, "attn_scale": None,
+                   "residual_scale": None, "logits_divisor": None, "attn_softcap": None,
+                   "final_softcap": None, "sliding_window": None, "sliding_layers": None}
 _LLAMA = ("llama", "LlamaForCausalLM")
 _QWEN2 = ("qwen2", "Qwen2ForCausalLM")
 INSTALL = "pip install 'lockstep[hf]' (torch==2.13.0 CPU and transformers)"
@@ -87,12 +99,15 @@ class HfEngine(Engine):
         return package_dtype
 
     def __init__(self, package, *, dtype: str | None = None, static_cache: bool | None = None,
-                 torch_compile: bool = True):
+                 torch_compile: bool = True, checkpoint=None):
         """``dtype``: float32, float16 or bfloat16 (default :meth:`default_dtype` of the
-        package's dtype); the package's weights are widened to float32 exactly and then cast
-        to it. ``static_cache``: transformers' static cache (default: the class's
-        ``static_cache``). ``torch_compile=False`` passes ``disable_compile`` to ``generate``
-        (transformers otherwise compiles the forward of a static-cache decode on CUDA)."""
+        package's dtype); the checkpoint's weights are loaded in float32 (exact from float16
+        and bfloat16) and then cast to it. ``static_cache``: transformers' static cache
+        (default: the class's ``static_cache``). ``torch_compile=False`` passes
+        ``disable_compile`` to ``generate`` (transformers otherwise compiles the forward of a
+        static-cache decode on CUDA). ``checkpoint``: the source checkpoint (a path or a
+        ``CheckpointSource``; default: the one ``checkpoint.json`` names, found by
+        ``engines.backends.checkpoint_source``)."""
         super().__init__(package)
         import torch
 
@@ -124,12 +139,112 @@ class HfEngine(Engine):
         self.dtype = getattr(torch, chosen)
         self.use_static_cache = self.static_cache if static_cache is None else bool(static_cache)
         self.torch_compile = bool(torch_compile)
+        self._fallback, self._provenance = "", {}
+        self.source = self._locate(checkpoint)
         self.model = self._build_model()
         comp = package.spec.components["target"]
         self._ports = dict(comp.inputs), dict(comp.outputs)
 
     # -- loading -------------------------------------------------------------------------
+    def _locate(self, checkpoint):
+        """The verified source checkpoint, or None (with a warning) where it cannot be found:
+        then the model is built from the package's weights under the converter's record."""
+        from engines.backends.checkpoint_source import (CheckpointSource, content_hash,
+                                                        find_checkpoint)
+
+        if isinstance(checkpoint, CheckpointSource):
+            return checkpoint
+        if checkpoint is not None:
+            path = Path(checkpoint).expanduser()
+            return CheckpointSource(path, "gguf" if path.is_file() else "hf",
+                                    content_hash(path))
+        try:
+            return find_checkpoint(self.package.root, self.name)
+        except EngineUnavailable as exc:
+            self._fallback = str(exc)
+            warnings.warn(f"{self.name}: {exc}; building from the package's weights under the "
+                          f"converter's record instead", stacklevel=3)
+            return None
+
+    def provenance(self) -> dict[str, Any]:
+        """The conversion hf ran: transformers' own loader on the source checkpoint (its path,
+        kind and content hash), or the package's weights where that was not found."""
+        return dict(self._provenance)
+
     def _build_model(self):
+        import transformers
+
+        torch = self._torch
+        if self.source is None:
+            model = self._model_from_package()
+            self._provenance = {"conversion": "the package's weights, the converter's "
+                                              "architecture record",
+                                "why": self._fallback}
+        else:
+            torch.manual_seed(0)  # any random init is overwritten; seeded to be repeatable
+            if self.source.kind == "gguf":
+                model = self._model_from_gguf(self.source.path)
+                how = "transformers' GGUF loader"
+            else:
+                model = self._model_from_folder(self.source.path)
+                how = "transformers from_pretrained (config.json, its architecture class)"
+            self._provenance = {"conversion": how, "transformers": transformers.__version__,
+                                "dtype": self.dtype_name, "checkpoint": self.source.to_dict(),
+                                "architecture": type(model).__name__}
+        spec = self.package.spec
+        if model.config.vocab_size != spec.vocab_size:
+            raise EngineUnavailable(
+                f"the checkpoint's vocab_size {model.config.vocab_size} is not the package's "
+                f"{spec.vocab_size}", field="vocab_size", value=model.config.vocab_size,
+                remedy="run the package converted from this checkpoint")
+        model = model.to(self.dtype)
+        model.eval()
+        model.to(self.torch_device)
+        # greedy with nothing from the checkpoint's generation config (a repetition penalty
+        # there would change the tokens); eos is passed to each generate call (and left out
+        # under ignore_eos)
+        model.generation_config = transformers.GenerationConfig(do_sample=False)
+        pad = model.config.pad_token_id
+        self._pad = pad if pad is not None else (spec.eos_id if spec.eos_id is not None else 0)
+        return model
+
+    def _model_from_gguf(self, path: Path):
+        """transformers' GGUF loader (``_gguf_load``): its configuration, its class for the
+        GGUF's architecture, its tensors."""
+        import transformers
+
+        config, state = _gguf_load(str(path), self.source.content_hash)
+        config._attn_implementation = self.attention
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=self._torch.float32)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+        if set(missing) - tied or unexpected:
+            raise EngineUnavailable(
+                f"transformers' GGUF loader left {sorted(set(missing) - tied)[:4]} unset and "
+                f"{sorted(unexpected)[:4]} unused for {type(model).__name__}",
+                field="checkpoint", value=str(path),
+                remedy="use a GGUF architecture transformers supports, or its Hugging Face "
+                       "folder")
+        model.tie_weights()
+        return model
+
+    def _model_from_folder(self, path: Path):
+        """A Hugging Face folder: its config.json and the class its ``architectures`` names."""
+        import transformers
+
+        names = json.loads((path / "config.json").read_text()).get("architectures") or []
+        cls = getattr(transformers, names[0], None) if names else None
+        if cls is None:  # no class named: transformers' choice for the config's model_type
+            config = transformers.AutoConfig.from_pretrained(str(path))
+            cls = transformers.AutoModelForCausalLM
+        else:
+            config = cls.config_class.from_pretrained(str(path))
+        config._attn_implementation = self.attention
+        return cls.from_pretrained(str(path), config=config, dtype=self._torch.float32)
+
+    def _model_from_package(self):
+        """The package's own weights under the converter's architecture record (the
+        fallback where the source checkpoint is not found)."""
         import transformers
         from onnx import numpy_helper
 
@@ -141,6 +256,17 @@ class HfEngine(Engine):
             raise EngineUnavailable(f"hf has no model class for architecture {family!r}",
                                     field="architecture.family", value=family,
                                     remedy=f"use one of: {', '.join(_LLAMA + _QWEN2)}")
+        # the fallback rebuilds plain Llama / Qwen2 only: a record with any other feature
+        # would be rebuilt as a different model and agree with the converter's mistakes
+        extra = {k: a[k] for k, plain in _PLAIN_FEATURES.items() if a.get(k, plain) != plain}
+        if family in _LLAMA and a.get("attention_bias"):
+            extra["attention_bias"] = True
+        if extra:
+            raise EngineUnavailable(
+                f"the source checkpoint was not found ({self._fallback}), and the package's "
+                f"record has features the plain {family} fallback cannot rebuild: {extra}",
+                field="architecture", value=sorted(extra),
+                remedy="put the source checkpoint where hf finds it (LOCKSTEP_CHECKPOINTS)")
         common = dict(vocab_size=a["vocab"], hidden_size=a["hidden"],
                       intermediate_size=a["ffn"], num_hidden_layers=a["layers"],
                       num_attention_heads=a["heads"], num_key_value_heads=a["kv_heads"],
@@ -164,16 +290,10 @@ class HfEngine(Engine):
 
         state = self._state_dict(get, a)
         torch.manual_seed(0)  # the random init is overwritten; seeded only to be repeatable
-        model = cls(config).to(self.dtype)
+        model = cls(config)
         # widened to float32 first (exact from float16 and bfloat16), then cast once
         model.load_state_dict({k: torch.from_numpy(np.array(v, dtype=np.float32, order="C"))
-                               .to(self.dtype) for k, v in state.items()}, strict=True)
-        model.eval()
-        model.to(self.torch_device)
-        model.generation_config.do_sample = False
-        # eos is passed to each generate call (and left out under ignore_eos): a default in
-        # the model's generation config would otherwise stop a decode asked to go on
-        model.generation_config.eos_token_id = None
+                               for k, v in state.items()}, strict=True)
         return model
 
     @staticmethod
@@ -239,7 +359,7 @@ class HfEngine(Engine):
                 torch.tensor([ids], dtype=torch.long, device=device),
                 attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=device),
                 max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                pad_token_id=self.model.config.pad_token_id,
+                pad_token_id=self._pad,
                 streamer=_Clock(), use_cache=True, output_logits=audit,
                 return_dict_in_generate=True, **options)
             tokens = [int(t) for t in out.sequences[0, len(ids):].tolist()]
@@ -299,6 +419,72 @@ class HfEngine(Engine):
             torch.cuda.synchronize(self.torch_device)
             del model
             torch.cuda.empty_cache()
+
+
+_GGUF_LOADED: dict[str, tuple[Any, dict]] = {}
+
+
+def _gguf_load(path: str, content_hash: str) -> tuple[Any, dict]:
+    """(configuration, float32 state dict) as transformers' GGUF loader reads them: its
+    configuration from the metadata, its dequantisation and Q/K un-permutation
+    (``load_gguf_checkpoint``, the tensors ``from_pretrained(..., gguf_file=...)`` loads,
+    without needing accelerate). Loading takes ~20 s on 2 cores (the loader rebuilds its
+    name map per module), so its output is cached on disk under ``$LOCKSTEP_CACHE/hf-gguf/``
+    keyed by the checkpoint's content hash and transformers' version, and the last one is
+    kept in memory (a fresh configuration copy per engine)."""
+    import copy
+
+    import torch
+    import transformers
+
+    if content_hash not in _GGUF_LOADED:
+        from fixtures.cache import cache_root
+
+        folder = (cache_root() / "hf-gguf" /
+                  f"{content_hash.partition(':')[2][:16]}-transformers-{transformers.__version__}")
+        weights = folder / "model.safetensors"
+        if weights.is_file() and (folder / "config.json").is_file():
+            from safetensors.torch import load_file
+
+            config = transformers.AutoConfig.from_pretrained(str(folder))
+            state = load_file(str(weights))
+        else:
+            from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+            p = Path(path)
+            config = transformers.AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+            skeleton = transformers.AutoModelForCausalLM.from_config(config)
+            tensors = load_gguf_checkpoint(path, return_tensors=True,
+                                           model_to_load=skeleton)["tensors"]
+            state = {k: torch.as_tensor(v, dtype=torch.float32).contiguous()
+                     for k, v in tensors.items()}
+            _save_loaded(folder, config, state)
+        _GGUF_LOADED.clear()
+        _GGUF_LOADED[content_hash] = (config, state)
+    config, state = _GGUF_LOADED[content_hash]
+    return copy.deepcopy(config), state
+
+
+def _save_loaded(folder: Path, config, state: dict) -> None:
+    """Write the loader's output beside the other caches, renamed into place whole."""
+    import os
+    import shutil
+    import uuid
+
+    from safetensors.torch import save_file
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staged = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staged.mkdir()
+    try:
+        config.save_pretrained(str(staged))
+        save_file(state, str(staged / "model.safetensors"))
+        if folder.exists():
+            shutil.rmtree(staged)  # published meanwhile by another process
+        else:
+            staged.rename(folder)
+    except OSError:
+        shutil.rmtree(staged, ignore_errors=True)  # a cache, never a reason to fail
 
 
 def cuda_availability(torch) -> Availability:

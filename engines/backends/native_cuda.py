@@ -16,9 +16,20 @@ pools included). Tensor-op allocations made outside ``run_component`` use it onl
 CUDA graphs (claim 6): ``run_component(component, feeds, phase)`` runs a ``decode`` forward
 in the ``PRIMARY`` graph slot and a ``verify`` forward in ``VERIFY`` (``graph_slots.py``),
 any other phase eagerly. Graphs are on by default for packages whose kv cells are all
-``static`` (``graphs=`` overrides). A slot's outputs are its static buffers: the caller
-consumes them before the next forward in the same slot (the interpreter does).
+``static``; ``graphs=`` overrides. With graphs on, a component with ``append`` cells that
+the engine can plan with capacity buffers is planned so (``capacity_cache.py``: every
+forward then has one shape per phase, while the interpreter still sees cells that grow);
+``graph_stable`` says whether every forward is then capturable. Capacity buffers are not
+the default for append packages yet: the forensics recorder compares the plan's feeds with
+the interpreter's and would need the translation first. A slot's outputs are its static
+buffers: the caller consumes them before the next forward in the same slot (the interpreter
+does).
 ``poison_outputs=True`` (tests) fills them with NaN before every replay.
+
+bfloat16: a component that declares a bfloat16 value is planned as a ``Bf16Plan``
+(``engines/native/bf16.py``): its bfloat16 values are 16-bit CuPy arrays of dtype
+``ml_dtypes.bfloat16`` that only bit moves, the two conversions and the ``lk_bf16`` kernels
+touch. Any other op on one is an ``ExecutionError`` naming it.
 """
 from __future__ import annotations
 
@@ -29,7 +40,9 @@ import onnx
 
 from engines.cuda_support import cuda_availability, import_cupy
 from engines.engine import Availability, Engine
-from engines.errors import EngineUnavailable, InputError
+from engines.errors import EngineUnavailable, InputError, ResidencyError
+from engines.native.bf16 import model_uses_bf16
+from engines.native.capacity_cache import CapacityCells, capacity_plan
 from engines.native.graph_slots import (CaptureError, CupyGraphDevice, GraphSlots,
                                         forward_positions, graphs_default)
 
@@ -54,6 +67,38 @@ def matmul_weight_shapes(model: onnx.ModelProto) -> set[tuple[int, int]]:
     return shapes
 
 
+def _require_bfloat16_arrays(cupy) -> None:
+    """bfloat16 values live in CuPy arrays of dtype ``ml_dtypes.bfloat16`` (their 16-bit
+    storage; no CuPy routine computes on them): CuPy 14 can hold one, CuPy 13 cannot."""
+    from engines.dtypes import dtype_of
+
+    try:
+        cupy.empty((1,), dtype=dtype_of("bfloat16"))
+    except Exception as exc:  # noqa: BLE001 - CuPy < 14 raises a TypeError or ValueError
+        raise EngineUnavailable(
+            f"CuPy {cupy.__version__} cannot hold bfloat16 arrays ({type(exc).__name__})",
+            field="package.dtype", value="bfloat16",
+            remedy="use CuPy >= 14 (pip install 'lockstep[cuda13]'), or run the package on "
+                   "native-host or onnx-reference") from None
+
+
+GRAPHS_ENV = "LOCKSTEP_NATIVE_CUDA_GRAPHS"  # auto (default) | on | off
+
+
+def graphs_setting(spec) -> bool:
+    """Graphs when the engine is built without ``graphs=``: ``auto`` (the default) is
+    ``graphs_default`` (static packages); ``on`` asks for them on every package, append
+    caches included (capacity buffers where the graph allows); ``off`` runs every forward
+    eagerly. For runs that construct engines themselves (``lockstep run``/``bench``)."""
+    import os
+
+    value = os.environ.get(GRAPHS_ENV, "auto").strip().lower()
+    if value not in ("auto", "on", "off"):
+        raise InputError(f"{GRAPHS_ENV} must be auto, on or off", field=GRAPHS_ENV,
+                         value=value, remedy=f"unset it, or set {GRAPHS_ENV}=on")
+    return graphs_default(spec) if value == "auto" else value == "on"
+
+
 class NativeCudaEngine(Engine):
     name = "native-cuda"
     residency = "cuda:0"
@@ -68,16 +113,11 @@ class NativeCudaEngine(Engine):
         return Availability(ok, reason)
 
     def __init__(self, package, *, graphs: bool | None = None, poison_outputs: bool = False):
-        if package is not None and package.spec.dtype == "bfloat16":
-            # seen on the H200 (docs/evidence/2026-12-01-h200-run6): the plan refuses to
-            # place the package's bfloat16 weights, CuPy having no bfloat16 dtype
-            raise EngineUnavailable(
-                "native-cuda runs no bfloat16 package yet: CuPy has no bfloat16 dtype, and "
-                "the kernels that would keep it as uint16 storage are not written",
-                field="package.dtype", value="bfloat16",
-                remedy="run it on native-host, onnx-reference or hf-cuda, or convert with "
-                       "--dtype float16")
         cupy = import_cupy()  # EngineUnavailable naming what is missing and how to get it
+        models = {name: package.component_model(name) for name in package.spec.components}
+        bf16_components = {name for name, model in models.items() if model_uses_bf16(model)}
+        if bf16_components or package.spec.dtype == "bfloat16":
+            _require_bfloat16_arrays(cupy)
         self._cupy = cupy
         self._device = cupy.cuda.Device(self.device_id)
         with self._device:
@@ -88,16 +128,38 @@ class NativeCudaEngine(Engine):
 
         from engines.device_memory import CountingAllocator
         from engines.native.cupy_array_backend import CupyArrayBackend
+        from engines.native.bf16 import Bf16Plan
         from engines.native.plan import Plan
 
         self.allocator = CountingAllocator(device_id=self.device_id)
         self.backend = CupyArrayBackend(self.stream, self.ledger, device_id=self.device_id)
+        # append kv cells as capacity buffers (capacity_cache.py) where the graph allows it,
+        # when graphs are asked for: the default stays static-only until the forensics
+        # recorder (harness/forensics/capture.py) knows the capacity translation
+        if graphs is None:
+            graphs = graphs_setting(package.spec)
+        self.graphs = bool(graphs)
+        capacity, self.capacity_refusals = {}, {}
+        if self.graphs:
+            for name, model in models.items():
+                found, why = capacity_plan(model, package.spec, name)
+                if found is not None:
+                    capacity[name] = found
+                elif why != "no append kv cell":
+                    self.capacity_refusals[name] = why
+        cells = {cell.name for found in capacity.values() for cell in found.cells}
+        # every forward graph-stable: what would let graphs default on for this package
+        self.graph_stable = self.graphs and graphs_default(package.spec, cells)
+        self._capacity = {name: CapacityCells(found, cupy, zeros=self._zeros,
+                                              copy_into=self._copy_bits)
+                          for name, found in capacity.items()}
         with self.allocator.scope():
-            for name in package.spec.components:
-                model = package.component_model(name)
+            for name, model in models.items():
+                plan_class = Bf16Plan if name in bf16_components else Plan
+                if name in capacity:
+                    model = capacity[name].model
                 with self.backend.weight_loading(matmul_weight_shapes(model)):
-                    self._plans[name] = Plan(model, self.backend)
-        self.graphs = graphs_default(package.spec) if graphs is None else bool(graphs)
+                    self._plans[name] = plan_class(model, self.backend)
         self.slots = GraphSlots(CupyGraphDevice(self.stream, device_id=self.device_id),
                                 lambda: self.ledger, enabled=self.graphs,
                                 poison_outputs=poison_outputs)
@@ -120,12 +182,40 @@ class NativeCudaEngine(Engine):
                              value=component, remedy=f"use one of: {', '.join(self._plans)}")
         # The plan checks every feed's residency (host feeds: a ResidencyError naming
         # tensor_ops.adopt); nothing here reads a device value.
-        out = self.slots.run(component, self._device_empties(feeds), phase,
-                             lambda f: self._eager(plan, f),
-                             lambda inputs: self._capture_body(plan, inputs),
-                             forward_positions(self.package.spec.components[component], feeds))
+        feeds = self._device_empties(feeds)
+        positions = forward_positions(self.package.spec.components[component], feeds)
+        cells = self._capacity.get(component)
+        if cells is not None:  # pasts as capacity buffers (lengths from their shapes)
+            feeds, lengths = cells.feeds(feeds, positions)
+        out = self.slots.run(component, feeds, phase, lambda f: self._eager(plan, f),
+                             lambda inputs: self._capture_body(plan, inputs), positions)
+        if cells is not None:  # presents as views of their first P + M slots
+            out = cells.outputs(out, lengths, positions)
         self.publish_memory()
         return out
+
+    @property
+    def capacity_components(self) -> frozenset[str]:
+        """Components whose append kv cells run as capacity buffers (graph-stable)."""
+        return frozenset(self._capacity)
+
+    def _zeros(self, shape, dtype):
+        """A fresh capacity buffer, from the engine's pool, zeroed on its stream."""
+        with self._device, self.stream, self.allocator.scope():
+            return self._cupy.zeros(shape, dtype=dtype)
+
+    def _copy_bits(self, dst, src) -> None:
+        """``dst[...] = src`` device to device on the stream, moving bits (bfloat16 too); a
+        host ``src`` is refused as the plan refuses a host feed (nothing crosses silently)."""
+        if not isinstance(src, self._cupy.ndarray):
+            raise ResidencyError(f"a state feed is a host {type(src).__name__}; native-cuda "
+                                 "computes on the device", field="feeds", value="host",
+                                 remedy="adopt it first (tensor_ops.adopt)")
+        with self._device, self.stream:
+            if dst.dtype.itemsize == 2:
+                dst.view(np.uint16)[...] = src.view(np.uint16)
+            else:
+                dst[...] = src
 
     def _eager(self, plan, feeds: dict[str, Any]) -> dict[str, Any]:
         with self._device, self.stream, self.allocator.scope():

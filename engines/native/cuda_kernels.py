@@ -12,6 +12,14 @@ appended to a reduction leave its result unchanged.
   sums. The rows of a chunk (at most 16) share each weight load; the chunk's row count is a
   template constant (one instantiation per count, nothing predicated), larger M loops over
   chunks, and a row's arithmetic never depends on where it sits or how many rows there are.
+  When K is a whole number of 16-byte vectors (``gemv_k_vector_order``), ``gemv_vec`` runs
+  instead: runs of 4 float32 or 8 16-bit k per lane, a team of 1, 2 or 4 warps per column
+  chosen from N alone (``gemv_team``), a fixed butterfly per warp and the team's warps
+  added in order: one order per (K, N), whatever M, the weight's layout or the alignment.
+  A cached [N, K] weight with 16-byte aligned operands (``gemv_vectorised``) is loaded 16
+  bytes at a time; a [K, N] weight element by element, with the same arithmetic.
+  ``gemv_vec3`` runs two or three such GEMVs over one x in one launch (the fusion pass's
+  q/k/v and gate/up), each weight's blocks exactly as its own launch would run them.
 - ``batched_matmul``: activation x activation ([..., M, K] @ [..., K, N], broadcasting up
   to four batch axes, any strides). One thread per output element, sequential K loop, each
   product rounded then added: the host backend's arithmetic exactly, so the two agree bit
@@ -45,17 +53,21 @@ COMPILE_OPTIONS = ("--fmad=false",)
 _TYPES = {
     "float32": ("f32", "float", "float"),
     "float16": ("f16", "lk_half", "float"),
+    "bfloat16": ("bf16", "lk_bf16", "float"),
     "float64": ("f64", "double", "double"),
     "int32": ("i32", "int", "long long"),
     "int64": ("i64", "long long", "long long"),
 }
-GEMV_DTYPES = ("float32", "float16")
+GEMV_DTYPES = ("float32", "float16", "bfloat16")
 MATMUL_DTYPES = tuple(_TYPES)
 SUM_DTYPES = tuple(_TYPES)
 
 _PRELUDE = r"""
 // lockstep native-cuda kernels: fixed reduction orders, no cuBLAS, no host synchronisation.
 typedef unsigned short lk_half;  // float16 as raw bits; converted with PTX cvt below
+// bfloat16 as raw bits, in a struct so its overloads differ from lk_half's: a bfloat16 is
+// the high half of a float32, so loading is a shift; storing rounds to nearest even.
+struct lk_bf16 { unsigned short bits; };  // size 2, alignment 2
 #define LK_GEMV_ROWS $rows
 
 __device__ __forceinline__ float lk_load(const float* p, long long i) { return p[i]; }
@@ -68,6 +80,12 @@ __device__ __forceinline__ float lk_load(const lk_half* p, long long i) {
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 }
+__device__ __forceinline__ float lk_bf16_to_float(unsigned short b) {
+    return __uint_as_float(((unsigned int)b) << 16);
+}
+__device__ __forceinline__ float lk_load(const lk_bf16* p, long long i) {
+    return lk_bf16_to_float(p[i].bits);
+}
 
 __device__ __forceinline__ void lk_store(float* p, long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void lk_store(double* p, long long i, double v) { p[i] = v; }
@@ -77,6 +95,16 @@ __device__ __forceinline__ void lk_store(lk_half* p, long long i, float v) {
     lk_half h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
     p[i] = h;
+}
+// float -> bfloat16, round to nearest even; a NaN stays a NaN (quiet, sign kept), as
+// ml_dtypes converts it; overflow rounds to infinity.
+__device__ __forceinline__ unsigned short lk_float_to_bf16(float v) {
+    const unsigned int u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((u >> 16) & 0x8000u) | 0x7fc0u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ void lk_store(lk_bf16* p, long long i, float v) {
+    p[i].bits = lk_float_to_bf16(v);
 }
 
 """
@@ -128,6 +156,137 @@ extern "C" __global__ void gemv_rows_$S(const $T* __restrict__ x, const $T* __re
         switch (rows) {
 $cases
         }
+    }
+}
+"""
+
+_GEMV_VEC = r"""
+// The K-vector GEMV order (K a multiple of V = 16 bytes' worth of $T). A team of `team`
+// warps (1, 2 or 4, chosen from N alone) owns a column: team thread t takes the runs of V
+// consecutive k in runs c = t, t + 32 * team, ..., and adds their products with fused
+// multiply-adds, k ascending within a run; a fixed butterfly sums each warp, and the
+// team's warps are then added in warp order. A row's arithmetic depends on K and N only.
+// VEC: both operands are loaded 16 bytes at a time (W^T [N, K] rows, both 16-byte
+// aligned); otherwise each element is loaded alone, w(k, n) = wr[k * w_kstep]. The loads
+// differ, the arithmetic does not, so a [K, N] weight gives the [N, K] one's bits.
+template <int R, bool VEC>
+__device__ __forceinline__ void lk_gemv_vec_chunk_$S(
+        const $T* __restrict__ xr, const $T* __restrict__ wr, $T* __restrict__ out,
+        long long K, long long N, long long w_kstep, long long n, long long m0, bool valid,
+        int tt, int team_threads, int warp, int team, int lane, float* part) {
+    constexpr int V = 16 / sizeof($T);
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+    if (valid) {
+        const long long chunks = K / V;
+#pragma unroll 2
+        for (long long c = tt; c < chunks; c += team_threads) {
+            float wf[V];
+            if (VEC) {
+                const lk_vec16 wv = *reinterpret_cast<const lk_vec16*>(wr + c * V);
+                const $T* wp = reinterpret_cast<const $T*>(&wv);
+#pragma unroll
+                for (int v = 0; v < V; ++v) wf[v] = lk_load(wp, v);
+            } else {
+#pragma unroll
+                for (int v = 0; v < V; ++v) wf[v] = lk_load(wr, (c * V + v) * w_kstep);
+            }
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                float xf[V];
+                if (VEC) {
+                    const lk_vec16 xv = *reinterpret_cast<const lk_vec16*>(xr + i * K + c * V);
+                    const $T* xp = reinterpret_cast<const $T*>(&xv);
+#pragma unroll
+                    for (int v = 0; v < V; ++v) xf[v] = lk_load(xp, v);
+                } else {
+#pragma unroll
+                    for (int v = 0; v < V; ++v) xf[v] = lk_load(xr, i * K + c * V + v);
+                }
+#pragma unroll
+                for (int v = 0; v < V; ++v) acc[i] = __fmaf_rn(xf[v], wf[v], acc[i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        float v = acc[i];
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        if (lane == 0) part[i * LK_GEMV_WARPS + warp] = v;
+    }
+    __syncthreads();
+    if (valid && lane == 0 && warp % team == 0) {
+        for (int i = 0; i < R; ++i) {
+            float total = part[i * LK_GEMV_WARPS + warp];
+            for (int s = 1; s < team; ++s) total += part[i * LK_GEMV_WARPS + warp + s];
+            lk_store(out, (m0 + i) * N + n, total);
+        }
+    }
+    __syncthreads();  // part is reused by the next chunk of rows
+}
+
+// Block `blk` of out[m, n] = sum_k x[m, k] * w(k, n), w(k, n) = w[n * w_nstep + k * w_kstep]
+// (W^T [N, K]: w_nstep K, w_kstep 1; W [K, N]: 1 and N); LK_GEMV_WARPS / team columns a block.
+__device__ __forceinline__ void lk_gemv_vec_block_$S(const $T* __restrict__ x,
+                                                     const $T* __restrict__ w,
+                                                     $T* __restrict__ out, long long M,
+                                                     long long K, long long N,
+                                                     long long w_nstep, long long w_kstep,
+                                                     int vec, int team, long long blk,
+                                                     float* part) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const long long n = blk * (LK_GEMV_WARPS / team) + warp / team;
+    const bool valid = n < N;  // every thread stays for the block's barriers
+    const int tt = (warp % team) * 32 + lane;
+    const $T* wr = w + (valid ? n : 0) * w_nstep;
+    for (long long m0 = 0; m0 < M; m0 += LK_GEMV_ROWS) {
+        const long long rows = (M - m0) < LK_GEMV_ROWS ? (M - m0) : LK_GEMV_ROWS;
+        const $T* xr = x + m0 * K;
+        if (vec) {
+            switch (rows) {
+$vcases
+            }
+        } else {
+            switch (rows) {
+$scases
+            }
+        }
+    }
+}
+
+extern "C" __global__ void gemv_vec_$S(const $T* __restrict__ x, const $T* __restrict__ w,
+                                       $T* __restrict__ out, long long M, long long K,
+                                       long long N, long long w_nstep, long long w_kstep,
+                                       int vec, int team) {
+    __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
+    lk_gemv_vec_block_$S(x, w, out, M, K, N, w_nstep, w_kstep, vec, team, blockIdx.x, part);
+}
+
+// Up to three weights sharing x (a layer's q/k/v, or gate/up) in one launch: the first
+// blocks0 blocks compute weight 0 exactly as gemv_vec would, the next blocks1 weight 1, the
+// rest weight 2; each with its own team, so every column's arithmetic is the single launch's.
+extern "C" __global__ void gemv_vec3_$S(const $T* __restrict__ x, const $T* __restrict__ w0,
+                                        const $T* __restrict__ w1, const $T* __restrict__ w2,
+                                        $T* __restrict__ out0, $T* __restrict__ out1,
+                                        $T* __restrict__ out2, long long M, long long K,
+                                        long long N0, long long N1, long long N2, int team0,
+                                        int team1, int team2, long long blocks0,
+                                        long long blocks1) {
+    __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
+    const long long blk = blockIdx.x;
+    if (blk < blocks0) {
+        lk_gemv_vec_block_$S(x, w0, out0, M, K, N0, K, 1, 1, team0, blk, part);
+    } else if (blk < blocks0 + blocks1) {
+        lk_gemv_vec_block_$S(x, w1, out1, M, K, N1, K, 1, 1, team1, blk - blocks0, part);
+    } else {
+        lk_gemv_vec_block_$S(x, w2, out2, M, K, N2, K, 1, 1, team2, blk - blocks0 - blocks1,
+                             part);
     }
 }
 """
@@ -184,9 +343,16 @@ extern "C" __global__ void sum_axis_$S(const $T* __restrict__ x, $T* __restrict_
 """
 
 
+def prelude() -> str:
+    """The storage types and their lk_load/lk_store overloads: the head of every module
+    (``fused_kernels`` compiles its own module on it)."""
+    return Template(_PRELUDE).substitute(rows=GEMV_ROWS_PER_CHUNK)
+
+
 def kernel_source() -> str:
     """The whole CUDA source: one module, every kernel for every dtype it supports."""
-    parts = [Template(_PRELUDE).substitute(rows=GEMV_ROWS_PER_CHUNK)]
+    parts = [prelude(), f"#define LK_GEMV_WARPS {GEMV_WARPS_PER_BLOCK}",
+             "struct alignas(16) lk_vec16 { unsigned int words[4]; };  // one 16-byte load"]
     for dtype, (suffix, storage, acc) in _TYPES.items():
         fields = {"S": suffix, "T": storage, "A": acc}
         if dtype in GEMV_DTYPES:
@@ -194,6 +360,12 @@ def kernel_source() -> str:
                 f"            case {r}: lk_gemv_chunk_{suffix}<{r}>(xr, w, out, K, N, n, w_base, "
                 f"w_step, m0, lane); break;" for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
             parts.append(Template(_GEMV).substitute(fields, cases=cases))
+            vcases, scases = (
+                "\n".join(f"            case {r}: lk_gemv_vec_chunk_{suffix}<{r}, {vec}>(xr, wr, "
+                          f"out, K, N, w_kstep, n, m0, valid, tt, team * 32, warp, team, lane, "
+                          f"part); break;" for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
+                for vec in ("true", "false"))
+            parts.append(Template(_GEMV_VEC).substitute(fields, vcases=vcases, scases=scases))
         parts.append(Template(_BMM).substitute(fields))
         parts.append(Template(_SUM).substitute(fields))
     return "\n".join(parts)
@@ -206,11 +378,33 @@ KERNEL_NAMES = tuple(re.findall(r'extern "C" __global__ void (\w+)\(', KERNEL_SO
 def kernel_name(family: str, dtype) -> str:
     """``gemv_rows``/``bmm``/``sum_axis`` + dtype -> the compiled function's name."""
     name = np.dtype(dtype).name
-    supported = {"gemv_rows": GEMV_DTYPES, "bmm": MATMUL_DTYPES, "sum_axis": SUM_DTYPES}[family]
+    supported = {"gemv_rows": GEMV_DTYPES, "gemv_vec": GEMV_DTYPES, "gemv_vec3": GEMV_DTYPES,
+                 "bmm": MATMUL_DTYPES, "sum_axis": SUM_DTYPES}[family]
     if name not in supported:
         raise ExecutionError(f"{family} has no CUDA kernel for dtype {name}", field="dtype",
                              value=name, remedy=f"use one of: {', '.join(supported)}")
     return f"{family}_{_TYPES[name][0]}"
+
+
+def gemv_vectorised(x, w) -> bool:
+    """Whether the 16-byte-load GEMV can take x [M, K] and W^T [N, K]: K a whole number of
+    16-byte vectors and both base addresses 16-byte aligned (array metadata only)."""
+    per = 16 // x.itemsize
+    return (x.shape[1] % per == 0 and x.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
+
+
+def gemv_k_vector_order(k: int, itemsize: int) -> bool:
+    """Whether a GEMV with inner extent K runs the K-vector order (``gemv_vec``): K a whole
+    number of 16-byte vectors. A function of K and the dtype alone, so the weight's layout
+    and the operands' alignment change the loads, never the arithmetic."""
+    return k % (16 // itemsize) == 0
+
+
+def gemv_team(n: int) -> int:
+    """Warps per output column of the vectorised GEMV: more for narrow outputs, so a small
+    projection still spreads over the GPU. A function of N alone (never of M), so the
+    arithmetic of a row is fixed by the weight."""
+    return 4 if n <= 4096 else 2 if n <= 16384 else 1
 
 
 def _i64(value: int) -> np.int64:
@@ -309,10 +503,53 @@ class CudaKernels:
         out = self._out(out, (m, n), x.dtype, stream)
         if m == 0 or n == 0:
             return out
+        if gemv_k_vector_order(k, x.itemsize):
+            # One arithmetic for every layout and alignment; only the loads differ.
+            team = gemv_team(n)
+            cols = GEMV_WARPS_PER_BLOCK // team
+            nk = w_layout == "nk"
+            vec = nk and gemv_vectorised(x, w)
+            self._launch(kernel_name("gemv_vec", x.dtype), (n + cols - 1) // cols,
+                         32 * GEMV_WARPS_PER_BLOCK,
+                         (x, w, out, _i64(m), _i64(k), _i64(n), _i64(k if nk else 1),
+                          _i64(1 if nk else n), np.int32(vec), np.int32(team)), stream)
+            return out
         blocks = (n + GEMV_WARPS_PER_BLOCK - 1) // GEMV_WARPS_PER_BLOCK
         self._launch(name, blocks, 32 * GEMV_WARPS_PER_BLOCK,
                      (x, w, out, _i64(m), _i64(k), _i64(n), _i64(w_layout == "nk")), stream)
         return out
+
+    def gemv_many(self, x, weights, *, stream):
+        """[x @ W_i^T for each W^T_i [N_i, K]] in one launch, two or three weights: each
+        output bit for bit ``gemv_rows(x, W^T_i, w_layout="nk")`` (the vectorised path:
+        every operand must pass ``gemv_vectorised``, which the caller checks)."""
+        if not 2 <= len(weights) <= 3:
+            raise ExecutionError("gemv_many takes two or three weights", field="weights",
+                                 value=len(weights), remedy="call gemv_rows for one weight")
+        self._on_device(x, "x")
+        self._contiguous(x, "x")
+        m, k = x.shape
+        for w in weights:
+            self._on_device(w, "w")
+            self._contiguous(w, "w")
+            if w.ndim != 2 or w.shape[1] != k or w.dtype != x.dtype \
+                    or not gemv_vectorised(x, w):
+                raise ExecutionError("a weight does not fit the one-launch GEMV",
+                                     field="weights", value=(tuple(w.shape), w.dtype.name),
+                                     remedy=f"[N, {k}] {x.dtype.name} weights, 16-byte "
+                                            "aligned rows, or one gemv_rows each")
+        outs = [self._out(None, (m, w.shape[0]), x.dtype, stream) for w in weights]
+        if m == 0:
+            return outs
+        ws = list(weights) + [weights[-1]] * (3 - len(weights))
+        os_ = outs + [outs[-1]] * (3 - len(outs))
+        ns = [w.shape[0] for w in weights] + [0] * (3 - len(weights))
+        teams = [gemv_team(n) if n else 1 for n in ns]
+        blocks = [-(-n // (GEMV_WARPS_PER_BLOCK // t)) for n, t in zip(ns, teams)]
+        self._launch(kernel_name("gemv_vec3", x.dtype), sum(blocks), 32 * GEMV_WARPS_PER_BLOCK,
+                     (x, *ws, *os_, _i64(m), _i64(k), *map(_i64, ns), *map(np.int32, teams),
+                      _i64(blocks[0]), _i64(blocks[1])), stream)
+        return outs
 
     def batched_matmul(self, a, b, out=None, *, stream):
         """out = a @ b for a [..., M, K], b [..., K, N] with NumPy broadcasting over at most

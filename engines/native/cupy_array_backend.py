@@ -7,10 +7,15 @@ kernels and allocations are ordered on the engine's stream, and nothing here rea
 back to the host: shapes and dtypes are array metadata.
 
 Weights: while the engine builds its plans inside ``weight_loading()``, every adopted 2-D
-float16/float32 array (optionally only those of the given shapes) also gets a transposed
+float16/bfloat16/float32 array (optionally only those of the given shapes) also gets a transposed
 [N, K] copy on the device, so the GEMV reads it coalesced. ``matmul`` looks the transpose up
 by the adopted array's identity; any other 2-D operand is used as it is (a transposed view
 directly, else its [K, N] layout), which is slower but gives the same bits.
+
+bfloat16 (``engines/native/bf16.py``): arrays of dtype ``ml_dtypes.bfloat16`` (CuPy 14 holds
+them) are never handed to a CuPy routine that would compute on them: copies and transposes
+move their ``uint16`` view, ``matmul`` and ``sum`` run the ``lk_bf16`` kernels, and
+``bf16_to_float32`` / ``float32_to_bf16`` are the two conversions every other op goes through.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import numpy as np
 
 from engines.errors import ExecutionError, ResidencyError
 from engines.native.array_backend import _norm_axis, matmul_shapes
+from engines.native.bf16 import BF16, CAST_KERNEL_NAMES, cast_source
 from engines.native.cuda_kernels import GEMV_DTYPES, MATMUL_DTYPES, MAX_BATCH_AXES, SUM_DTYPES, get_kernels
 
 
@@ -39,6 +45,7 @@ class CupyArrayBackend:
         self.residency = f"cuda:{self.device_id}"
         self._device = cupy.cuda.Device(self.device_id)
         self.kernels = get_kernels(self.device_id)  # compiled and loaded now, never mid-forward
+        self._casts = _bf16_casts(self.device_id)
         # id(adopted weight) -> (the weight, its C-contiguous [N, K] transpose); the entry
         # holds the weight so its id cannot be reused while cached.
         self._transposed: dict[int, tuple[Any, Any]] = {}
@@ -65,15 +72,18 @@ class CupyArrayBackend:
             self._check(host_array, "host_array")
             return host_array  # already here: nothing crosses
         host = np.asarray(host_array)
-        if host.dtype.kind not in "biuf":
+        if host.dtype.kind not in "biuf" and host.dtype != BF16:
             raise ExecutionError(f"cannot place a {host.dtype} array on {self.residency}",
                                  field="dtype", value=str(host.dtype),
                                  remedy="keep it host-resolved, or use bool, integer, float16, "
-                                        "float32 or float64 (CuPy has no bfloat16)")
+                                        "bfloat16, float32 or float64")
         with self._device, self.stream:
-            device = cupy.asarray(host)
+            if host.dtype == BF16:  # the bits cross; the array keeps its bfloat16 dtype
+                device = cupy.asarray(np.asarray(host, order="C").view(np.uint16)).view(BF16)
+            else:
+                device = cupy.asarray(host)
             if self._loading and self._wants_transpose(device):
-                self._transposed[id(device)] = (device, cupy.ascontiguousarray(device.T))
+                self._transposed[id(device)] = (device, self.contiguous(device.T))
         self.ledger.record_adopt(host.nbytes)
         return device
 
@@ -97,6 +107,52 @@ class CupyArrayBackend:
                                  remedy=f"copy it device-to-device to {self.residency}, or "
                                         f"run it on an engine for cuda:{value.device.id}")
 
+    # -- bfloat16 ----------------------------------------------------------------------------
+    def contiguous(self, x):
+        """A C-contiguous copy of ``x`` (``x`` itself when it already is), its bits moved."""
+        if x.flags.c_contiguous:
+            return x
+        with self._device, self.stream:
+            if x.dtype == BF16:
+                return self.xp.ascontiguousarray(x.view(np.uint16)).view(BF16)
+            return self.xp.ascontiguousarray(x)
+
+    def bf16_to_float32(self, x):
+        """float32 values of a bfloat16 array (exact: the bits become the high half)."""
+        return self._convert(x, BF16, np.float32, "lk_bf16_to_f32")
+
+    def float32_to_bf16(self, x):
+        """bfloat16 of a float32 array: round to nearest even, NaN kept (as ml_dtypes)."""
+        return self._convert(x, np.float32, BF16, "lk_f32_to_bf16")
+
+    def _convert(self, x, src, dst, kernel: str):
+        self._check(x, "x")
+        if x.dtype != src:
+            raise ExecutionError(f"{kernel} converts {np.dtype(src).name}, got {x.dtype.name}",
+                                 field="dtype", value=x.dtype.name,
+                                 remedy=f"pass a {np.dtype(src).name} array")
+        x = self.contiguous(x)
+        with self._device, self.stream:
+            out = self.xp.empty(x.shape, dtype=dst)
+            n = int(x.size)
+            if n:
+                blocks = (n + _CAST_BLOCK - 1) // _CAST_BLOCK
+                self._casts[kernel]((blocks,), (_CAST_BLOCK,), (x, out, np.int64(n)),
+                                    stream=self.stream)
+        return out
+
+    def _as(self, x, dtype):
+        """``x`` as ``dtype`` (itself when it already is); bfloat16 through float32."""
+        if x.dtype == dtype:
+            return x
+        with self._device, self.stream:
+            if x.dtype == BF16:
+                x = self.bf16_to_float32(x)
+                return x if dtype == np.float32 else x.astype(dtype)
+            if dtype == BF16:
+                return self.float32_to_bf16(x.astype(np.float32, copy=False))
+            return x.astype(dtype)
+
     # -- reductions --------------------------------------------------------------------------
     def matmul(self, a, b):
         """ONNX MatMul. A 2-D ``b`` (a weight) goes to the batched GEMV, anything else to the
@@ -110,8 +166,8 @@ class CupyArrayBackend:
                                  field="dtype", value=dtype.name,
                                  remedy=f"use one of: {', '.join(MATMUL_DTYPES)}")
         with self._device, self.stream:
-            a2 = a.astype(dtype, copy=False)
-            b2 = b.astype(dtype, copy=False)
+            a2 = self._as(a, dtype)
+            b2 = self._as(b, dtype)
             a2 = a2[None, :] if a2.ndim == 1 else a2
             b2 = b2[:, None] if b2.ndim == 1 else b2
             if b2.ndim == 2 and dtype.name in GEMV_DTYPES:
@@ -121,11 +177,10 @@ class CupyArrayBackend:
             return out.reshape(out_shape)
 
     def _gemv(self, a2, b2):
-        cupy = self.xp
         k, n = b2.shape
         lead = tuple(a2.shape[:-1])
         rows = math.prod(lead)
-        x = cupy.ascontiguousarray(a2).reshape(rows, k)
+        x = self.contiguous(a2).reshape(rows, k)
         # An adopted weight itself (not a cast or view of it): its cached transpose. The cache
         # holds its weights alive, so a live b2 with a cached id is that weight.
         cached = self._transposed.get(id(b2))
@@ -136,7 +191,7 @@ class CupyArrayBackend:
         elif b2.flags.f_contiguous:
             w, layout = b2.T, "nk"  # a transposed view of an [N, K] array: use it as is
         else:
-            w, layout = cupy.ascontiguousarray(b2), "kn"
+            w, layout = self.contiguous(b2), "kn"
         out = self.kernels.gemv_rows(x, w, stream=self.stream, w_layout=layout)
         return out.reshape(lead + (n,))
 
@@ -144,8 +199,8 @@ class CupyArrayBackend:
         cupy = self.xp
         batch = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
         if len(batch) > MAX_BATCH_AXES:  # rare: materialise the broadcast, merge batch axes
-            a2 = cupy.ascontiguousarray(cupy.broadcast_to(a2, batch + a2.shape[-2:]))
-            b2 = cupy.ascontiguousarray(cupy.broadcast_to(b2, batch + b2.shape[-2:]))
+            a2 = self.contiguous(cupy.broadcast_to(a2, batch + a2.shape[-2:]))
+            b2 = self.contiguous(cupy.broadcast_to(b2, batch + b2.shape[-2:]))
             a2 = a2.reshape((math.prod(batch),) + a2.shape[-2:])
             b2 = b2.reshape((math.prod(batch),) + b2.shape[-2:])
             out = self.kernels.batched_matmul(a2, b2, stream=self.stream)
@@ -160,7 +215,6 @@ class CupyArrayBackend:
         if x.ndim == 0:
             raise ExecutionError("cannot sum a 0-d value along an axis", field="axis",
                                  value=axis, remedy="reshape it to [1] first")
-        cupy = self.xp
         with self._device, self.stream:
             if x.dtype == np.bool_:
                 x = x.astype(np.int64)
@@ -168,11 +222,43 @@ class CupyArrayBackend:
                 raise ExecutionError(f"sum on {self.residency} has no kernel for {x.dtype.name}",
                                      field="dtype", value=x.dtype.name,
                                      remedy=f"use one of: {', '.join(SUM_DTYPES)}, or bool")
-            xc = cupy.ascontiguousarray(x)
+            xc = self.contiguous(x)
             out = self.kernels.sum_axis(xc, axis, axis + 1, stream=self.stream)
             if keepdims:
                 out = out.reshape(x.shape[:axis] + (1,) + x.shape[axis + 1:])
             return out
+
+    # -- fused nodes ---------------------------------------------------------------------------
+    def matmul_many(self, a, weights):
+        """``[matmul(a, w) for w in weights]`` with one launch when every ``w`` is an
+        adopted 2-D weight of ``a``'s dtype with a cached transpose (the fusion pass's
+        sibling MatMuls: q/k/v, gate/up); each result is bit for bit its own ``matmul``."""
+        from engines.native.cuda_kernels import gemv_vectorised
+
+        cached = [self._transposed.get(id(w)) for w in weights]
+        if a.ndim >= 2 and a.dtype.name in GEMV_DTYPES and all(
+                c is not None and c[0] is w and w.dtype == a.dtype
+                for c, w in zip(cached, weights)):
+            self._check(a, "a")
+            k = a.shape[-1]
+            lead = tuple(a.shape[:-1])
+            x = self.contiguous(a).reshape(math.prod(lead), k)
+            ts = [c[1] for c in cached]
+            if all(t.shape[1] == k and gemv_vectorised(x, t) for t in ts):
+                outs = self.kernels.gemv_many(x, ts, stream=self.stream)
+                return [o.reshape(lead + (t.shape[0],)) for o, t in zip(outs, ts)]
+        return [self.matmul(a, w) for w in weights]
+
+    def fused_kernels(self):
+        """The ``lockstep.fused`` nodes' kernels, bound to this backend's stream; compiled
+        once per device, the first time a plan with fused nodes builds (never mid-forward:
+        a module cannot load inside a capture)."""
+        bound = getattr(self, "_fused_bound", None)
+        if bound is None:
+            from engines.native.fused_kernels import get_fused_kernels
+
+            bound = self._fused_bound = get_fused_kernels(self.device_id).on(self.stream)
+        return bound
 
     # -- introspection -----------------------------------------------------------------------
     @property
@@ -183,3 +269,23 @@ class CupyArrayBackend:
     def release(self) -> None:
         """Drop the cached transposes (the engine's close)."""
         self._transposed.clear()
+
+
+_CAST_BLOCK = 256
+_CAST_MODULES: dict[int, dict[str, Any]] = {}
+
+
+def _bf16_casts(device_id: int) -> dict[str, Any]:
+    """The bfloat16 conversion kernels for a device, compiled and loaded once per process
+    (never inside a capture)."""
+    functions = _CAST_MODULES.get(device_id)
+    if functions is None:
+        from engines.cuda_support import import_cupy
+        from engines.native.cuda_kernels import COMPILE_OPTIONS
+
+        cupy = import_cupy()
+        with cupy.cuda.Device(device_id):
+            module = cupy.RawModule(code=cast_source(), options=COMPILE_OPTIONS)
+            functions = {name: module.get_function(name) for name in CAST_KERNEL_NAMES}
+        _CAST_MODULES[device_id] = functions
+    return functions

@@ -73,11 +73,19 @@ def forward_positions(component_spec, feeds: Mapping[str, Any]) -> int | None:
     return None
 
 
-def graphs_default(spec) -> bool:
-    """Graphs are on by default when every kv cell is ``static`` (shapes stable per step);
-    ``append`` cells grow every step, so each step would be a new signature."""
-    return all(getattr(cell, "update", None) == "static"
-               for cell in spec.state.values() if cell.kind == "kv")
+def graphs_default(spec, capacity_cells=frozenset()) -> bool:
+    """Whether every forward keeps one shape per phase, so each slot captures once: every kv
+    cell is ``static``, or ``append`` but run as a capacity buffer by the engine
+    (``capacity_cells``: ``engines/native/capacity_cache.py``), and no proposer borrows an
+    ``append`` cell (its input would grow every step). native-cuda turns graphs on by default
+    where this holds without capacity cells (static packages); ``graphs=True`` adds them."""
+    kv = {name: cell for name, cell in spec.state.items() if cell.kind == "kv"}
+    if not all(getattr(cell, "update", None) == "static" or name in capacity_cells
+               for name, cell in kv.items()):
+        return False
+    speculative = spec.decoding.speculative
+    borrowed = speculative.borrows.values() if speculative is not None else ()
+    return not any(getattr(kv.get(cell), "update", None) == "append" for cell in borrowed)
 
 
 @dataclass(frozen=True)
@@ -182,9 +190,14 @@ class SlotState:
         return result
 
     def _replay(self, feeds: Mapping[str, Any]) -> Outputs:
-        for name, buffer in self.inputs.items():
-            source = feeds[name]
-            if source is not buffer:  # a feed that is the static buffer is already in place
+        # a feed that is the static buffer is already in place
+        pairs = [(buffer, feeds[name]) for name, buffer in self.inputs.items()
+                 if feeds[name] is not buffer]
+        copy_many = getattr(self.device, "copy_many", None)
+        if copy_many is not None:  # one launch for all of them (a decode feeds every kv cell)
+            copy_many(pairs)
+        else:
+            for buffer, source in pairs:
                 self.device.copy(buffer, source)
         if self.poison_outputs:
             seen: set[int] = set()
@@ -326,6 +339,24 @@ class CupyGraphDevice:
                                             self.stream.ptr)
             else:
                 self._bits(dst)[...] = self._bits(src)
+
+    def copy_many(self, pairs: list[tuple[Any, Any]]) -> None:
+        """Every ``dst[...] = src`` of ``pairs``, queued on the stream: the C-contiguous
+        ones in one kernel launch (``batched_copy``: its arguments are cached while the
+        pointers stay the same), any other one by ``copy``."""
+        entries = []
+        for dst, src in pairs:
+            if (src.flags.c_contiguous and dst.flags.c_contiguous
+                    and src.nbytes == dst.nbytes):
+                entries.append((int(dst.data.ptr), int(src.data.ptr), int(src.nbytes)))
+            else:
+                self.copy(dst, src)
+        if entries:
+            if getattr(self, "_batched", None) is None:
+                from engines.native.batched_copy import BatchedCopy
+
+                self._batched = BatchedCopy(self.device_id)
+            self._batched.copy(entries, self.stream)
 
     def poison(self, buffer: Any) -> None:
         """NaN in every element of a floating buffer, the most negative value in an integer

@@ -13,8 +13,14 @@ device backend each run-time one is adopted once per distinct value and cached o
 device (keyed by dtype, shape and bytes), so for a fixed set of feed shapes a forward moves
 nothing from the host: no per-step copy, and nothing a CUDA graph capture would record
 from a temporary host buffer.
+
+Before binding, the fusion pass (``engines.native.fusion``) replaces the converter's
+standard subgraphs by one ``lockstep.fused`` node each; ``fuse=False`` keeps the graph node
+for node.
 """
 from __future__ import annotations
+
+import functools
 
 import heapq
 from collections import Counter, OrderedDict
@@ -29,7 +35,9 @@ from engines.errors import ExecutionError, InputError, LockstepError, ResidencyE
 from engines.residency import residency_of
 
 from .array_backend import ArrayBackend, NumpyArrayBackend
-from .ops import KERNELS, Kernel
+from .ops import Kernel, kernel_for
+from .fusion import fuse_nodes
+from .ops.fused import prepare as prepare_fused
 
 _SUBGRAPH_OPS = {"If", "Loop", "Scan", "SequenceMap"}
 
@@ -59,13 +67,13 @@ def _node_label(node: onnx.NodeProto, index: int) -> str:
 
 
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:
-    """Op types in the main graph that have no kernel here (domain-qualified if not ONNX)."""
+    """Op types in the main graph that have no kernel here (domain-qualified if not ONNX;
+    com.microsoft contrib ops with a kernel are supported)."""
     missing = set()
     for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx"):
-            missing.add(f"{node.domain}:{node.op_type}")
-        elif node.op_type not in KERNELS:
-            missing.add(node.op_type)
+        if kernel_for(node) is None:
+            onnx_domain = node.domain in ("", "ai.onnx")
+            missing.add(node.op_type if onnx_domain else f"{node.domain}:{node.op_type}")
     return sorted(missing)
 
 
@@ -79,7 +87,7 @@ def required_host_inputs(model: onnx.ModelProto) -> set[str]:
     producer = {out: node for node in graph.node for out in node.output if out}
     work: list[str] = []
     for node in graph.node:
-        kernel = KERNELS.get(node.op_type)
+        kernel = kernel_for(node)
         if kernel is None:
             continue
         work.extend(node.input[i] for i in kernel.host_inputs
@@ -93,7 +101,7 @@ def required_host_inputs(model: onnx.ModelProto) -> set[str]:
         node = producer.get(name)
         if node is None:
             continue
-        kernel = KERNELS.get(node.op_type)
+        kernel = kernel_for(node)
         if kernel is not None and kernel.metadata_only:
             continue
         work.extend(x for x in node.input if x)
@@ -118,7 +126,7 @@ class Plan:
     """Build once per component, then ``run(feeds)`` per forward."""
 
     def __init__(self, model: onnx.ModelProto, backend: ArrayBackend, *,
-                 host_inputs: Iterable[str] = ()):
+                 host_inputs: Iterable[str] = (), fuse: bool = True):
         self.backend = backend
         self.host = NumpyArrayBackend()
         graph = model.graph
@@ -152,7 +160,17 @@ class Plan:
                                  field="host_inputs", value=unknown,
                                  remedy=f"graph inputs are {self.input_names}")
 
-        order = self._topological(graph, set(self.input_names) | set(initializers))
+        # ---- fusion (engines.native.fusion): recognised subgraphs become one node each;
+        # ``fuse=False`` keeps the graph node for node (tests compare the two) ----
+        self.fusions: Counter = Counter()
+        self._model, self._unfused = model, None
+        schedule = graph
+        if fuse:
+            nodes, self.fusions = fuse_nodes(graph.node, graph.initializer, self.output_names)
+            if self.fusions:
+                schedule = onnx.GraphProto(name=graph.name, node=nodes)
+                prepare_fused(backend)
+        order = self._topological(schedule, set(self.input_names) | set(initializers))
         kernels = [self._bind(node, i) for i, node in order]
 
         # ---- which values are host-resolved, and which of those are fixed at build ----
@@ -332,7 +350,7 @@ class Plan:
 
     def _bind(self, node: onnx.NodeProto, index: int) -> Kernel:
         try:
-            return KERNELS[node.op_type](node, self.opset)
+            return kernel_for(node)(node, self.opset)
         except LockstepError as err:
             if err.where is None:
                 err.where = _node_label(node, index)
@@ -407,7 +425,8 @@ class Plan:
                                          remedy=f"give axis {axis} extent {d.dim_value}")
 
     def run(self, feeds: Mapping[str, Any],
-            observe: Callable[[onnx.NodeProto, str, Any], None] | None = None
+            observe: Callable[[onnx.NodeProto, str, Any], None] | None = None,
+            profile: Callable[[onnx.NodeProto | None, Callable[[], Any]], Any] | None = None
             ) -> dict[str, Any]:
         """Graph outputs by name; arrays live on the backend.
 
@@ -416,7 +435,19 @@ class Plan:
         right after the step ran; values live where the step ran (host-resolved shape
         arithmetic on the host, the rest on the backend) and must not be written. Values
         fixed at build (constants, weight-only folds) are not run-time steps and are not
-        observed. Without it nothing changes."""
+        observed. Without it nothing changes. A fused plan runs an observed forward on its
+        unfused twin (built on the first such call), so every node of the graph as written
+        is observed.
+
+        ``profile`` (a device profile, ``suites/test_fused_kernels_cuda.py``): each run-time
+        step runs as ``profile(node, call)``, which must return ``call()``; a timer wraps it
+        (``node`` may be None for a step built without one). It sees this plan's own steps,
+        fused nodes included."""
+        if observe is not None and self.fusions:
+            if self._unfused is None:
+                self._unfused = Plan(self._model, self.backend, host_inputs=self.host_inputs,
+                                     fuse=False)
+            return self._unfused.run(feeds, observe)
         self.check_feeds(feeds)
         backend = self.backend
         env: dict[str, Any] = {name: feeds[name] for name in self.input_names}
@@ -432,7 +463,11 @@ class Plan:
                     if dkey not in env:
                         env[dkey] = self._device_value(key, env[key])
                     args.append(env[dkey])
-            values = self._call(step.kernel, step.backend, args, step.label)
+            if profile is None:
+                values = self._call(step.kernel, step.backend, args, step.label)
+            else:
+                values = profile(step.node, functools.partial(
+                    self._call, step.kernel, step.backend, args, step.label))
             if len(values) < sum(1 for y in step.outputs if y):
                 raise ExecutionError("kernel returned too few outputs", where=step.label,
                                      field="outputs", value=len(values),

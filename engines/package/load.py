@@ -96,7 +96,22 @@ class Package:
 
 
 def locate(path: str | os.PathLike) -> Path:
-    """The package.yaml for ``path``, which may be the folder or the package.yaml itself."""
+    """The package.yaml for ``path``, which may be the folder or the package.yaml itself;
+    one that is a symbolic link to a file outside its folder is refused, like a component
+    path that leaves the folder (the package is its folder, and its hash covers only that)."""
+    yaml_path = _find_manifest(path)
+    if yaml_path.is_symlink():
+        target = yaml_path.resolve()
+        if not target.is_relative_to(yaml_path.parent.resolve()):
+            raise PackageError(
+                f"{PACKAGE_FILE} is a symbolic link to {target}, outside the package folder",
+                field=PACKAGE_FILE, value=str(target),
+                remedy=f"copy that file into {yaml_path.parent} instead of linking it",
+                where=str(yaml_path))
+    return yaml_path
+
+
+def _find_manifest(path: str | os.PathLike) -> Path:
     given = Path(path).expanduser()
     if given.is_dir():
         yaml_path = given / PACKAGE_FILE

@@ -156,6 +156,13 @@ class GreedySpec(_Strict):
 # need the graphs (borrowed ports, the embedding initializer) live in ``ports.py``.
 SPECULATIVE_KINDS = ("draft", "chained", "mtp")
 MAX_WIDTH_LIMIT = 16  # verification runs W+1 positions in one forward: keep it bounded
+# max_context bounds: a hard maximum above any released model's context (10M positions),
+# and the state a full sequence implies (every kv cell grown or sized to max_context, plus
+# the recurrent cells) within what one device or host can hold. A typo such as
+# 1000000000000 is refused here, not met as an allocation failure mid-decode.
+MAX_CONTEXT_LIMIT = 1 << 24  # positions
+MAX_STATE_BYTES = 1 << 40  # 1 TiB
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 class CarrySpec(_Strict):
@@ -299,8 +306,37 @@ class PackageSpec(_Strict):
                        f"write format: {FORMAT_VERSION}")
         return value
 
+    def state_bytes(self, positions: int) -> int:
+        """Bytes of every state cell holding ``positions`` positions (kv cells at that
+        sequence extent, recurrent cells at their fixed shape)."""
+        total = 0
+        for cell in self.state.values():
+            n = DTYPE_BYTES[cell.dtype]
+            for axis, extent in enumerate(cell.shape):
+                n *= positions if cell.kind == "kv" and axis == cell.seq_axis else extent
+            total += n
+        return total
+
+    def _context_is_bounded(self) -> None:
+        if self.max_context > MAX_CONTEXT_LIMIT:
+            raise fail(("max_context",), self.max_context,
+                       f"max_context {self.max_context} is above the hard maximum "
+                       f"{MAX_CONTEXT_LIMIT} positions",
+                       f"declare the positions the package really holds, at most "
+                       f"{MAX_CONTEXT_LIMIT}")
+        per_position = self.state_bytes(1) - self.state_bytes(0)
+        full = self.state_bytes(self.max_context)
+        if per_position and full > MAX_STATE_BYTES:
+            fits = (MAX_STATE_BYTES - self.state_bytes(0)) // per_position
+            raise fail(("max_context",), self.max_context,
+                       f"a full sequence of max_context {self.max_context} positions needs "
+                       f"{full / (1 << 30):.0f} GiB of state ({per_position} bytes a position "
+                       f"over the kv cells), more than the {MAX_STATE_BYTES >> 30} GiB limit",
+                       f"use max_context at most {fits}, what the state cells' shapes allow")
+
     @model_validator(mode="after")
     def _cross_field(self) -> PackageSpec:
+        self._context_is_bounded()
         vocab = f"[0, {self.vocab_size})"
         for key in ("bos_id", "eos_id"):
             token = getattr(self, key)

@@ -25,7 +25,7 @@ from engines.errors import InputError, PackageError
 from engines.package.speculative_ports import embedding_table
 from engines.residency import residency_of
 from engines.workflow.session import DecodeSession
-from engines.workflow.state import StateCells
+from engines.workflow.state import DecodeState
 
 
 def argmax_last_row(ops, logits) -> int:
@@ -70,7 +70,7 @@ class DraftModelProposer:
                 break
             keep += 1
         if keep < len(self.seen):
-            self.session.truncate(keep)
+            self.session.rollback(keep)
             del self.seen[keep:]
 
 
@@ -88,8 +88,8 @@ class CarryProposer:
         self.outputs = dict(comp.outputs)
         self.seed_role = spec.carry.seed
         self.carry_out = spec.carry.output
-        self.cells = StateCells(package, spec.proposer, engine.tensor_ops)
-        self.position = 0  # proposer-owned cells: positions processed
+        # proposer-owned cells (an MTP head's cache) and the positions they hold
+        self.state = DecodeState.of_component(package, spec.proposer, engine.tensor_ops)
         self.table = None
         self.buffer = None
         if spec.fused_input is not None:
@@ -103,6 +103,10 @@ class CarryProposer:
     @property
     def ops(self):
         return self.engine.tensor_ops
+
+    @property
+    def position(self) -> int:
+        return self.state.position
 
     def seed_from(self, target_out: dict, row: int):
         """The carry seed: the target's ``seed`` output at ``row`` (the last committed
@@ -143,17 +147,16 @@ class CarryProposer:
         if "positions" in self.inputs:
             feeds[self.inputs["positions"]] = ops.adopt(np.asarray([[position]], dtype=np.int64))
         feeds.update(self._borrowed())
-        feeds.update(self.cells.feeds())
+        feeds.update(self.state.feeds())
         start = time.perf_counter()
         out = self.engine.run_component(self.name, feeds, phase=phase)
         self.engine.ledger.record_forward(phase, 1, time.perf_counter() - start)
-        self.cells.absorb(out, 1)
-        self.position = position + 1
+        self.state.absorb(out, 1)
         return out
 
     def propose(self, pending: int, width: int, seed, position: int) -> list[int]:
         """W drafts after ``pending`` (at ``position``), the carry seeded with ``seed``."""
-        if self.cells.cells and self.position != position:
+        if self.state.cells and self.position != position:
             raise InputError("the proposer's own cells are out of step with the target",
                              field="position", value=self.position,
                              remedy=f"expected {position}: report this as a lockstep bug")
@@ -169,11 +172,9 @@ class CarryProposer:
     def after_round(self, committed: list[int], *, start: int, accepted: int, width: int,
                     drafts: list[int], target_out: dict, row_of_position) -> None:
         """Proposer-owned cells (an MTP head's cache) follow the committed sequence."""
-        if not self.cells.cells:
+        if not self.state.cells:
             return
-        processed_ok = start + min(accepted, width - 1) + 1
-        self.cells.truncate(processed_ok)
-        self.position = processed_ok
+        self.state.rollback(start + min(accepted, width - 1) + 1)  # the processed prefix kept
         if accepted == width:
             # full accept: the last draft was never fed; feed it with the target's carry
             pos = start + width

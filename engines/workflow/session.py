@@ -20,13 +20,15 @@ import numpy as np
 from engines.decode_result import DecodeResult
 from engines.ledger import Ledger
 from engines.requests import check_request
-from engines.workflow.state import StateCells
+from engines.workflow.state import DecodeState
 
 
 class DecodeSession:
-    """State and position of one sequence on one engine's component."""
+    """One sequence on one engine's component: its forwards, over the ``DecodeState`` that
+    owns its cells and position (``snapshot_cells``: recurrent cells verification restores)."""
 
-    def __init__(self, engine, component: str = "target"):
+    def __init__(self, engine, component: str = "target", snapshot_cells=(),
+                 snapshot_mode: str = "device"):
         self.engine = engine
         self.package = engine.package
         self.spec = self.package.spec
@@ -34,14 +36,27 @@ class DecodeSession:
         comp = self.spec.components[component]
         self.inputs = dict(comp.inputs)
         self.outputs = dict(comp.outputs)
-        self.cells = StateCells(self.package, component, engine.tensor_ops)
-        self.position = 0
+        self.state = DecodeState.of_component(self.package, component, engine.tensor_ops,
+                                              snapshot_cells, snapshot_mode)
         # the last forward's positions feed and the position it ended at (device feed)
         self._positions: tuple[Any, int] | None = None
 
     @property
     def ops(self):
         return self.engine.tensor_ops
+
+    @property
+    def cells(self) -> DecodeState:
+        """The state (``cells.cells``: the ``Cell`` objects by name)."""
+        return self.state
+
+    @property
+    def position(self) -> int:
+        return self.state.position
+
+    @position.setter
+    def position(self, value: int) -> None:  # a test steering the state by hand
+        self.state.position = value
 
     @property
     def ledger(self) -> Ledger:
@@ -71,12 +86,11 @@ class DecodeSession:
         return self._run(feeds, 1, phase)
 
     def _run(self, feeds: dict[str, Any], m: int, phase: str) -> dict[str, Any]:
-        feeds.update(self.cells.feeds())
+        feeds.update(self.state.feeds())
         start = time.perf_counter()
         out = self.engine.run_component(self.component, feeds, phase=phase)
         self.ledger.record_forward(phase, m, time.perf_counter() - start)
-        self.cells.absorb(out, m)
-        self.position += m
+        self.state.absorb(out, m)  # the cells' new values, and the position, together
         if "positions" in self.inputs:
             self._positions = (feeds[self.inputs["positions"]], self.position)
         return {role: out[name] for role, name in self.outputs.items()}
@@ -94,9 +108,14 @@ class DecodeSession:
         last = self.ops.last_along_axis(logits, 1)
         return self.ops.next_token_feed(last.reshape(1, last.shape[-1]))
 
+    def rollback(self, length: int, cells=None) -> None:
+        """Back to ``length`` committed positions: kv cells (all, or ``cells``) and the
+        position move together (``DecodeState.rollback``)."""
+        self.state.rollback(length, cells)
+
     def truncate(self, length: int) -> None:
-        self.cells.truncate(length)
-        self.position = length
+        """Every kv cell and the position back to ``length`` (``rollback`` of all cells)."""
+        self.state.rollback(length)
 
     def audit_row(self, logits):
         """The last position's logits as a host float64 row (claim 1b's audit): on a device

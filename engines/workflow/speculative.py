@@ -5,7 +5,7 @@ through its ``TensorOps``). A round, with L positions committed and the pending 
 (emitted, not yet fed to the target):
 
 1. the proposer drafts d1..dW (``proposers.py``): 4 bytes read back per draft;
-2. recurrent target cells are snapshotted device-to-device (``state_service.py``);
+2. recurrent target cells are snapshotted device-to-device (``state.py``);
 3. the target runs [t, d1..dW] at positions L..L+W (phase ``verify``);
 4. ``accept_drafts`` compares the target's argmax per row with the drafts on the engine's
    residency: ``accepted`` n (4 bytes, ``accept_count``) and the bonus token (4 bytes,
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from engines.errors import InputError
 from engines.workflow.proposers import CarryProposer, DraftModelProposer, argmax_last_row
 from engines.workflow.session import DecodeResult, DecodeSession
-from engines.workflow.state_service import SNAPSHOT_MODES, StateService
+from engines.workflow.state import SNAPSHOT_MODES
 from engines.requests import check_request
 
 
@@ -44,22 +44,34 @@ class SpeculativeResult(DecodeResult):
     start_per_round: list[int] = field(default_factory=list)
 
 
-def check_width(spec, width) -> int:
+def check_width(spec, width, field: str = "width") -> int:
+    """The one width rule: the package speculates, and ``width`` is an integer in
+    1..``decoding.speculative.max_width`` (``field``: the name the caller knows it by)."""
     sp = spec.decoding.speculative
     if sp is None:
         raise InputError(f"package {spec.name!r} declares no speculative decoding",
                          field="decoding.speculative", value=None,
-                         remedy="decode greedily, or use a package with a speculative section")
+                         remedy="decode it greedily (lockstep run --mode greedy), or use a "
+                                "package with a speculative section")
     if isinstance(width, bool) or not isinstance(width, int):
-        raise InputError("width must be an integer", field="width", value=width,
+        raise InputError("width must be an integer", field=field, value=width,
                          remedy=f"use an integer width in 1..{sp.max_width} (decoding."
                                 f"speculative.max_width)")
     if not 1 <= width <= sp.max_width:
         raise InputError(f"width {width} is outside 1..max_width {sp.max_width} of "
-                         f"{spec.name!r}", field="width", value=width,
+                         f"{spec.name!r}", field=field, value=width,
                          remedy=f"use a width in 1..{sp.max_width} (decoding.speculative."
-                                f"max_width)")
+                                f"max_width), or all")
     return width
+
+
+def speculative_widths(spec, widths=None, field: str = "width") -> list[int]:
+    """The widths to run: ``None`` or ``"all"`` is 1..max_width; a list is checked width by
+    width with ``check_width``."""
+    if widths is None or widths == "all":
+        check_width(spec, 1, field)  # the package speculates at all
+        return list(range(1, spec.decoding.speculative.max_width + 1))
+    return [check_width(spec, w, field) for w in widths]
 
 
 class SpeculativeSession:
@@ -76,8 +88,8 @@ class SpeculativeSession:
             raise InputError("unknown snapshot mode", field="snapshot_mode", value=snapshot_mode,
                              remedy=f"use one of: {', '.join(SNAPSHOT_MODES)}")
         self.sp = sp
-        self.target = DecodeSession(engine, component=sp.target)
-        self.state = StateService.over(self.target.cells, sp.snapshot, snapshot_mode)
+        self.target = DecodeSession(engine, sp.target, sp.snapshot, snapshot_mode)
+        self.state = self.target.state
         self.rollback = spec.rollback_cells()
         self.proposer = (DraftModelProposer(engine, self.target, sp) if sp.kind == "draft"
                          else CarryProposer(engine, self.target, sp))
@@ -150,14 +162,12 @@ class SpeculativeSession:
             else:
                 ledger.rollbacks += 1
                 if self.state.snapshot_cells:
-                    self.state.truncate(base, self.rollback)
+                    self.target.rollback(base, self.rollback)
                     self.state.restore()
-                    self.target.position = base
                     seed_out = self.target.forward([pending] + drafts[:n], "readvance")
                     seed_row = n
                 else:
-                    self.state.truncate(base + n + 1, self.rollback)
-                    self.target.position = base + n + 1
+                    self.target.rollback(base + n + 1, self.rollback)
                     seed_out, seed_row = verify, n
             new = drafts[:n] + [bonus]
             if eos is not None and eos in new:

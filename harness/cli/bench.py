@@ -9,12 +9,10 @@ import shutil
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from engines.errors import InputError
 from engines.registry import REFERENCE_ENGINE, engine_names
-from harness.cli.run import split_list
 
 WARMUP_STEPS = 2  # harness.bench.WARMUP_STEPS (not imported here: the CLI loads every command)
 
@@ -119,13 +117,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--packages", help="comma list of fixture names or package folders (default: "
                                       "every built-in fixture; in speculative mode every "
                                       "speculative fixture)")
-    p.add_argument("--mode", choices=("greedy", "speculative"), default="greedy")
+    p.add_argument("--mode", choices=("greedy", "speculative"), default="greedy",
+                   help="time greedy decoding, or speculative decoding at --width "
+                        "(default: greedy)")
     p.add_argument("--width", metavar="N",
                    help="speculative width (default: each package's max_width)")
     p.add_argument("--repeats", type=int, default=5, help="timed decodes per engine (default 5)")
     p.add_argument("--warmup", type=int, default=1,
                    help="untimed greedy decodes per engine first (default 1)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
+                   help="tokens each timed decode generates (default: 32)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="greedy only, for timing: every decode goes on past eos and produces "
                         "exactly --max-new-tokens tokens (a decode that stops short is an "
@@ -149,9 +150,11 @@ def run(args: argparse.Namespace) -> int:
     if width is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
                          value=args.width, remedy="add --mode speculative, or drop --width")
-    engines = split_list(args.engines) or engine_names()
-    if args.packages:
-        packages = split_list(args.packages)
+    from harness.cli.arguments import name_list
+
+    engines = name_list(args.engines, "--engines") or engine_names()
+    if args.packages is not None:
+        packages = name_list(args.packages, "--packages")
     elif args.mode == "speculative":
         from fixtures.catalog import speculative_fixtures
 
@@ -166,10 +169,12 @@ def run(args: argparse.Namespace) -> int:
                       warmup=args.warmup, ignore_eos=args.ignore_eos,
                       warmup_steps=args.warmup_steps)
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
-        task = progress.add_task("bench", total=plan.total_decodes)
-        rows = run_bench(plan, lambda n, text: progress.update(task, advance=n, description=text))
+    from harness.cli.progress import CellProgress
+
+    with CellProgress("bench", unit="decodes") as progress:  # on stderr; plain lines in CI
+        progress.plan(plan.total_decodes)
+
+        rows = run_bench(plan, lambda n, text: progress.advance(text, n))
 
     console.print(bench_table(rows, plan))
     for line in floor_lines(rows) + notes(rows):

@@ -11,14 +11,17 @@ it (``--no-twin`` skips the twin: the oracle then runs the reduced package itsel
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 from pathlib import Path
 
 from rich.console import Console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert", help="convert a GGUF file or Hugging Face folder (LLaMA "
-                                       "family) into a lockstep package")
+    p = sub.add_parser("convert", help="convert a GGUF file or Hugging Face folder (Llama, "
+                                       "Qwen2/3, Mistral, Granite, OLMo2, Phi3, Gemma2/3) "
+                                       "into a lockstep package")
     p.add_argument("checkpoint", metavar="CHECKPOINT",
                    help="a .gguf file, a folder with config.json + *.safetensors, or smollm2")
     p.add_argument("-o", "--output", type=Path, default=None, metavar="PACKAGE",
@@ -47,14 +50,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+@contextlib.contextmanager
+def converting_steps(label: str):
+    """The converter's steps (its ``harness.convert`` log) shown as progress while it runs."""
+    from harness.cli.progress import LogSteps, StepProgress
+
+    logger = logging.getLogger("harness.convert")
+    with StepProgress(label) as progress:  # on stderr
+        handler = LogSteps(progress)
+        level = logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        try:
+            yield progress
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+
 def run(args: argparse.Namespace) -> int:
     from engines.package import load_package
-    from fixtures.convert import convert
+    from harness.convert import convert
     from fixtures.real_checkpoints import resolve_checkpoint
 
     console = Console()
     source = resolve_checkpoint(args.checkpoint)
-    with console.status(f"converting {source.name}"):
+    with converting_steps(f"converting {source.name}"):
         result = convert(source, args.output, force=args.force, cache=args.cache,
                          dtype=args.dtype, max_context=args.max_context, name=args.name,
                          tokenizer=not args.no_tokenizer, draft_layers=args.draft_layers,

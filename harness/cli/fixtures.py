@@ -26,7 +26,8 @@ def short_hash(digest: str) -> str:
 
 def build(args: argparse.Namespace) -> int:
     from fixtures import catalog
-    from fixtures.package_writer import content_hash, read_build_info
+    from engines.package import package_content_hash
+    from fixtures.package_writer import read_build_info
 
     names = args.names or list(catalog.FIXTURES)
     for name in names:  # every name is checked before anything is built
@@ -41,7 +42,7 @@ def build(args: argparse.Namespace) -> int:
         info = read_build_info(folder) or {}
         table.add_row(name, str(info.get("seed")),
                       str(info.get("conditioning", {}).get("min_margin")),
-                      short_hash(content_hash(folder)), str(folder))
+                      short_hash(package_content_hash(folder)), str(folder))
     Console().print(table)
     return 0
 
@@ -61,5 +62,36 @@ def list_(args: argparse.Namespace) -> int:
         table.add_row(s.name, seed, built,
                       "" if s.min_margin is None else f"{s.min_margin:g}",
                       short_hash(s.content_hash or ""), s.summary)
+    for name, built, what in real_checkpoint_rows():
+        table.add_row(name, "", built, "", "", what)
     Console().print(table)
     return 0
+
+
+def real_checkpoint_rows() -> list[tuple[str, str, str]]:
+    """``smollm2`` and ``smollm2-selfspec`` (the names ``lockstep run --packages`` takes):
+    whether the checkpoint is installed and converted by the converter checked out now."""
+    from fixtures.real_checkpoints import INSTALL, smollm2_path
+
+    what = {"smollm2": "SmolLM2-135M-Instruct (real checkpoint, converted from GGUF)",
+            "smollm2-selfspec": "the same with a 24-block layer-skip drafter (speculative)"}
+    path = smollm2_path()
+    if path is None:
+        return [(name, "not installed", f"{text}; {INSTALL}") for name, text in what.items()]
+    try:
+        from harness.convert import _folder_name, _key, cache
+        from harness.convert.smollm2 import SELFSPEC_DRAFT_LAYERS
+        from harness.convert.writer import ConvertOptions
+    except ImportError as exc:  # the converter's libraries: the 'real' extra
+        return [(name, "no converter", f"{text}; make real ({exc.name} missing)")
+                for name, text in what.items()]
+    source_hash = cache.checkpoint_hash(path)
+    rows = []
+    for name, draft in (("smollm2", None), ("smollm2-selfspec", SELFSPEC_DRAFT_LAYERS)):
+        opts = ConvertOptions(draft_layers=draft).checked()
+        key = _key(source_hash, opts, None)
+        current = cache.is_current(cache.converted_root() / _folder_name(path, opts, key), key)
+        hint = "" if current else "; lockstep convert smollm2" + \
+            ("" if draft is None else f" --draft-layers {draft}")
+        rows.append((name, "converted" if current else "no", what[name] + hint))
+    return rows

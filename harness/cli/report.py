@@ -41,6 +41,29 @@ def _catch_matrix(args: argparse.Namespace):
     return None
 
 
+def write_output(output: Path, html: str) -> None:
+    """Write the report atomically; a path that cannot take it is one ``LockstepError``
+    naming ``-o`` (a folder, a parent that is a file, no permission, a full disk)."""
+    from engines.errors import LockstepError
+
+    if output.is_dir():
+        raise LockstepError("-o names a folder, not a file", field="-o", value=str(output),
+                            remedy=f"name the HTML file, e.g. -o {output / 'report.html'}")
+    tmp = output.with_name(f".{output.name}.tmp")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(html, encoding="utf-8")
+        tmp.replace(output)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # its folder is what failed
+        raise LockstepError(f"cannot write the report ({exc.strerror or exc})", field="-o",
+                            value=str(output),
+                            remedy="pick a path in a writable folder with free space") from exc
+
+
 def run(args: argparse.Namespace) -> int:
     from harness.evidence import load_evidence_dir
     from harness.manifest import read_manifests
@@ -56,10 +79,7 @@ def run(args: argparse.Namespace) -> int:
                          catch_matrix=catch_matrix,
                          explanations=load_explanations(args.evidence_dir))
     output: Path = args.output
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(output)
+    write_output(output, html)
     failing = sum(not r.ok for r in records)
     print(f"lockstep: report of {len(records)} record(s) ({failing} not ok) written to "
           f"{output.resolve()}")

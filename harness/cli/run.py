@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from engines.errors import InputError
@@ -30,8 +29,19 @@ def parse_prompt(text: str) -> list[int]:
                          remedy='write it as "1 5 7" or "1,5,7"') from None
 
 
-def split_list(text: str | None) -> list[str] | None:
-    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+def _prompts(args: argparse.Namespace):
+    """The run's prompts: None (each package's own), lists of ids (``--prompt`` alone), or
+    ``harness.prompts.PromptSource`` in the order --prompt, --text, --chat, --prompts."""
+    ids = [parse_prompt(p) for p in args.prompts] if args.prompts else []
+    texts, chats = getattr(args, "texts", None) or [], getattr(args, "chats", None) or []
+    file = getattr(args, "prompts_file", None)
+    if not (texts or chats or file):
+        return ids or None
+    from harness.prompts import chat_prompt, ids_prompt, read_prompts_file, text_prompt
+
+    return ([ids_prompt(p, "--prompt") for p in ids] + [text_prompt(t) for t in texts]
+            + [chat_prompt([{"role": "user", "content": c}]) for c in chats]
+            + (read_prompts_file(file) if file else []))
 
 
 def parse_widths(text: str | None) -> list[int] | str | None:
@@ -101,7 +111,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                                       "(default: every built-in fixture)")
     p.add_argument("--prompt", action="append", dest="prompts", metavar="IDS",
                    help='a prompt as token ids, "1 5 7"; repeatable (default: the package\'s prompts)')
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--text", action="append", dest="texts", metavar="TEXT",
+                   help="a prompt as text, encoded by each package's tokenizer (with its own "
+                        "special tokens, as transformers encodes text); repeatable")
+    p.add_argument("--chat", action="append", dest="chats", metavar="TEXT",
+                   help="a user message, rendered by each package's own chat template (the "
+                        "checkpoint's, with the assistant's turn opened) and encoded; repeatable")
+    p.add_argument("--prompts", dest="prompts_file", type=Path, metavar="FILE",
+                   help='a JSONL file of prompts, one a line: {"text": ...}, {"chat": [{"role": '
+                        '..., "content": ...}]} or {"ids": [...]}, each with an optional "name"; '
+                        "prompts run in the order --prompt, --text, --chat, then the file")
+    p.add_argument("--oracle-engine", metavar="ENGINE",
+                   help="run the recompute oracle on this engine instead of ort-cpu (e.g. "
+                        "ort-cuda for long contexts), float32 packages only; it must first "
+                        "agree with ort-cpu's oracle on a short prefix, else the run stops")
+    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
+                   help="tokens each decode generates after the prompt, each judged against "
+                        "the oracle (default: 32)")
     p.add_argument("--max-prompts", type=int, default=None, metavar="N",
                    help="only the first N of each package's default prompts")
     p.add_argument("--mode", choices=("greedy", "speculative"), default="greedy",
@@ -127,57 +153,73 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from harness.cli.arguments import name_list, positive_int
     from harness.packages import fixture_names
     from harness.runner import run_matrix
 
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
-    engines = split_list(args.engines) or engine_names()
+    engines = name_list(args.engines, "--engines") or engine_names()
+    positive_int(args.max_prompts, "--max-prompts")
+    positive_int(args.max_new_tokens, "--max-new-tokens")
     widths = parse_widths(args.width)
     if widths is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
                          value=args.width, remedy="add --mode speculative, or drop --width")
-    if args.mode == "speculative" and not args.packages:
+    if args.mode == "speculative" and args.packages is None:
         from fixtures.catalog import speculative_fixtures
 
         packages = list(speculative_fixtures())
     else:
-        packages = split_list(args.packages) or fixture_names()
-    prompts = [parse_prompt(p) for p in args.prompts] if args.prompts else None
+        packages = name_list(args.packages, "--packages") or fixture_names()
+    prompts = _prompts(args)
+    oracle_engine = getattr(args, "oracle_engine", None)
     devices = None
     if getattr(args, "devices", None) is not None:
+        moved = [flag for flag, given in (("--text", args.texts), ("--chat", args.chats),
+                                          ("--prompts", args.prompts_file),
+                                          ("--oracle-engine", oracle_engine)) if given]
+        if moved:
+            raise InputError(f"{moved[0]} is not carried to the --devices workers yet",
+                             field=moved[0], value=args.devices,
+                             remedy=f"drop --devices (run in this process), or drop {moved[0]}")
         from harness.distributed import parse_devices, require_xdist, visible_gpus
 
         devices = parse_devices(args.devices, visible_gpus())
         require_xdist()
     evidence_dir = None if args.no_evidence else args.evidence_dir
     if evidence_dir is not None:
-        evidence_dir.mkdir(parents=True, exist_ok=True)
+        from harness.evidence import prepare_evidence_dir
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
-        task = progress.add_task("parity matrix", total=None)
+        prepare_evidence_dir(evidence_dir)
 
+    from harness.cli.progress import CellProgress
+
+    with CellProgress("parity matrix") as progress:  # on stderr
         def on_cell(cell):
-            progress.update(task, advance=1, description=f"{cell.package} · {cell.mode} · "
-                                                          f"{cell.engine} · {cell.prompt_name}")
+            progress.advance(f"{cell.package} · {cell.mode} · {cell.engine} · "
+                             f"{cell.prompt_name}")
 
         if devices is None:
             summary = run_matrix(engines, packages, prompts, args.max_new_tokens, evidence_dir,
                                  on_cell, mode=args.mode, widths=widths,
                                  max_prompts=args.max_prompts,
-                                 on_plan=lambda n: progress.update(task, total=n))
+                                 on_plan=progress.plan,
+                                 oracle_engine=oracle_engine)
         else:
             from harness.distributed import run_matrix_on_devices
 
             label = f"parity matrix on {len(devices)} GPU(s) ({','.join(devices)})"
-            progress.update(task, description=label)
+            progress.describe(label)
             summary = run_matrix_on_devices(
                 engines, packages, prompts, args.max_new_tokens, evidence_dir, devices,
                 mode=args.mode, widths=widths, max_prompts=args.max_prompts,
-                on_plan=lambda n: progress.update(task, total=n),
-                on_progress=lambda n: progress.update(task, completed=n))
+                on_plan=progress.plan, on_progress=progress.set_completed)
 
     console.print(matrix_table(summary, args.max_new_tokens, args.mode))
+    for package, check in summary.oracle_checks.items():
+        console.print(f"oracle for {package}: {check.engine}, agreeing with {check.against}'s "
+                      f"on a {check.prefix_tokens}-token prefix and {check.steps} step(s) (max "
+                      f"abs {check.max_abs:.3g}, NMSE {check.nmse:.3g})")
     details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
     if details:
         console.print(details_table(details))

@@ -106,10 +106,22 @@ class Mode(_Strict):
         return self.kind if self.width is None else f"{self.kind}/w{self.width}"
 
 
+class ChatMessage(_Strict):
+    role: str
+    content: str
+
+
 class PromptRef(_Strict):
+    """The prompt's ids and what they were made from (``harness.prompts``): given as ids, as
+    text (``source_text``, encoded by the package's tokenizer) or as a chat (``messages``
+    rendered by ``chat_template``, the checkpoint's own, into ``source_text``)."""
     name: str
     ids: list[int]
-    text: str | None = None
+    text: str | None = None  # the ids decoded, where the package has a tokenizer
+    source: Literal["ids", "text", "chat"] = "ids"
+    source_text: str | None = None
+    messages: list[ChatMessage] | None = None
+    chat_template: str | None = None
 
 
 class ReferenceRef(_Strict):
@@ -160,11 +172,23 @@ class StepFinding(_Strict):
     engine_top: list[tuple[int, float]] | None = None
 
 
+class OracleCheck(_Strict):
+    """An oracle moved to another engine (``--oracle-engine``) and how it agreed with the
+    default oracle's on a short prefix before the run (``harness.oracle_choice``)."""
+    engine: str
+    against: str
+    prefix_tokens: int = Field(ge=1)
+    steps: int = Field(ge=0)
+    max_abs: float
+    nmse: float
+
+
 class Judgement(_Strict):
     """Claim 1 over the whole stream: every step judged on the engine's own prefix."""
     oracle: str  # the engine the recompute oracle ran on
     # the package the oracle ran: the judged package itself, or its float32 twin (reference)
     oracle_package: PackageRef | None = None
+    oracle_check: OracleCheck | None = None  # only where the oracle was moved and vetted
     near_tie_margin: float
     steps_judged: int = Field(ge=0)
     defects: int = Field(ge=0)
@@ -278,6 +302,9 @@ class EvidenceRecord(_Strict):
     environment: Environment
     package: PackageRef
     engine: str = Field(min_length=1)
+    # what the engine really ran when not the package's components (Engine.provenance():
+    # a builder or loader, its version, precision, the checkpoint's hash); None: the package
+    engine_provenance: dict[str, Any] | None = None
     mode: Mode
     prompt: PromptRef
     status: Status = "identical"  # the cell's verdict: worst of what was found

@@ -7,6 +7,7 @@ a name that carries a random fragment. Readers skip hidden files.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -39,26 +40,84 @@ def evidence_file_name(record: EvidenceRecord) -> str:
     return "__".join(_slug(p) for p in parts) + SUFFIX
 
 
-def write_evidence(record: EvidenceRecord, folder: str | os.PathLike) -> Path:
-    """Write ``record`` atomically into ``folder`` (created if missing); return its path."""
+_WHY = {errno.ENOSPC: ("the disk is full", "free space there"),
+        errno.EDQUOT: ("the disk quota is exhausted", "free space there"),
+        errno.EACCES: ("the folder is not writable", "fix its permissions"),
+        errno.EPERM: ("the folder is not writable", "fix its permissions"),
+        errno.EROFS: ("the folder is on a read-only file system", "use a writable disk"),
+        errno.ENOTDIR: ("a part of the path is a file, not a folder", "use a folder path"),
+        errno.EEXIST: ("the path is a file, not a folder", "use a folder path"),
+        errno.ENOENT: ("a parent folder is missing and cannot be created",
+                       "create the parent first")}
+
+
+class EvidenceWriteError(EvidenceError, OSError):
+    """The evidence folder refused a write (full disk, permissions, a file in the way): a
+    one-line ``LockstepError`` for the CLI, and still the ``OSError`` it was (same errno)."""
+
+    def __str__(self) -> str:  # OSError's own form would drop the field and the remedy
+        return self.render()
+
+
+def evidence_write_error(exc: OSError, folder: Path, field: str = "--evidence-dir"
+                         ) -> EvidenceWriteError:
+    """An ``OSError`` met while writing evidence, as one line naming the folder, what the
+    system said and what to do (the run stops: a record that cannot be written is lost)."""
+    what, fix = _WHY.get(exc.errno, (exc.strerror or str(exc), "check the folder"))
+    err = EvidenceWriteError(f"cannot write evidence: {what} ({exc.strerror or exc})",
+                             field=field, value=str(folder),
+                             remedy=f"{fix}, pass another {field}, or run with --no-evidence")
+    err.errno, err.strerror, err.filename = exc.errno, exc.strerror, exc.filename
+    return err
+
+
+def prepare_evidence_dir(folder: str | os.PathLike, field: str = "--evidence-dir") -> Path:
+    """Create ``folder`` (with its parents) and prove a file can be created in it, so a bad
+    evidence folder fails before the first cell runs, not after the first verdict."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        if folder.exists() and not folder.is_dir():
+            raise FileExistsError(errno.EEXIST, "File exists", str(folder))
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise evidence_write_error(exc, folder, field) from exc
+    return folder
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    """Write every byte and make it durable (a full disk raises here, often at fsync)."""
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def write_evidence(record: EvidenceRecord, folder: str | os.PathLike) -> Path:
+    """Write ``record`` atomically into ``folder`` (created if missing); return its path.
+    A folder that cannot take it (full, unwritable, a file) is an ``EvidenceError``."""
+    folder = Path(folder)
     payload = record.model_dump_json(indent=2).encode("utf-8")
     target = folder / evidence_file_name(record)
-    fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+    except OSError as exc:
+        raise evidence_write_error(exc, folder) from exc
+    try:
+        _write_all(fd, payload)
         if target.exists():  # a uuid collision: astronomically unlikely, never overwrite
             raise FileExistsError(target)
         os.replace(tmp_name, target)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp_name)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
+            raise evidence_write_error(exc, folder) from exc
         raise
     _fsync_dir(folder)
     return target

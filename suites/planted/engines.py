@@ -227,6 +227,27 @@ class StaleStaticSlot(Planted):
         return out
 
 
+class FusedAttentionExtraSlot(Planted):
+    """The fused attention kernel reads one key slot too many: the query at position p also
+    sees slot p + 1 (a static cache's next, not yet written slot; in a prefill, the next
+    token's key)."""
+    name = "planted-fused-attention-extra-slot"
+
+    def __init__(self, package):
+        super().__init__(package)
+        from engines.native.fusion import FUSED_DOMAIN
+        from engines.native.ops.fused import Attention
+
+        class OneSlotTooMany(Attention):
+            def __call__(self, be, q, k_all, v_all, positions):
+                return super().__call__(be, q, k_all, v_all, positions + 1)
+
+        for plan in self._plans.values():
+            for step in plan.steps:
+                if step.node.domain == FUSED_DOMAIN and step.node.op_type == "Attention":
+                    step.kernel = OneSlotTooMany(step.node, plan.opset)
+
+
 class RaiseMidDecode(Planted):
     """A runtime failure inside the engine at step K."""
     name = "planted-raise-mid-decode"

@@ -1,20 +1,40 @@
-"""Op kernels, one module per family, registered in one table keyed by ONNX op type.
+"""Op kernels, one module per family, registered in one table keyed by op type.
 
-Only the default ONNX domain is served. Subgraph ops (If, Loop, Scan) are out of scope.
+ONNX's own ops are keyed by their op type; ops of another domain (onnxruntime's
+``com.microsoft`` contrib ops, the fusion pass's ``lockstep.fused`` nodes) by
+``domain:op_type`` (``kernel_key``). Subgraph ops (If,
+Loop, Scan) are out of scope.
 """
 from __future__ import annotations
 
-from . import cast, elementwise, indexing, matmul, nn, reduction, shape
+from . import (activation, attention, cast, cumulative, elementwise, float_checks, fused,
+               indexing, matmul, nd_indexing, nn, normalization, quantized, reduction, rotary,
+               scatter, selection, shape)
 from .base import Kernel
 
-_FAMILIES = (cast, elementwise, indexing, matmul, nn, reduction, shape)
+_FAMILIES = (activation, attention, cast, cumulative, elementwise, float_checks, fused,
+             indexing, matmul, nd_indexing, nn, normalization, quantized, reduction, rotary,
+             scatter, selection, shape)
+
+ONNX_DOMAINS = ("", "ai.onnx")
+
+
+def kernel_key(domain: str, op_type: str) -> str:
+    """The KERNELS key of an op: its type in ONNX's domain, ``domain:type`` elsewhere."""
+    return op_type if domain in ONNX_DOMAINS else f"{domain}:{op_type}"
+
+
+def kernel_for(node) -> type[Kernel] | None:
+    """The kernel class for a node (by its domain and op type), or None."""
+    return KERNELS.get(kernel_key(node.domain, node.op_type))
+
 
 KERNELS: dict[str, type[Kernel]] = {
-    name: obj
+    kernel_key(obj.domain, obj.op_type or name): obj
     for module in _FAMILIES
     for name, obj in vars(module).items()
     if isinstance(obj, type) and issubclass(obj, Kernel) and not name.startswith("_")
     and obj.__module__ == module.__name__
 }
 
-__all__ = ["KERNELS", "Kernel"]
+__all__ = ["KERNELS", "Kernel", "kernel_for", "kernel_key"]

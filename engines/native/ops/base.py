@@ -39,6 +39,11 @@ def attribute_values(node: onnx.NodeProto) -> dict[str, Any]:
 class Kernel:
     """One op bound to one node; subclasses are named after the op they implement."""
 
+    # The operator set domain the op belongs to ("" is ONNX's own; "com.microsoft" is
+    # onnxruntime's contrib ops). Its key in KERNELS is the op type, domain-qualified if set.
+    domain: ClassVar[str] = ""
+    # The op type when the class name cannot be it (one name in two domains).
+    op_type: ClassVar[str | None] = None
     # Input slots whose values the kernel reads on the host (shapes, axes, bounds).
     host_inputs: ClassVar[frozenset[int]] = frozenset()
     # True for ops that read only their inputs' metadata (Shape, Size): their outputs are

@@ -1,0 +1,233 @@
+"""onnxruntime-genai's built model, wrapped as a lockstep package.
+
+The ONNX graph onnxruntime-genai's builder writes (``genai_build``) is another engine's
+component: fused com.microsoft ops (GroupQueryAttention, SkipSimplifiedLayerNormalization,
+...), its own weight layout. Wrapped as a package it runs under lockstep's interpreter on any
+engine that has those ops (ort-cpu now; native-host once it implements them), judged by the
+oracle like any package. The builder's graph and weights are kept; one thing is added: its
+``attention_mask`` input, which lockstep's interpreter does not feed, is computed inside the
+graph as ones over ``past + M`` positions (batch 1, no padding: what a single-sequence
+decode passes). The package binds ``input_ids`` to ``tokens``, each
+``past_key_values.N.key/value`` -> ``present.N.key/value`` pair to an append kv cell, and
+``logits``; ``genai_build.json`` beside it records the build it came from.
+
+The graph is rewritten, the builder's external weight file copied beside it byte for byte
+(onnx refuses hard-linked weight files). ``genai_package_for(build)`` keeps one wrapped
+package per build in the cache.
+Use: ``python -m engines.backends.genai_package BUILD_FOLDER OUT [--prompts-from PACKAGE]``.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from engines.errors import InputError
+
+MASK = "attention_mask"
+ORIGIN_FILE = "genai_build.json"
+COMPONENT_FILE = "target.onnx"
+ELEM_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}
+
+
+def _decoder(build: Path) -> dict:
+    path = build / "genai_config.json"
+    if not path.is_file():
+        raise InputError(f"{build} has no genai_config.json: not an onnxruntime-genai build",
+                         field="BUILD_FOLDER", value=str(build),
+                         remedy="give the folder onnxruntime-genai's model builder wrote (-o)")
+    return json.loads(path.read_text())
+
+
+def _mask_prologue(first_past: str, ids: str) -> list:
+    """Nodes computing ``attention_mask`` = ones[1, past + M] (int64) from the shapes of the
+    first past key and of the token ids."""
+    from onnx import TensorProto, helper
+
+    def const(name, values):
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(
+            name, TensorProto.INT64, [len(values)], values))
+
+    p = "/lockstep/mask/"
+    return [
+        const(p + "two", [2]), const(p + "three", [3]), const(p + "one", [1]),
+        const(p + "zero", [0]),
+        helper.make_node("Shape", [first_past], [p + "past_shape"]),
+        helper.make_node("Slice", [p + "past_shape", p + "two", p + "three"], [p + "past"]),
+        helper.make_node("Shape", [ids], [p + "ids_shape"]),
+        helper.make_node("Slice", [p + "ids_shape", p + "one", p + "two"], [p + "m"]),
+        helper.make_node("Slice", [p + "ids_shape", p + "zero", p + "one"], [p + "batch"]),
+        helper.make_node("Add", [p + "past", p + "m"], [p + "total"]),
+        helper.make_node("Concat", [p + "batch", p + "total"], [p + "shape"], axis=0),
+        helper.make_node("ConstantOfShape", [p + "shape"], [MASK],
+                         value=helper.make_tensor(p + "ones", TensorProto.INT64, [1], [1])),
+    ]
+
+
+def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None,
+                     prompts: list[list[int]] | None = None,
+                     wrapper_key: str | None = None) -> Path:
+    """Write the package for the onnxruntime-genai build in ``build`` into ``out`` (a new or
+    empty folder) and return it, loaded and checked (``engines.package.load_package``).
+    ``wrapper_key`` is recorded in ``genai_build.json`` (the cache's staleness check)."""
+    import onnx
+
+    build, out = Path(build).expanduser().resolve(), Path(out).expanduser().resolve()
+    config = _decoder(build)
+    model_cfg, dec = config["model"], config["model"]["decoder"]
+    names_in, names_out = dec["inputs"], dec["outputs"]
+    layers = int(dec["num_hidden_layers"])
+    if out.exists() and any(out.iterdir()):
+        raise InputError(f"{out} exists and is not empty", field="OUT", value=str(out),
+                         remedy="choose a new output folder, or remove that one first")
+    # the graph only: its weights stay in the builder's external data file, linked beside it
+    model = onnx.load(str(build / dec["filename"]), load_external_data=False)
+    graph = model.graph
+    data_files = {e.value for t in graph.initializer for e in t.external_data
+                  if e.key == "location"}
+    inputs = {vi.name: vi for vi in graph.input}
+    ids = names_in["input_ids"]
+    mask = names_in.get("attention_mask")
+    pasts = [(names_in["past_key_names"] % i, names_in["past_value_names"] % i)
+             for i in range(layers)]
+    for needed in [ids, *[n for pair in pasts for n in pair]]:
+        if needed not in inputs:
+            raise InputError(f"{dec['filename']} has no input {needed!r} that "
+                             f"genai_config.json names", field="decoder.inputs", value=needed,
+                             remedy="wrap a decoder-only build of onnxruntime-genai's builder")
+    if mask is not None and mask in inputs:
+        if mask != MASK:
+            raise InputError(f"the attention mask input is {mask!r}, not {MASK!r}",
+                             field="decoder.inputs.attention_mask", value=mask,
+                             remedy="wrap a build whose mask input is attention_mask")
+        graph.input.remove(inputs[mask])
+        for node in reversed(_mask_prologue(pasts[0][0], ids)):
+            graph.node.insert(0, node)
+    leftover = [n for n in (vi.name for vi in graph.input)
+                if n not in {ids, *[x for pair in pasts for x in pair]}
+                and n not in {t.name for t in graph.initializer}]
+    if leftover:
+        raise InputError(f"{dec['filename']} has inputs lockstep would not feed: {leftover}",
+                         field="graph.input", value=leftover,
+                         remedy="wrap a text-only decoder build (input_ids, attention_mask, "
+                                "past_key_values)")
+    past_vi = inputs[pasts[0][0]].type.tensor_type
+    dtype = ELEM_DTYPES.get(past_vi.elem_type)
+    if dtype is None:
+        raise InputError("the build's cache element type is not float32/float16/bfloat16",
+                         field=pasts[0][0], value=past_vi.elem_type,
+                         remedy="build with -p fp32, fp16 or bf16")
+    kv_heads, head = int(dec["num_key_value_heads"]), int(dec["head_size"])
+    state = {}
+    for i, (pk, pv) in enumerate(pasts):
+        for kind, port_in, port_out in (("k", pk, names_out["present_key_names"] % i),
+                                        ("v", pv, names_out["present_value_names"] % i)):
+            state[f"{kind}{i}"] = {"kind": "kv", "component": "target", "input": port_in,
+                                   "output": port_out, "dtype": dtype,
+                                   "shape": [1, kv_heads, 0, head], "seq_axis": 2,
+                                   "update": "append"}
+    origin = {}
+    if (build / "build.json").is_file():
+        origin = json.loads((build / "build.json").read_text())
+    eos = model_cfg.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) else eos
+    bos = model_cfg.get("bos_token_id")
+    spec = {
+        "format": 1,
+        "name": name or f"genai-{build.name}",
+        "description": (f"onnxruntime-genai {origin.get('builder_version', '?')} builder's "
+                        f"{model_cfg.get('type', 'decoder')} model "
+                        f"({origin.get('precision', dtype)}, -e "
+                        f"{origin.get('execution_provider', '?')}), wrapped: attention_mask "
+                        f"computed in the graph"),
+        "vocab_size": int(model_cfg["vocab_size"]),
+        "bos_id": bos, "eos_id": eos,
+        "max_context": int(model_cfg.get("context_length", 2048)),
+        "dtype": dtype,
+        "prompts": prompts or [[bos if bos is not None else 0]],
+        "components": {"target": {"path": COMPONENT_FILE, "inputs": {"tokens": ids},
+                                  "outputs": {"logits": names_out["logits"]}}},
+        "state": state,
+        "decoding": {"greedy": {}, "speculative": None},
+    }
+    staged = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    try:
+        if (build / "tokenizer.json").is_file():
+            shutil.copyfile(build / "tokenizer.json", staged / "tokenizer.json")
+            spec["tokenizer"] = {"kind": "huggingface", "path": "tokenizer.json"}
+        onnx.save(model, str(staged / COMPONENT_FILE))
+        for data in sorted(data_files):  # copied: onnx refuses hard-linked weight files
+            if Path(data).is_absolute() or ".." in Path(data).parts:
+                raise InputError("the build's weights live outside its folder",
+                                 field="external_data.location", value=data,
+                                 remedy="wrap the folder the builder wrote, unmoved")
+            shutil.copyfile(build / data, staged / data)
+        import yaml
+
+        (staged / "package.yaml").write_text(yaml.safe_dump(spec, sort_keys=False,
+                                                            default_flow_style=None, width=100))
+        (staged / ORIGIN_FILE).write_text(json.dumps(
+            {**origin, "build_folder": str(build), "wrapper_key": wrapper_key,
+             "wrapped": "attention_mask computed as ones[1, past + M] in the graph"},
+            indent=2, sort_keys=True) + "\n")
+        if out.exists():
+            out.rmdir()
+        staged.rename(out)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    from engines.package import load_package
+
+    load_package(out)  # every port checked against the graph
+    return out
+
+
+def genai_package_for(build, prompts: list[list[int]] | None = None) -> Path:
+    """The wrapped package of a ``GenaiBuild``, kept beside it in the cache (rewrapped when
+    the build, this module or the prompts change)."""
+    digest = hashlib.sha256(Path(__file__).read_bytes() + build.record["key"].encode()
+                            + json.dumps(prompts).encode()).hexdigest()
+    folder = build.folder.parent / f"{build.folder.name}-package"
+    origin = folder / ORIGIN_FILE
+    if (folder / "package.yaml").is_file() and origin.is_file() \
+            and json.loads(origin.read_text()).get("wrapper_key") == digest:
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)  # a stale wrap (one per build: ~0.5 GB each)
+    return wrap_genai_build(build.folder, folder, f"genai-{build.folder.name}", prompts,
+                            wrapper_key=digest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m engines.backends.genai_package",
+        description="wrap an onnxruntime-genai build as a lockstep package")
+    parser.add_argument("build", help="the folder onnxruntime-genai's builder wrote")
+    parser.add_argument("out", help="the package folder to write (new or empty)")
+    parser.add_argument("--prompts-from", help="a package whose prompts to copy (same "
+                                               "tokenizer)")
+    parser.add_argument("--name", help="the package name (default genai-<build folder>)")
+    args = parser.parse_args(argv)
+    prompts = None
+    if args.prompts_from:
+        from engines.package import load_package
+
+        prompts = [list(p) for p in load_package(args.prompts_from).spec.prompts]
+    try:
+        folder = wrap_genai_build(args.build, args.out, args.name, prompts)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(folder)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+__all__ = ["genai_package_for", "main", "wrap_genai_build"]

@@ -1,0 +1,729 @@
+"""CUDA kernels for the ``lockstep.fused`` nodes (``ops/fused.py``), one launch per node.
+
+Written against ``cuda_kernels``' prelude (storage types with ``lk_load``/``lk_store``), its
+type table and compile options, so a storage type added there is one more instance here.
+``lk_round(T, v)`` rounds a float through storage type T and back: the kernels round where
+the unfused graph stores a value in a narrower dtype, so a float16 graph's chain of
+float16 ops keeps its roundings; only reduction orders differ from the host.
+
+Every kernel is batch-invariant (a row's arithmetic depends on its own operands only: one
+block per row or per (head, query) pair, fixed strides and a fixed tree over the block's
+threads) and capture-safe (shapes from metadata, positions read on the device, outputs and
+scratch from the current allocator on the backend's stream, no host synchronisation).
+Attention reads key slots 0..p for the query at position p and no others; its order over
+keys depends only on the key index, so a verify row and a decode at the same position do
+the same arithmetic.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from string import Template
+
+import numpy as np
+
+from engines.errors import ExecutionError, ResidencyError
+from engines.native.cuda_kernels import _TYPES, COMPILE_OPTIONS, prelude
+
+FUSED_DTYPES = tuple(d for d in ("float32", "float16", "bfloat16") if d in _TYPES)
+BLOCK = 256  # threads for the one-block-per-row and elementwise kernels
+ATTENTION_BLOCK = 128  # threads per (head, query) block
+ATTENTION_MAX_HEAD_DIM = 512
+
+_COMMON = r"""
+// ---- lockstep fused kernels: shared helpers ----
+// A fixed tree over a block: butterfly inside each warp, then warp 0 adds the warps'
+// partials in index order. Every thread gets the result.
+__device__ __forceinline__ float lk_block_sum(float v, float* smem) {
+    v += __shfl_xor_sync(0xffffffffu, v, 16);
+    v += __shfl_xor_sync(0xffffffffu, v, 8);
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    const int warps = blockDim.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < warps; ++w) total += smem[w];
+        smem[32] = total;
+    }
+    __syncthreads();
+    return smem[32];
+}
+
+__device__ __forceinline__ float lk_block_max(float v, float* smem) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    const int warps = blockDim.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = smem[0];
+        for (int w = 1; w < warps; ++w) m = fmaxf(m, smem[w]);
+        smem[32] = m;
+    }
+    __syncthreads();
+    return smem[32];
+}
+"""
+
+_ROUND = r"""
+// v rounded to $T's precision (identity for float)
+__device__ __forceinline__ float lk_round(const $T*, float v) {
+    $T t;
+    lk_store(&t, 0, v);
+    return lk_load(&t, 0);
+}
+"""
+
+_RMS_NORM = r"""
+// One block per row of n: y = x * (1 / sqrt(mean(x * x) + eps)) * gain, rounded to $TI
+// after each op as the unfused graph stores it, then stored as $TO (the folded Cast).
+extern "C" __global__ void rms_norm_${SI}_${SO}(const $TI* __restrict__ x,
+                                                const $TI* __restrict__ gain,
+                                                $TO* __restrict__ out, long long n, float eps) {
+    __shared__ float smem[33];
+    const $TI* R = 0;
+    const long long row = blockIdx.x;
+    const long long base = row * n;
+    float acc = 0.0f;
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = lk_load(x, base + i);
+        acc += lk_round(R, v * v);
+    }
+    const float total = lk_round(R, lk_block_sum(acc, smem));
+    const float mean = lk_round(R, total / (float)n);
+    const float inv = lk_round(R, 1.0f / lk_round(R, sqrtf(lk_round(R, mean + eps))));
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+        const float y = lk_round(R, lk_load(x, base + i) * inv);
+        lk_store(out, base + i, lk_round(R, y * lk_load(gain, i)));
+    }
+}
+"""
+
+_ADD_RMS_NORM = r"""
+// One block per row of n: s = residual + delta (delta read as $TD, the folded Cast up, the
+// sum rounded to $TI), stored as the first output; then RMSNorm of s as rms_norm does,
+// stored as $TO. The second pass recomputes s exactly as the first stored it.
+extern "C" __global__ void add_rms_norm_${SI}_${SD}_${SO}(
+        const $TI* __restrict__ res, const $TD* __restrict__ delta,
+        const $TI* __restrict__ gain, $TI* __restrict__ sum_out, $TO* __restrict__ out,
+        long long n, float eps) {
+    __shared__ float smem[33];
+    const $TI* R = 0;
+    const long long base = (long long)blockIdx.x * n;
+    float acc = 0.0f;
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+        const float s = lk_round(R, lk_load(res, base + i) + lk_round(R, lk_load(delta, base + i)));
+        lk_store(sum_out, base + i, s);
+        acc += lk_round(R, s * s);
+    }
+    const float total = lk_round(R, lk_block_sum(acc, smem));
+    const float mean = lk_round(R, total / (float)n);
+    const float inv = lk_round(R, 1.0f / lk_round(R, sqrtf(lk_round(R, mean + eps))));
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+        const float s = lk_round(R, lk_load(res, base + i) + lk_round(R, lk_load(delta, base + i)));
+        const float y = lk_round(R, s * inv);
+        lk_store(out, base + i, lk_round(R, y * lk_load(gain, i)));
+    }
+}
+"""
+
+_ROTARY = r"""
+// One output element of [B, H, M, D] (C order). x is read through its strides (a
+// transposed view is fine) as $TX and computed in $TC (cos/sin's type: the folded Cast
+// up); a channel's partner is d +- D/2 (halves) or d ^ 1 (pairs), negated when first.
+__device__ __forceinline__ void lk_rotary_${SX}_${SC}_${SO}(
+        const $TX* __restrict__ x, const $TC* __restrict__ cosv, const $TC* __restrict__ sinv,
+        $TO* __restrict__ out, long long idx, long long H, long long M, long long D,
+        long long xb, long long xh, long long xm, long long xd,
+        long long cb, long long ch, long long cm, long long cd,
+        long long sb, long long sh, long long sm, long long sd,
+        int pairs, int has_scale, float scale) {
+    const $TC* C = 0;
+    const long long d = idx % D;
+    long long t = idx / D;
+    const long long m = t % M;
+    t /= M;
+    const long long h = t % H;
+    const long long b = t / H;
+    const long long half = D / 2;
+    long long partner;
+    bool negate;
+    if (pairs) { partner = d ^ 1; negate = (d & 1) == 0; }
+    else if (d < half) { partner = d + half; negate = true; }
+    else { partner = d - half; negate = false; }
+    const long long row = b * xb + h * xh + m * xm;
+    const float xv = lk_round(C, lk_load(x, row + d * xd));
+    float rv = lk_round(C, lk_load(x, row + partner * xd));
+    if (negate) rv = -rv;
+    const float c = lk_load(cosv, b * cb + h * ch + m * cm + d * cd);
+    const float s = lk_load(sinv, b * sb + h * sh + m * sm + d * sd);
+    float y = lk_round(C, lk_round(C, xv * c) + lk_round(C, rv * s));
+    if (has_scale) y = lk_round(C, y * scale);
+    lk_store(out, idx, y);
+}
+
+// One thread per output element.
+extern "C" __global__ void rotary_${SX}_${SC}_${SO}(
+        const $TX* __restrict__ x, const $TC* __restrict__ cosv, const $TC* __restrict__ sinv,
+        $TO* __restrict__ out, long long total, long long H, long long M, long long D,
+        long long xb, long long xh, long long xm, long long xd,
+        long long cb, long long ch, long long cm, long long cd,
+        long long sb, long long sh, long long sm, long long sd,
+        int pairs, int has_scale, float scale) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= total) return;
+    lk_rotary_${SX}_${SC}_${SO}(x, cosv, sinv, out, idx, H, M, D, xb, xh, xm, xd, cb, ch, cm,
+                                cd, sb, sh, sm, sd, pairs, has_scale, scale);
+}
+
+// Two rotations over the same cos/sin rows (a layer's queries and keys) in one launch:
+// threads [0, total_a) rotate a, the rest b; each with its own heads, strides and scale.
+extern "C" __global__ void rotary2_${SX}_${SC}_${SO}(
+        const $TX* __restrict__ xa, $TO* __restrict__ out_a, long long total_a, long long Ha,
+        long long ab, long long ah, long long am, long long ad, int scaled_a, float scale_a,
+        const $TX* __restrict__ xb, $TO* __restrict__ out_b, long long total_b, long long Hb,
+        long long bb, long long bh, long long bm, long long bd, int scaled_b, float scale_b,
+        const $TC* __restrict__ cosv, const $TC* __restrict__ sinv, long long M, long long D,
+        long long cb, long long ch, long long cm, long long cd,
+        long long sb, long long sh, long long sm, long long sd, int pairs) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < total_a) {
+        lk_rotary_${SX}_${SC}_${SO}(xa, cosv, sinv, out_a, idx, Ha, M, D, ab, ah, am, ad, cb,
+                                    ch, cm, cd, sb, sh, sm, sd, pairs, scaled_a, scale_a);
+    } else if (idx - total_a < total_b) {
+        lk_rotary_${SX}_${SC}_${SO}(xb, cosv, sinv, out_b, idx - total_a, Hb, M, D, bb, bh, bm,
+                                    bd, cb, ch, cm, cd, sb, sh, sm, sd, pairs, scaled_b,
+                                    scale_b);
+    }
+}
+"""
+
+_SWIGLU = r"""
+// One thread per element: g * sigmoid(g) * up in $TC (sigmoid split by sign), stored as $TO.
+extern "C" __global__ void swiglu_${SG}_${SC}_${SO}(const $TG* __restrict__ gate,
+                                                   const $TG* __restrict__ up,
+                                                   $TO* __restrict__ out, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const $TC* C = 0;
+    const float g = lk_round(C, lk_load(gate, i));
+    const float u = lk_round(C, lk_load(up, i));
+    const float e = lk_round(C, expf(-fabsf(g)));
+    const float denom = lk_round(C, 1.0f + e);
+    const float sig = g >= 0.0f ? lk_round(C, 1.0f / denom) : lk_round(C, e / denom);
+    lk_store(out, i, lk_round(C, lk_round(C, g * sig) * u));
+}
+"""
+
+_KV_WRITE = r"""
+// One element of the cache [B, H, C, D] (C order): slot c takes the row of new
+// [B, H, M, D] (read through its strides) whose position is c, stored as row + 0 (-0
+// becomes +0, as the one-hot product's sum makes it); every other slot is copied.
+__device__ __forceinline__ void lk_kv_write_${S}(const $T* __restrict__ old,
+                                                 const $T* __restrict__ nw,
+                                                 const long long* __restrict__ pos,
+                                                 $T* __restrict__ out, long long idx,
+                                                 long long H, long long C, long long D,
+                                                 long long M, long long nb, long long nh,
+                                                 long long nm, long long nd) {
+    const long long d = idx % D;
+    long long t = idx / D;
+    const long long c = t % C;
+    t /= C;
+    const long long h = t % H;
+    const long long b = t / H;
+    long long hit = -1;
+    for (long long m = 0; m < M; ++m) if (pos[m] == c) hit = m;
+    if (hit < 0) { out[idx] = old[idx]; return; }
+    lk_store(out, idx, lk_load(nw, b * nb + h * nh + hit * nm + d * nd) + 0.0f);
+}
+
+// One thread per element of one cache.
+extern "C" __global__ void kv_write_${S}(const $T* __restrict__ old, const $T* __restrict__ nw,
+                                         const long long* __restrict__ pos,
+                                         $T* __restrict__ out, long long total, long long H,
+                                         long long C, long long D, long long M,
+                                         long long nb, long long nh, long long nm,
+                                         long long nd) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= total) return;
+    lk_kv_write_${S}(old, nw, pos, out, idx, H, C, D, M, nb, nh, nm, nd);
+}
+
+// Two caches written at the same positions (a layer's keys and values) in one launch:
+// threads [0, total_a) write cache a, the rest cache b.
+extern "C" __global__ void kv_write2_${S}(
+        const $T* __restrict__ old_a, const $T* __restrict__ new_a, $T* __restrict__ out_a,
+        long long total_a, long long H_a, long long D_a, long long ab, long long ah,
+        long long am, long long ad,
+        const $T* __restrict__ old_b, const $T* __restrict__ new_b, $T* __restrict__ out_b,
+        long long total_b, long long H_b, long long D_b, long long bb, long long bh,
+        long long bm, long long bd,
+        const long long* __restrict__ pos, long long C, long long M) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < total_a) {
+        lk_kv_write_${S}(old_a, new_a, pos, out_a, idx, H_a, C, D_a, M, ab, ah, am, ad);
+    } else if (idx - total_a < total_b) {
+        lk_kv_write_${S}(old_b, new_b, pos, out_b, idx - total_a, H_b, C, D_b, M, bb, bh, bm,
+                         bd);
+    }
+}
+"""
+
+_ATTENTION = r"""
+// One block per (head h, query m): the query at position p reads key slots j in [0, p]
+// (and < T) of KV head h / group, nothing else. Scores: a warp per key, lanes over d in
+// float32, a fixed butterfly; rounded to $T (the MatMul's output), then either scaled in
+// $T (uniform) or taken as float32 ($TC, mixed). Softmax in $TC: max, exp, a sum whose
+// order depends on j only (thread j % threads, then the block tree); probabilities
+// rounded to $TC then to $T. Output: thread group g adds keys j = g, g + G, ... ascending,
+// groups then added in order; stored to out[0, m, h * D + d] as $T.
+extern "C" __global__ void attention_${S}_${SC}(
+        const $T* __restrict__ q, const $T* __restrict__ k, const $T* __restrict__ v,
+        const long long* __restrict__ pos, $T* __restrict__ out, float* __restrict__ scratch,
+        long long H, long long M, long long T, long long D, long long group,
+        long long qh, long long qm, long long qd, int has_scale, float scale, int G) {
+    __shared__ float qs[LK_ATT_MAX_D];
+    __shared__ float part[LK_ATT_BLOCK];
+    __shared__ float smem[33];
+    const $T* S = 0;
+    const $TC* C = 0;
+    const long long h = blockIdx.x / M;
+    const long long m = blockIdx.x % M;
+    const long long p = pos[m];
+    const long long L = p < 0 ? 0 : (p + 1 < T ? p + 1 : T);
+    const long long kvh = h / group;
+    const $T* kh = k + kvh * T * D;
+    const $T* vh = v + kvh * T * D;
+    float* s = scratch + blockIdx.x * T;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    for (long long d = tid; d < D; d += blockDim.x) qs[d] = lk_load(q, h * qh + m * qm + d * qd);
+    __syncthreads();
+    for (long long j = warp; j < L; j += warps) {
+        float acc = 0.0f;
+        for (long long d = lane; d < D; d += 32) acc = __fmaf_rn(qs[d], lk_load(kh, j * D + d), acc);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 8);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        float score = lk_round(S, acc);
+        if (has_scale) score = lk_round(C, score * scale);
+        if (lane == 0) s[j] = score;
+    }
+    __syncthreads();
+    float mx = __int_as_float(0xff800000);  // -inf
+    for (long long j = tid; j < L; j += blockDim.x) mx = fmaxf(mx, s[j]);
+    mx = lk_block_max(mx, smem);
+    float acc = 0.0f;
+    for (long long j = tid; j < L; j += blockDim.x) {
+        const float e = lk_round(C, expf(lk_round(C, s[j] - mx)));
+        s[j] = e;
+        acc += e;
+    }
+    const float total = lk_round(C, lk_block_sum(acc, smem));
+    for (long long j = tid; j < L; j += blockDim.x) s[j] = lk_round(S, lk_round(C, s[j] / total));
+    __syncthreads();
+    if (G > 1) {
+        const long long d = tid % D;
+        const int g = tid / D;
+        float o = 0.0f;
+        if (g < G) {
+            for (long long j = g; j < L; j += G) o = o + s[j] * lk_load(vh, j * D + d);
+            part[tid] = o;
+        }
+        __syncthreads();
+        if (g == 0) {
+            float r = 0.0f;
+            for (int i = 0; i < G; ++i) r = r + part[i * D + d];
+            lk_store(out, (m * H + h) * D + d, r);
+        }
+    } else {
+        for (long long d = tid; d < D; d += blockDim.x) {
+            float o = 0.0f;
+            for (long long j = 0; j < L; ++j) o = o + s[j] * lk_load(vh, j * D + d);
+            lk_store(out, (m * H + h) * D + d, o);
+        }
+    }
+}
+"""
+
+
+def _fields(**dtypes: str) -> dict[str, str]:
+    """{"SI": suffix, "TI": storage type, ...} for each role -> dtype name."""
+    out = {}
+    for role, dtype in dtypes.items():
+        suffix, storage, _acc = _TYPES[dtype]
+        out[f"S{role}"], out[f"T{role}"] = suffix, storage
+    return out
+
+
+def fused_source() -> str:
+    """The module: the shared prelude, then every fused kernel for every dtype combination
+    the fused nodes can carry (storage, compute, output)."""
+    parts = [prelude(), f"#define LK_ATT_MAX_D {ATTENTION_MAX_HEAD_DIM}",
+             f"#define LK_ATT_BLOCK {ATTENTION_BLOCK}", _COMMON]
+    for dtype in FUSED_DTYPES:
+        parts.append(Template(_ROUND).substitute(T=_TYPES[dtype][1]))
+    for a, b in itertools.product(FUSED_DTYPES, repeat=2):
+        f = _fields(I=a, O=b)
+        parts.append(Template(_RMS_NORM).substitute(f))
+        parts.append(Template(_ATTENTION).substitute(_fields(C=b), S=_TYPES[a][0],
+                                                      T=_TYPES[a][1]))
+    for a, b, c in itertools.product(FUSED_DTYPES, repeat=3):
+        parts.append(Template(_ADD_RMS_NORM).substitute(_fields(I=a, D=b, O=c)))
+        parts.append(Template(_ROTARY).substitute(_fields(X=a, C=b, O=c)))
+        parts.append(Template(_SWIGLU).substitute(_fields(G=a, C=b, O=c)))
+    for dtype in FUSED_DTYPES:
+        parts.append(Template(_KV_WRITE).substitute(S=_TYPES[dtype][0], T=_TYPES[dtype][1]))
+    return "\n".join(parts)
+
+
+FUSED_SOURCE = fused_source()
+FUSED_NAMES = tuple(re.findall(r'extern "C" __global__ void (\w+)\(', FUSED_SOURCE))
+
+
+def _i64(value: int) -> np.int64:
+    return np.int64(value)
+
+
+def _suffix(dtype, what: str) -> str:
+    name = np.dtype(dtype).name
+    if name not in FUSED_DTYPES:
+        raise ExecutionError(f"no fused CUDA kernel for {what} of dtype {name}",
+                             field=what, value=name,
+                             remedy=f"use one of {', '.join(FUSED_DTYPES)}, or build the plan "
+                                    "with fuse=False")
+    return _TYPES[name][0]
+
+
+def _blocks(count: int, threads: int) -> int:
+    return (count + threads - 1) // threads
+
+
+class FusedKernels:
+    """The compiled module for one device and a launcher per fused node.
+
+    Launchers check shapes and dtypes from metadata, allocate their output (and attention's
+    score scratch) inside ``with device, stream`` so the current allocator serves it, and
+    launch on ``stream``; nothing is read from the device."""
+
+    def __init__(self, device_id: int = 0):
+        from engines.cuda_support import import_cupy
+
+        cupy = import_cupy()
+        self._cupy = cupy
+        self.device_id = int(device_id)
+        with cupy.cuda.Device(self.device_id):
+            module = cupy.RawModule(code=FUSED_SOURCE, options=COMPILE_OPTIONS)
+            self._functions = {name: module.get_function(name) for name in FUSED_NAMES}
+
+    def on(self, stream) -> StreamKernels:
+        """These kernels with every launch on ``stream`` (what a backend holds)."""
+        return StreamKernels(self, stream)
+
+    def _check(self, array, what: str) -> None:
+        cupy = self._cupy
+        if not isinstance(array, cupy.ndarray) or array.device.id != self.device_id:
+            raise ResidencyError(f"{what} does not live on cuda:{self.device_id}", field=what,
+                                 value=type(array).__name__,
+                                 remedy="adopt it to the backend before the forward")
+
+    def _empty(self, shape, dtype, stream):
+        with self._cupy.cuda.Device(self.device_id), stream:
+            return self._cupy.empty(shape, dtype=dtype)
+
+    def _contiguous(self, array, stream):
+        """A C-contiguous copy (or ``array`` itself); a bfloat16 array's bits move as uint16,
+        since CuPy computes nothing in bfloat16."""
+        if array.flags.c_contiguous:
+            return array
+        with self._cupy.cuda.Device(self.device_id), stream:
+            if array.dtype.name == "bfloat16":
+                bits = self._cupy.ascontiguousarray(array.view(np.uint16))
+                return bits.view(array.dtype)
+            return self._cupy.ascontiguousarray(array)
+
+    def _launch(self, name, blocks, threads, args, stream) -> None:
+        self._functions[name]((int(blocks),), (int(threads),), args, stream=stream)
+
+    def rms_norm(self, x, gain, eps: float, out_dtype, *, stream):
+        """[..., n] rows normalised over n, times gain [n]; the result in ``out_dtype``."""
+        self._check(x, "x")
+        self._check(gain, "gain")
+        n = x.shape[-1]
+        if gain.shape != (n,) or gain.dtype != x.dtype:
+            raise ExecutionError("RMSNorm's gain must be [n] in x's dtype", field="gain",
+                                 value=(tuple(gain.shape), gain.dtype.name),
+                                 remedy=f"a {x.dtype.name} gain of shape ({n},)")
+        name = f"rms_norm_{_suffix(x.dtype, 'x')}_{_suffix(out_dtype, 'out')}"
+        x = self._contiguous(x, stream)
+        out = self._empty(x.shape, out_dtype, stream)
+        rows = x.size // n if n else 0
+        if rows:
+            self._launch(name, rows, BLOCK, (x, self._contiguous(gain, stream), out, _i64(n),
+                                             np.float32(eps)), stream)
+        return out
+
+    def add_rms_norm(self, residual, delta, gain, eps: float, out_dtype, *, stream):
+        """(residual + delta, RMSNorm of it): delta of any float dtype is added in
+        residual's dtype; both [..., n]."""
+        self._check(residual, "residual")
+        self._check(delta, "delta")
+        self._check(gain, "gain")
+        n = residual.shape[-1]
+        if delta.shape != residual.shape or gain.shape != (n,) or gain.dtype != residual.dtype:
+            raise ExecutionError("AddRMSNorm's operands do not match", field="delta",
+                                 value=(tuple(residual.shape), tuple(delta.shape),
+                                        tuple(gain.shape)),
+                                 remedy=f"residual and delta of one shape, a gain of ({n},)")
+        name = (f"add_rms_norm_{_suffix(residual.dtype, 'residual')}_"
+                f"{_suffix(delta.dtype, 'delta')}_{_suffix(out_dtype, 'out')}")
+        residual = self._contiguous(residual, stream)
+        delta = self._contiguous(delta, stream)
+        total = self._empty(residual.shape, residual.dtype, stream)
+        out = self._empty(residual.shape, out_dtype, stream)
+        rows = residual.size // n if n else 0
+        if rows:
+            self._launch(name, rows, BLOCK, (residual, delta, self._contiguous(gain, stream),
+                                             total, out, _i64(n), np.float32(eps)), stream)
+        return total, out
+
+    def rotary(self, x, cos, sin, layout: str, compute_dtype, scale, out_dtype, *, stream):
+        """x [B, H, M, D] (any strides) rotated with cos/sin broadcast to it."""
+        for value, what in ((x, "x"), (cos, "cos"), (sin, "sin")):
+            self._check(value, what)
+        shape = tuple(x.shape)
+        try:
+            cos_b = self._cupy.broadcast_to(cos, shape)
+            sin_b = self._cupy.broadcast_to(sin, shape)
+        except ValueError:
+            raise ExecutionError("cos/sin do not broadcast to x", field="cos",
+                                 value=(tuple(cos.shape), shape),
+                                 remedy="feed tables of shape [1, 1, M, head_dim]") from None
+        name = (f"rotary_{_suffix(x.dtype, 'x')}_{_suffix(compute_dtype, 'cos')}_"
+                f"{_suffix(out_dtype, 'out')}")
+        out = self._empty(shape, out_dtype, stream)
+        total = out.size
+        if total:
+            strides = [s // a.itemsize for a in (x, cos_b, sin_b) for s in a.strides]
+            self._launch(name, _blocks(total, BLOCK), BLOCK,
+                         (x, cos_b, sin_b, out, _i64(total), _i64(shape[1]), _i64(shape[2]),
+                          _i64(shape[3]), *map(_i64, strides), np.int32(layout == "pairs"),
+                          np.int32(scale is not None),
+                          np.float32(0.0 if scale is None else scale)), stream)
+        return out
+
+    def _broadcast_strides(self, table, shape, what: str) -> list[int]:
+        try:
+            view = self._cupy.broadcast_to(table, shape)
+        except ValueError:
+            raise ExecutionError(f"{what} does not broadcast to x", field=what,
+                                 value=(tuple(table.shape), shape),
+                                 remedy="feed tables of shape [1, 1, M, head_dim]") from None
+        return [st // view.itemsize for st in view.strides]
+
+    def rotary2(self, xa, xb, cos, sin, layout: str, compute_dtype, scale_a, scale_b,
+                out_dtype, *, stream):
+        """Two ``rotary``s over the same cos/sin in one launch (queries and keys: their
+        heads and scales may differ; dtype, M and head_dim may not, else two launches)."""
+        for value, what in ((xa, "xa"), (xb, "xb"), (cos, "cos"), (sin, "sin")):
+            self._check(value, what)
+        shape_a, shape_b = tuple(xa.shape), tuple(xb.shape)
+        tables_a = (self._broadcast_strides(cos, shape_a, "cos")
+                    + self._broadcast_strides(sin, shape_a, "sin"))
+        tables_b = (self._broadcast_strides(cos, shape_b, "cos")
+                    + self._broadcast_strides(sin, shape_b, "sin"))
+        if xa.dtype != xb.dtype or shape_a[0] != shape_b[0] or shape_a[2:] != shape_b[2:] \
+                or tables_a != tables_b:
+            return (self.rotary(xa, cos, sin, layout, compute_dtype, scale_a, out_dtype,
+                                stream=stream),
+                    self.rotary(xb, cos, sin, layout, compute_dtype, scale_b, out_dtype,
+                                stream=stream))
+        name = (f"rotary2_{_suffix(xa.dtype, 'x')}_{_suffix(compute_dtype, 'cos')}_"
+                f"{_suffix(out_dtype, 'out')}")
+        out_a = self._empty(shape_a, out_dtype, stream)
+        out_b = self._empty(shape_b, out_dtype, stream)
+        total = out_a.size + out_b.size
+        if total:
+            def part(x, out, scale):
+                strides = [st // x.itemsize for st in x.strides]
+                return (x, out, _i64(out.size), _i64(x.shape[1]), *map(_i64, strides),
+                        np.int32(scale is not None),
+                        np.float32(0.0 if scale is None else scale))
+
+            self._launch(name, _blocks(total, BLOCK), BLOCK,
+                         (*part(xa, out_a, scale_a), *part(xb, out_b, scale_b),
+                          self._cupy.broadcast_to(cos, shape_a),
+                          self._cupy.broadcast_to(sin, shape_a), _i64(shape_a[2]),
+                          _i64(shape_a[3]), *map(_i64, tables_a),
+                          np.int32(layout == "pairs")), stream)
+        return out_a, out_b
+
+    def swiglu(self, gate, up, compute_dtype, out_dtype, *, stream):
+        self._check(gate, "gate")
+        self._check(up, "up")
+        name = (f"swiglu_{_suffix(gate.dtype, 'gate')}_{_suffix(compute_dtype, 'compute')}_"
+                f"{_suffix(out_dtype, 'out')}")
+        gate, up = self._contiguous(gate, stream), self._contiguous(up, stream)
+        out = self._empty(gate.shape, out_dtype, stream)
+        if out.size:
+            self._launch(name, _blocks(out.size, BLOCK), BLOCK,
+                         (gate, up, out, _i64(out.size)), stream)
+        return out
+
+    def _positions(self, positions, count: int, stream):
+        self._check(positions, "positions")
+        if positions.dtype != np.int64 or positions.size != count:
+            raise ExecutionError(f"positions must be {count} int64 values",
+                                 field="positions",
+                                 value=(tuple(positions.shape), positions.dtype.name),
+                                 remedy="feed position_ids as int64 [1, M]")
+        return self._contiguous(positions, stream)
+
+    def kv_write(self, old, new, positions, *, stream):
+        """A copy of the cache old [B, H, C, D] with slot positions[m] = new[:, :, m]."""
+        self._check(old, "old")
+        self._check(new, "new")
+        b, h, c, d = old.shape
+        if new.ndim != 4 or (new.shape[0], new.shape[1], new.shape[3]) != (b, h, d) \
+                or new.dtype != old.dtype:
+            raise ExecutionError("new rows do not fit the cache", field="new",
+                                 value=(tuple(new.shape), new.dtype.name),
+                                 remedy=f"[{b}, {h}, M, {d}] rows in {old.dtype.name}")
+        m = new.shape[2]
+        pos = self._positions(positions, m, stream)
+        name = f"kv_write_{_suffix(old.dtype, 'old')}"
+        old = self._contiguous(old, stream)
+        out = self._empty(old.shape, old.dtype, stream)
+        if out.size:
+            strides = [s // new.itemsize for s in new.strides]
+            self._launch(name, _blocks(out.size, BLOCK), BLOCK,
+                         (old, new, pos, out, _i64(out.size), _i64(h), _i64(c), _i64(d),
+                          _i64(m), *map(_i64, strides)), stream)
+        return out
+
+    def _kv_operands(self, old, new, stream):
+        self._check(old, "old")
+        self._check(new, "new")
+        b, h, c, d = old.shape
+        if new.ndim != 4 or (new.shape[0], new.shape[1], new.shape[3]) != (b, h, d) \
+                or new.dtype != old.dtype:
+            raise ExecutionError("new rows do not fit the cache", field="new",
+                                 value=(tuple(new.shape), new.dtype.name),
+                                 remedy=f"[{b}, {h}, M, {d}] rows in {old.dtype.name}")
+        old = self._contiguous(old, stream)
+        out = self._empty(old.shape, old.dtype, stream)
+        strides = [s // new.itemsize for s in new.strides]
+        return old, out, (_i64(out.size), _i64(h), _i64(d), *map(_i64, strides))
+
+    def kv_write2(self, old_a, new_a, old_b, new_b, positions, *, stream):
+        """Two ``kv_write``s at the same positions in one launch (same dtype, slots and
+        rows; otherwise two launches)."""
+        if old_a.dtype != old_b.dtype or old_a.ndim != 4 or old_b.ndim != 4 \
+                or old_a.shape[2] != old_b.shape[2] or new_a.shape[2:3] != new_b.shape[2:3]:
+            return (self.kv_write(old_a, new_a, positions, stream=stream),
+                    self.kv_write(old_b, new_b, positions, stream=stream))
+        old_a, out_a, args_a = self._kv_operands(old_a, new_a, stream)
+        old_b, out_b, args_b = self._kv_operands(old_b, new_b, stream)
+        m = new_a.shape[2]
+        pos = self._positions(positions, m, stream)
+        name = f"kv_write2_{_suffix(old_a.dtype, 'old')}"
+        total = out_a.size + out_b.size
+        if total:
+            self._launch(name, _blocks(total, BLOCK), BLOCK,
+                         (old_a, new_a, out_a, *args_a, old_b, new_b, out_b, *args_b, pos,
+                          _i64(old_a.shape[2]), _i64(m)), stream)
+        return out_a, out_b
+
+    def attention(self, q, k, v, positions, kv_heads: int, group: int, scale, score_dtype,
+                  *, stream):
+        """q [1, H, M, D] (any strides), k/v [1, kv_heads, T, D] -> [1, M, H * D]."""
+        for value, what in ((q, "q"), (k, "k_all"), (v, "v_all")):
+            self._check(value, what)
+        _, heads, m, d = q.shape
+        t = k.shape[2]
+        if heads != kv_heads * group or k.shape != (1, kv_heads, t, d) or v.shape != k.shape:
+            raise ExecutionError("attention operands do not match the recognised heads",
+                                 field="k_all", value=(tuple(q.shape), tuple(k.shape),
+                                                       tuple(v.shape)),
+                                 remedy=f"q [1, {kv_heads * group}, M, D], k/v "
+                                        f"[1, {kv_heads}, T, D]")
+        if d > ATTENTION_MAX_HEAD_DIM:
+            raise ExecutionError("head_dim is larger than the fused attention takes",
+                                 field="head_dim", value=d,
+                                 remedy=f"at most {ATTENTION_MAX_HEAD_DIM}, or fuse=False")
+        if not (q.dtype == k.dtype == v.dtype):
+            raise ExecutionError("q, k and v differ in dtype", field="dtype",
+                                 value=(q.dtype.name, k.dtype.name, v.dtype.name),
+                                 remedy="cast them to one dtype")
+        pos = self._positions(positions, m, stream)
+        name = f"attention_{_suffix(q.dtype, 'q')}_{_suffix(score_dtype, 'scores')}"
+        k, v = self._contiguous(k, stream), self._contiguous(v, stream)
+        out = self._empty((1, m, heads * d), q.dtype, stream)
+        if out.size == 0:
+            return out
+        scratch = self._empty((heads * m * max(t, 1),), np.float32, stream)
+        groups = ATTENTION_BLOCK // d if d <= ATTENTION_BLOCK else 1
+        qs = [s // q.itemsize for s in q.strides[1:]]
+        self._launch(name, heads * m, ATTENTION_BLOCK,
+                     (q, k, v, pos, out, scratch, _i64(heads), _i64(m), _i64(t), _i64(d),
+                      _i64(group), *map(_i64, qs), np.int32(scale is not None),
+                      np.float32(0.0 if scale is None else scale), np.int32(groups)), stream)
+        return out
+
+
+class StreamKernels:
+    """``FusedKernels`` bound to one stream: the op kernels call these."""
+
+    def __init__(self, kernels: FusedKernels, stream):
+        self.kernels = kernels
+        self.stream = stream
+
+    def rms_norm(self, x, gain, eps, out_dtype):
+        return self.kernels.rms_norm(x, gain, eps, out_dtype, stream=self.stream)
+
+    def add_rms_norm(self, residual, delta, gain, eps, out_dtype):
+        return self.kernels.add_rms_norm(residual, delta, gain, eps, out_dtype,
+                                         stream=self.stream)
+
+    def rotary(self, x, cos, sin, layout, compute_dtype, scale, out_dtype):
+        return self.kernels.rotary(x, cos, sin, layout, compute_dtype, scale, out_dtype,
+                                   stream=self.stream)
+
+    def rotary2(self, xa, xb, cos, sin, layout, compute_dtype, scale_a, scale_b, out_dtype):
+        return self.kernels.rotary2(xa, xb, cos, sin, layout, compute_dtype, scale_a, scale_b,
+                                    out_dtype, stream=self.stream)
+
+    def swiglu(self, gate, up, compute_dtype, out_dtype):
+        return self.kernels.swiglu(gate, up, compute_dtype, out_dtype, stream=self.stream)
+
+    def kv_write(self, old, new, positions):
+        return self.kernels.kv_write(old, new, positions, stream=self.stream)
+
+    def kv_write2(self, old_a, new_a, old_b, new_b, positions):
+        return self.kernels.kv_write2(old_a, new_a, old_b, new_b, positions,
+                                      stream=self.stream)
+
+    def attention(self, q, k, v, positions, kv_heads, group, scale, score_dtype):
+        return self.kernels.attention(q, k, v, positions, kv_heads, group, scale, score_dtype,
+                                      stream=self.stream)
+
+
+_COMPILED: dict[int, FusedKernels] = {}
+
+
+def get_fused_kernels(device_id: int = 0) -> FusedKernels:
+    """The compiled fused kernels for ``device_id``, compiled once per process."""
+    kernels = _COMPILED.get(int(device_id))
+    if kernels is None:
+        kernels = _COMPILED[int(device_id)] = FusedKernels(device_id)
+    return kernels

@@ -1,0 +1,37 @@
+"""Option values the subcommands share, checked once: an empty list, a repeated name or a
+count that is not positive is refused here (``InputError`` naming the option), because
+argparse alone would let ``--engines ""`` mean "every engine" and ``--max-prompts 0`` mean
+"all prompts"."""
+from __future__ import annotations
+
+from engines.errors import InputError
+
+
+def name_list(text: str | None, option: str) -> list[str] | None:
+    """``"a,b"`` -> ["a", "b"]; None when the option was not given at all.
+
+    Given but empty (``--engines ""``, ``--engines ,``) or naming one entry twice is an
+    ``InputError``: an empty list would otherwise fall back to the default (everything),
+    and a repeated one would run the same cells twice."""
+    if text is None:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise InputError(f"{option} names nothing", field=option, value=text,
+                         remedy=f"name at least one, comma separated, or leave {option} out "
+                                f"for the default")
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InputError(f"{option} names {name!r} twice", field=option, value=text,
+                             remedy=f"name each once: {','.join(dict.fromkeys(names))}")
+        seen.add(name)
+    return names
+
+
+def positive_int(value: int | None, option: str) -> int | None:
+    """None (not given) or an integer >= 1; 0 or a negative count is an ``InputError``."""
+    if value is not None and value < 1:
+        raise InputError(f"{option} must be at least 1", field=option, value=value,
+                         remedy=f"pass {option} N with N >= 1, or leave it out for all")
+    return value

@@ -1,0 +1,89 @@
+"""``lockstep bench-forward``: single forwards timed engine beside engine, a prefill of L
+tokens and a forward of M rows after a prefix (a verification's shape) against M = 1
+(``harness/forward_bench.py``, ``docs/PERFORMANCE.md``)."""
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from engines.errors import InputError
+
+
+def parse_lengths(text: str, option: str) -> list[int]:
+    """``"1,2,5"`` -> [1, 2, 5]; anything else names the option, the value and the form."""
+    values = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part.isdigit() or int(part) < 1:
+            raise InputError(f"{option} takes a comma list of positive integers",
+                             field=option, value=text, remedy=f"e.g. {option} 1,2,3,4,5")
+        values.append(int(part))
+    if len(set(values)) != len(values):
+        raise InputError(f"{option} names a length twice", field=option, value=text,
+                         remedy="name each length once")
+    return values
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench-forward", help="single forwards per engine, side by side: a "
+                                             "prefill of L tokens, and M rows after a prefix "
+                                             "as a ratio to M=1")
+    p.add_argument("--engines", required=True, help="comma list; the first is the prefill "
+                                                    "ratios' baseline")
+    p.add_argument("--packages", required=True,
+                   help="comma list of fixture names or package folders")
+    p.add_argument("--prefill", default="", metavar="L,...",
+                   help="prompt lengths timed as one forward from position 0 (e.g. 512)")
+    p.add_argument("--rows", default="1,2,3,4,5", metavar="M,...",
+                   help="rows per forward timed after the prefix (default 1,2,3,4,5; "
+                        "M=1 is the decode forward every ratio is taken against)")
+    p.add_argument("--prefix", type=int, default=64,
+                   help="positions in the cache before a rows forward (default 64)")
+    p.add_argument("--repeats", type=int, default=10, help="timed forwards per shape (default 10)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed forwards per shape first: graph captures (default 2)")
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON")
+    p.set_defaults(func=run)
+
+
+def _table(rows) -> Table:
+    table = Table(title="single forwards (median ms, its token on the host)")
+    for col in ("package", "engine", "forward", "prefix", "ms", "spread", "ratio", "note"):
+        table.add_column(col, justify="right" if col in ("prefix", "ms", "spread", "ratio")
+                         else "left")
+    for r in rows:
+        shape = f"prefill {r.tokens}" if r.kind == "prefill" else f"M={r.tokens}"
+        ratio = "" if r.ratio is None else (f"{r.ratio:.2f}x vs M=1" if r.kind == "rows"
+                                            else f"{r.ratio:.2f}x vs first engine")
+        table.add_row(r.package, r.engine, shape, str(r.prefix),
+                      "" if r.ms is None else f"{r.ms:.3f}",
+                      "" if r.spread is None else f"{r.spread:.0%}", ratio,
+                      r.reason if r.status != "ok" else "")
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.forward_bench import bench_forwards, write_json
+
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    packages = [p.strip() for p in args.packages.split(",") if p.strip()]
+    if not engines or not packages:
+        raise InputError("bench-forward needs engines and packages", field="--engines/--packages",
+                         value=(args.engines, args.packages), remedy="name one or more of each")
+    prefill = parse_lengths(args.prefill, "--prefill") if args.prefill else []
+    rows = parse_lengths(args.rows, "--rows") if args.rows else []
+    if rows and 1 not in rows:
+        rows = [1, *rows]  # the ratio's denominator
+    console = Console(width=shutil.get_terminal_size((160, 24)).columns)
+    result = bench_forwards(engines, packages, prefill=prefill, rows=rows, prefix=args.prefix,
+                            repeats=args.repeats, warmup=args.warmup,
+                            on_step=lambda text: console.print(text, highlight=False))
+    console.print(_table(result))
+    if args.json is not None:
+        settings = {"engines": engines, "packages": packages, "prefill": prefill, "rows": rows,
+                    "prefix": args.prefix, "repeats": args.repeats, "warmup": args.warmup}
+        console.print(f"json: {write_json(result, args.json, settings).resolve()}")
+    return 1 if any(r.status == "error" for r in result) else 0

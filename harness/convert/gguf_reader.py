@@ -1,0 +1,282 @@
+"""GGUF checkpoints through the ``gguf`` package (the format's own library).
+
+Dequantization is ``gguf.quants.dequantize``, the reference implementation of every type
+the library knows (F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1, the K-quants, ...), to float32;
+the package writer rounds once more only when the package is float16. What this module
+adds is the plumbing: GGUF's reversed dimension order, the llama.cpp tensor names mapped
+to the graph's weight keys, ``[out, in]`` rows turned into ``[in, out]`` matrices, and a
+refusal, naming it, of anything the LLaMA graph cannot represent.
+
+RoPE: llama.cpp's converter permuted the ``llama`` Q/K rows so rotation pairs adjacent
+channels; those weights are kept as stored and the graph rotates pairs. ``qwen2`` and
+``qwen3`` GGUFs were not permuted and rotate halves. Llama 3.x scaling arrives as the
+``rope_freqs`` tensor (one divisor per frequency), linear scaling as metadata.
+
+Metadata under ``<arch>.`` must be on ``ARCH_KEYS`` (read, or known not to change the
+forward): an unknown key refuses the file, so a variant is never converted silently.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from harness.convert import errors
+from harness.convert.checkpoint import Architecture, Checkpoint
+
+# llama.cpp tensor name -> graph weight key (per block: {i})
+BLOCK_TENSORS = {
+    "attn_norm.weight": "attn_norm", "attn_q.weight": "wq", "attn_k.weight": "wk",
+    "attn_v.weight": "wv", "attn_output.weight": "wo", "ffn_norm.weight": "mlp_norm",
+    "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up", "ffn_down.weight": "w_down",
+    "attn_q.bias": "bq", "attn_k.bias": "bk", "attn_v.bias": "bv",
+    "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
+    "attn_output.bias": "bo", "ffn_gate.bias": "b_gate", "ffn_up.bias": "b_up",
+    "ffn_down.bias": "b_down",
+}
+GLOBAL_TENSORS = {"token_embd.weight": "embed", "output_norm.weight": "final_norm",
+                  "output.weight": "head"}
+# matrices stored [out, in] (GGUF ne reversed) whose graph layout is [in, out]
+TRANSPOSED = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "head"}
+ROPE_LAYOUT = {"llama": "pairs", "granite": "pairs", "qwen2": "halves", "qwen3": "halves",
+               "olmo2": "halves", "phi3": "halves"}
+# per architecture: block tensors that differ from BLOCK_TENSORS' meaning
+ARCH_BLOCK_TENSORS = {
+    "olmo2": {"post_attention_norm.weight": "attn_post_norm",
+              "post_ffw_norm.weight": "mlp_post_norm"},
+    "phi3": {"attn_qkv.weight": "fused:qkv", "ffn_up.weight": "fused:gate_up"},
+}
+FUSED = {"fused:qkv": ("wq", "wk", "wv"), "fused:gate_up": ("w_gate", "w_up")}
+# Granite's four multipliers: metadata key -> Architecture field
+GRANITE_SCALES = {"embedding_scale": "embed_scale", "attention.scale": "attn_scale",
+                  "residual_scale": "residual_scale", "logit_scale": "logits_divisor"}
+ROPE_FREQS = "rope_freqs.weight"
+# <arch>.* metadata the reader reads, or that does not change the forward
+ARCH_KEYS = frozenset({
+    "context_length", "embedding_length", "block_count", "feed_forward_length",
+    "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
+    "attention.key_length", "attention.value_length", "rope.freq_base",
+    "rope.dimension_count", "rope.scaling.type", "rope.scaling.factor",
+    "rope.scaling.original_context_length", "rope.scaling.finetuned", "vocab_size",
+})
+ARCH_EXTRA_KEYS = {"granite": frozenset(GRANITE_SCALES),
+                   "phi3": frozenset({"attention.sliding_window"})}
+_BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError:
+        from engines.errors import EngineUnavailable
+
+        raise EngineUnavailable("reading GGUF checkpoints needs the gguf package",
+                                field="gguf", value=None,
+                                remedy="pip install 'lockstep[real]' (or make real)") from None
+    return gguf
+
+
+def open_gguf(path: str | Path):
+    """A ``gguf.GGUFReader`` (memory-mapped), or an InputError if the file is not GGUF."""
+    gguf = _gguf()
+    path = Path(path)
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError / struct errors on bad bytes
+        raise errors.InputError(f"{path.name} is not a readable GGUF file: {exc}",
+                                field="checkpoint", value=str(path),
+                                remedy="pass a .gguf file or a Hugging Face folder "
+                                       "(config.json + *.safetensors)",
+                                where=str(path)) from None
+
+
+def field_value(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def dequantize_tensor(tensor, where: str = "") -> np.ndarray:
+    """One ``ReaderTensor`` as float32 in numpy order (GGUF's ``ne`` reversed)."""
+    gguf = _gguf()
+    qtype = tensor.tensor_type
+    try:
+        values = gguf.quants.dequantize(np.asarray(tensor.data), qtype)
+    except NotImplementedError:
+        raise errors.unsupported_tensor_type(qtype.name, tensor.name, where) from None
+    shape = tuple(int(d) for d in reversed([int(x) for x in tensor.shape]))
+    return np.ascontiguousarray(values.astype(np.float32, copy=False).reshape(shape))
+
+
+def read_architecture(reader, where: str) -> Architecture:
+    arch = field_value(reader, "general.architecture")
+    if arch not in errors.SUPPORTED_GGUF_ARCHITECTURES:
+        raise errors.unsupported_architecture(str(arch), where, "general.architecture",
+                                              errors.SUPPORTED_GGUF_ARCHITECTURES)
+
+    def need(key: str):
+        value = field_value(reader, f"{arch}.{key}")
+        if value is None:
+            raise errors.InputError(f"the GGUF metadata lacks {arch}.{key}",
+                                    field=f"{arch}.{key}", value=None,
+                                    remedy="re-export the checkpoint with a current llama.cpp "
+                                           "converter", where=where)
+        return value
+
+    for key in sorted(reader.fields):
+        known = ARCH_KEYS | ARCH_EXTRA_KEYS.get(arch, frozenset())
+        if key.startswith(f"{arch}.") and key[len(arch) + 1:] not in known:
+            raise errors.InputError(f"the GGUF metadata {key} is not modelled: converting would "
+                                    f"risk building a different model", field=key,
+                                    value=field_value(reader, key),
+                                    remedy="convert a checkpoint without it, or teach "
+                                           "harness/convert/gguf_reader.py what it means",
+                                    where=where)
+    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    kv_heads = int(field_value(reader, f"{arch}.attention.head_count_kv", heads))
+    head_dim = int(field_value(reader, f"{arch}.attention.key_length", hidden // heads))
+    value_dim = int(field_value(reader, f"{arch}.attention.value_length", head_dim))
+    if value_dim != head_dim:
+        raise errors.InputError("values and keys of different widths are not modelled",
+                                field=f"{arch}.attention.value_length", value=value_dim,
+                                remedy=f"convert a checkpoint whose value length is {head_dim}",
+                                where=where)
+    rot = int(field_value(reader, f"{arch}.rope.dimension_count", head_dim))
+    if rot != head_dim:
+        raise errors.InputError(f"partial rotary embedding ({rot} of {head_dim} channels) is "
+                                f"not modelled by the LLaMA graph",
+                                field=f"{arch}.rope.dimension_count", value=rot,
+                                remedy="convert a checkpoint that rotates every head channel",
+                                where=where)
+    # the embedding's rows are the vocabulary the graph computes logits over
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embd is None:
+        raise errors.missing_weights(["token_embd.weight"], where)
+    vocab = int(embd.shape[1])
+    names = {t.name for t in reader.tensors}
+    return Architecture(
+        family=arch, layers=int(need("block_count")), hidden=hidden, heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, ffn=int(need("feed_forward_length")),
+        vocab=int(vocab), context=int(need("context_length")),
+        rope_base=float(field_value(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rms_eps=float(need("attention.layer_norm_rms_epsilon")),
+        rope_layout=ROPE_LAYOUT[arch],
+        tied="output.weight" not in names,
+        attention_bias=any(n.endswith("attn_q.bias") for n in names),
+        output_bias=any(n.endswith("attn_output.bias") for n in names),
+        mlp_bias=any(n.endswith("ffn_gate.bias") for n in names),
+        qk_norm=("none" if not any(n.endswith("attn_q_norm.weight") for n in names)
+                 else "full" if arch == "olmo2" else "head"),
+        norm_placement="post" if arch == "olmo2" else "pre",
+        rope_scaling=_rope_scaling(reader, arch, head_dim, where),
+        sliding_window=_window(reader, arch),
+        **_granite_scales(reader, arch, where))
+
+
+def _window(reader, arch: str) -> int | None:
+    window = field_value(reader, f"{arch}.attention.sliding_window")
+    return int(window) if window else None
+
+
+def _granite_scales(reader, arch: str, where: str) -> dict:
+    if arch != "granite":
+        return {}
+    out = {}
+    for key, name in GRANITE_SCALES.items():
+        value = field_value(reader, f"{arch}.{key}")
+        if value is None or not float(value) > 0:
+            raise errors.InputError(f"Granite's {key} is part of the model", field=f"{arch}.{key}",
+                                    value=value, remedy="re-export the checkpoint with every "
+                                    "Granite multiplier", where=where)
+        out[name] = float(value)
+    return out
+
+
+def _rope_scaling(reader, arch: str, head_dim: int, where: str) -> tuple | None:
+    """Linear scaling from metadata; Llama 3.x's from the rope_freqs tensor."""
+    kind = field_value(reader, f"{arch}.rope.scaling.type")
+    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    if kind not in (None, "none", "linear"):
+        raise errors.InputError(f"RoPE scaling {kind!r} is not modelled by the LLaMA graph",
+                                field=f"{arch}.rope.scaling.type", value=kind,
+                                remedy="convert a checkpoint with linear, Llama 3 "
+                                       "(rope_freqs) or no RoPE scaling", where=where)
+    if kind == "linear" and freqs is not None:
+        raise errors.InputError("linear RoPE scaling and rope_freqs together are not modelled",
+                                field=f"{arch}.rope.scaling.type", value=kind,
+                                remedy="convert a checkpoint with one of the two", where=where)
+    if kind == "linear":
+        return (("rope_type", "linear"),
+                ("factor", float(field_value(reader, f"{arch}.rope.scaling.factor", 1.0))))
+    if freqs is None:
+        return None
+    factors = dequantize_tensor(freqs, where).reshape(-1)
+    if factors.size != head_dim // 2:
+        raise errors.bad_shape(ROPE_FREQS, factors.shape, (head_dim // 2,), where)
+    return (("rope_type", "freq_factors"),
+            ("factors", tuple(float(f) for f in factors)))
+
+
+def weight_key(name: str, arch: str = "llama") -> str | None:
+    """llama.cpp tensor name -> graph weight key, or None for a tensor the graph lacks
+    (Phi3's fused tensors map to ``fused:...`` keys, split by ``read_weights``)."""
+    if name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[name]
+    match = _BLOCK_NAME.match(name)
+    table = {**BLOCK_TENSORS, **ARCH_BLOCK_TENSORS.get(arch, {})}
+    if arch == "olmo2":  # its post_attention_norm follows attention; it has no ffn_norm
+        table.pop("ffn_norm.weight")
+    if match and match.group(2) in table:
+        return f"l{int(match.group(1))}.{table[match.group(2)]}"
+    return None
+
+
+def _split_fused(weights: dict, arch: Architecture, where: str) -> None:
+    """Phi3: attn_qkv rows are [q | k | v], ffn_up rows [gate | up] (graph layout after the
+    transpose: columns)."""
+    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    sizes = {"fused:qkv": (q, kv, kv), "fused:gate_up": (arch.ffn, arch.ffn)}
+    for key in [k for k in weights if ".fused:" in k]:
+        layer, fused = key.split(".", 1)
+        value = weights.pop(key)
+        if value.shape[1] != sum(sizes[fused]):
+            raise errors.bad_shape(key, value.shape, (value.shape[0], sum(sizes[fused])), where)
+        start = 0
+        for part, size in zip(FUSED[fused], sizes[fused]):
+            weights[f"{layer}.{part}"] = np.ascontiguousarray(value[:, start:start + size])
+            start += size
+
+
+def read_weights(reader, arch: Architecture, where: str) -> dict[str, np.ndarray]:
+    unknown = [t.name for t in reader.tensors
+               if weight_key(t.name, arch.family) is None and t.name != ROPE_FREQS]
+    if unknown:
+        raise errors.unexpected_tensors(unknown, where)
+    weights = {}
+    for tensor in reader.tensors:
+        if tensor.name == ROPE_FREQS:  # read by read_architecture
+            continue
+        key = weight_key(tensor.name, arch.family)
+        value = dequantize_tensor(tensor, where)
+        short = key.split(".")[-1]
+        weights[key] = np.ascontiguousarray(value.T) \
+            if short in TRANSPOSED or short.startswith("fused:") else value
+    _split_fused(weights, arch, where)
+    return weights
+
+
+def read_gguf(path: str | Path, with_tokenizer: bool = True) -> Checkpoint:
+    """The whole checkpoint: hyperparameters, float32 weights, tokenizer (if asked)."""
+    from harness.convert.tokenizer_builder import special_ids, tokenizer_from_gguf
+
+    path = Path(path)
+    where = str(path)
+    reader = open_gguf(path)
+    arch = read_architecture(reader, where)
+    weights = read_weights(reader, arch, where)
+    tokenizer = tokenizer_from_gguf(reader, where) if with_tokenizer else None
+    bos, eos = special_ids(reader)
+    name = field_value(reader, "general.name") or path.stem
+    return Checkpoint(name=str(name), source_kind="gguf", source_path=path, arch=arch,
+                      weights=weights, tokenizer=tokenizer, bos_id=bos, eos_id=eos,
+                      chat_template=field_value(reader, "tokenizer.chat_template"))

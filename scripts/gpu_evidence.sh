@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# A whole GPU evidence session in two device calls, each under the device's 10-minute limit.
+#   correctness CHECKPOINT: the nightly run (scripts/gpu_run.sh: GPU suites, matrix) with the
+#     SmolLM2 conversions made beside it on the CPU; then SmolLM2 parity in
+#     float32/float16/bfloat16 on native-cuda, ort-cuda and hf-cuda.
+#   speed CHECKPOINT: everything timed, alone on the GPU: the dtype bench (native-cuda,
+#     ort-cuda, hf-cuda), scripts/gpu_speed.sh, scripts/gpu_genai.sh.
+#   coverage CHECKPOINT: side by side on the GPU, nothing timed: the tiny architecture
+#     checkpoints (scripts/gpu_architectures.sh) and the long contexts
+#     (scripts/gpu_long_context.sh).
+# Usage (repo root, wheels in .whl/, onnxruntime-gpu in /tmp/site):
+#   OUT=DIR scripts/gpu_evidence.sh correctness|speed CHECKPOINT
+# Each step has its own time limit (a step that overruns is cut, and says so in
+# summary.txt); every step's files are packed into $OUT/<phase>.tgz, its exit status and the
+# last lines of its log into $OUT/summary-<phase>.txt. Exit: non-zero when any step failed.
+set -uo pipefail
+PHASE=${1:?usage: $0 correctness|speed|coverage CHECKPOINT}
+GGUF=$(realpath "${2:?usage: $0 correctness|speed|coverage CHECKPOINT}")
+OUT=${OUT:-$PWD/out}
+PY=${PY:-python3}
+export PY PYTHONUNBUFFERED=1
+export LOCKSTEP_CACHE=${LOCKSTEP_CACHE:-/tmp/lockstep-fixtures}
+W=/tmp/lockstep-session/$PHASE
+rm -rf "$W" && mkdir -p "$W" "$OUT"
+SUMMARY="$OUT/summary-$PHASE.txt"
+PKG=/tmp/lockstep-dtypes
+mkdir -p "$PKG"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    $(ls .whl/*.whl | grep -v onnxruntime_genai) > "$W/install.txt" 2>&1
+fi
+export PYTHONPATH=/tmp/site:$PWD
+status=0
+
+# step NAME SECONDS COMMAND...: run with a time limit, output under $W/NAME, logged
+step() {
+  local name=$1 limit=$2 rc t0
+  shift 2
+  mkdir -p "$W/$name"
+  t0=$(date +%s)
+  OUT="$W/$name" timeout "$limit" "$@" > "$W/$name/log.txt" 2>&1
+  rc=$?
+  [ "$rc" -ne 0 ] && status=1
+  {
+    echo "== $name: exit $rc ($([ "$rc" -eq 124 ] && echo "cut at ${limit} s" || echo "$(( $(date +%s) - t0 )) s"))"
+    tail -n 25 "$W/$name/log.txt"
+  } >> "$SUMMARY"
+}
+
+convert_all() {  # every SmolLM2 package both phases use (a conversion already there is kept)
+  local spec dtype cache extra
+  for spec in static:float32 static:float16 static:bfloat16 dynamic:float32 dynamic:float16; do
+    cache=${spec%%:*} dtype=${spec##*:}
+    extra=()
+    [ "$cache" = dynamic ] && extra=(--max-context 512)
+    [ -f "$PKG/smollm2-$cache-$dtype/package.yaml" ] || "$PY" -m harness.cli convert "$GGUF" \
+      -o "$PKG/smollm2-$cache-$dtype" --cache "$cache" --dtype "$dtype" "${extra[@]}" || return 1
+  done
+  [ -f "$PKG/smollm2-selfspec-float16/package.yaml" ] || "$PY" -m harness.cli convert "$GGUF" \
+    -o "$PKG/smollm2-selfspec-float16" --cache static --dtype float16 --draft-layers 24
+}
+
+{ echo "phase $PHASE, $(date -u +%FT%TZ)"; nvidia-smi -L; echo "commit ${LOCKSTEP_COMMIT:-unknown}"; } > "$SUMMARY"
+
+if [ "$PHASE" = correctness ]; then
+  OUT="$W/convert" timeout 300 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
+    > "$W/convert.txt" 2>&1 &
+  converting=$!
+  # the memory-flatness tests read the driver's free memory: nothing else on the GPU meanwhile
+  step nightly 420 scripts/gpu_run.sh "not print_decode_ms and not print_device_ms"
+  wait "$converting" || { status=1; echo "== convert: failed" >> "$SUMMARY"; }
+  tail -n 5 "$W/convert.txt" >> "$SUMMARY"
+  step dtypes 150 "$PY" -m harness.cli run --engines native-cuda,ort-cuda,hf-cuda \
+    --packages "$PKG/smollm2-static-float32,$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" \
+    --max-prompts 2 --max-new-tokens 32 --evidence-dir "$W/dtypes/evidence"
+  "$PY" -m harness.cli report "$W/dtypes/evidence" -o "$W/dtypes/report.html" \
+    --no-catch-matrix >> "$W/dtypes/log.txt" 2>&1 || status=1
+elif [ "$PHASE" = coverage ]; then  # correctness only, side by side on the GPU
+  step architectures 200 env PYTHONPATH="$PYTHONPATH" bash scripts/gpu_architectures.sh &
+  ar=$!
+  step long 200 bash scripts/gpu_long_context.sh "$GGUF" &
+  lo=$!
+  wait "$ar"; wait "$lo"
+else
+  OUT="$W/convert" timeout 200 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
+    > "$W/convert.txt" 2>&1 || status=1
+  # float16 is timed beside every peer (ort-genai-cuda included) by gpu_genai.sh below
+  bench_dtypes() {
+    "$PY" -m harness.cli bench --engines native-cuda,ort-cuda,hf-cuda --baseline hf-cuda \
+      --packages "$PKG/smollm2-static-float32" --ignore-eos --max-new-tokens 128 --repeats 3 \
+      --warmup 2 --json "$OUT/bench-float32.json" || return 1
+    "$PY" -m harness.cli bench --engines native-cuda,hf-cuda --baseline hf-cuda \
+      --packages "$PKG/smollm2-static-bfloat16,$PKG/smollm2-static-float16" --ignore-eos \
+      --max-new-tokens 128 --repeats 3 --warmup 2 --json "$OUT/bench-bfloat16.json"
+  }
+  step bench 170 bash -c "$(declare -f bench_dtypes); PY=$PY PKG=$PKG OUT=\$OUT bench_dtypes"
+  step speed 150 env REPEATS=3 bash scripts/gpu_speed.sh "$GGUF"
+  step genai 180 env REPEATS=2 PROMPTS=2 bash scripts/gpu_genai.sh "$GGUF"
+fi
+tar czf "$OUT/$PHASE.tgz" -C /tmp/lockstep-session "$PHASE"
+echo "gpu_evidence $PHASE status $status" >> "$SUMMARY"
+cat "$SUMMARY"
+exit $status

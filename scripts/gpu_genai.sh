@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# onnxruntime-genai on the GPU beside lockstep's engines (issue 13): its own model builder
+# makes SmolLM2 from the checkpoint (-e cuda -p fp16 for the float16 conversion; -e cpu -p fp32
+# for the float32 one, run by ort-genai), the parity matrix judges ort-genai-cuda, ort-genai and
+# hf-cuda against the oracle on lockstep's conversions of the same checkpoint, and the bench
+# times ort-genai-cuda beside native-cuda, ort-cuda and hf-cuda. No network is used.
+# Usage (repo root, on a CUDA machine): OUT=DIR scripts/gpu_genai.sh CHECKPOINT (a .gguf path)
+# Needs: onnxruntime-gpu importable (ORT_SITE, default /tmp/site, is put on PYTHONPATH when it
+# exists), and in .whl/ the onnxruntime_genai_cuda and onnx_ir wheels
+# (scripts/fetch_gpu_wheels.sh --with-genai); any other .whl/ wheel is installed too when
+# pydantic or gguf is not importable. Environment: PY (default python3), TOKENS (parity run,
+# default 32), BENCH_TOKENS (default 128), REPEATS (default 3), PROMPTS (default 3).
+# Writes to $OUT: genai-install.txt, genai-convert.txt, genai-matrix.txt, genai-builds.json,
+# genai-bench.txt, genai-report.html, genai-evidence.tgz (records and bench JSON). Exit: non-zero on any failed claim.
+set -uo pipefail
+GGUF=$(realpath "${1:?usage: $0 CHECKPOINT (a .gguf path)}")
+OUT=${OUT:-$PWD/out}
+PY=${PY:-python3}
+TOKENS=${TOKENS:-32}
+BENCH_TOKENS=${BENCH_TOKENS:-128}
+REPEATS=${REPEATS:-3}
+PROMPTS=${PROMPTS:-3}
+ORT_SITE=${ORT_SITE:-/tmp/site}
+SITE=/tmp/site-genai
+PKG=/tmp/lockstep-dtypes  # shared with gpu_real_dtypes.sh: a conversion made there is reused
+EV=/tmp/lockstep-genai-evidence
+mkdir -p "$OUT" "$PKG" "$SITE"
+rm -rf "$EV" && mkdir -p "$EV/bench"
+status=0
+[ -d "$ORT_SITE" ] && export PYTHONPATH="$ORT_SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$SITE"
+"$PY" -m pip install -q --no-index --no-deps --target "$SITE" .whl/onnxruntime_genai_cuda-*.whl \
+  .whl/onnx_ir-*.whl > "$OUT/genai-install.txt" 2>&1 || status=1
+if ! "$PY" -c "import pydantic, gguf" 2>/dev/null; then
+  ls .whl/*.whl | grep -v -e onnxruntime_genai -e onnx_ir -e onnxruntime_gpu | \
+    xargs "$PY" -m pip install -q --no-index --no-deps --target "$SITE" >> "$OUT/genai-install.txt" 2>&1 || status=1
+fi
+"$PY" -c "import onnxruntime as o, onnxruntime_genai as g; print('onnxruntime', o.__version__, o.get_available_providers()); print('genai', g.__file__, 'cuda', g.is_cuda_available())" \
+  >> "$OUT/genai-install.txt" 2>&1 || status=1
+cat "$OUT/genai-install.txt"
+# the engines that build from the checkpoint find it here (by content hash); builds are cached
+export LOCKSTEP_CHECKPOINTS="$GGUF"
+export LOCKSTEP_CACHE=/tmp/lockstep-genai-cache
+for dtype in float32 float16; do
+  [ -f "$PKG/smollm2-static-$dtype/package.yaml" ] || "$PY" -m harness.cli convert "$GGUF" \
+    -o "$PKG/smollm2-static-$dtype" --cache static --dtype "$dtype" \
+    >> "$OUT/genai-convert.txt" 2>&1 || status=1
+done
+tail -n 4 "$OUT/genai-convert.txt"
+"$PY" -m harness.cli engines >> "$OUT/genai-convert.txt" 2>&1
+# ort-genai-cuda runs the float16 package (its float32 CUDA builds do not load in 0.18: that
+# cell is unavailable, with the reason); ort-genai (CPU, fp32) the float32 one
+"$PY" -m harness.cli run --packages "$PKG/smollm2-static-float32,$PKG/smollm2-static-float16" \
+  --engines ort-genai-cuda,ort-genai,hf-cuda --max-prompts "$PROMPTS" --max-new-tokens "$TOKENS" \
+  --evidence-dir "$EV" > "$OUT/genai-matrix.txt" 2>&1 || status=1
+cat "$OUT/genai-matrix.txt"
+# which conversion each engine ran: onnxruntime-genai's builds (builder, version, precision,
+# checkpoint hash); the oracle's package is named in every record's judgement
+"$PY" -c "import json,glob,sys; json.dump([json.load(open(p)) for p in sorted(glob.glob(sys.argv[1]))], sys.stdout, indent=1)" \
+  "$LOCKSTEP_CACHE/genai/*/build.json" > "$OUT/genai-builds.json" || status=1
+"$PY" -m harness.cli bench --engines ort-genai-cuda,native-cuda,ort-cuda,hf-cuda \
+  --packages "$PKG/smollm2-static-float16" --baseline hf-cuda --ignore-eos \
+  --max-new-tokens "$BENCH_TOKENS" --repeats "$REPEATS" --warmup 2 \
+  --json "$EV/bench/bench-genai-float16.json" > "$OUT/genai-bench.txt" 2>&1 || status=1
+cat "$OUT/genai-bench.txt"
+"$PY" -m harness.cli report "$EV" -o "$OUT/genai-report.html" || status=1
+tar czf "$OUT/genai-evidence.tgz" -C /tmp lockstep-genai-evidence
+echo "gpu_genai status $status"
+exit $status

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# native-cuda speed evidence beyond the dtype bench (issue 12): the dynamic cache beside the
+# static one, a 512-token prefill and verification-shaped forwards (M = 1..5) beside
+# ort-cuda, and self-speculation at every width against greedy, all timed side by side.
+# Usage (repo root, on a CUDA machine, after scripts/gpu_real_dtypes.sh, whose converted
+# packages under /tmp/lockstep-dtypes it reuses): OUT=DIR scripts/gpu_speed.sh CHECKPOINT
+# Environment: PY (default python3), ENGINES (default native-cuda,ort-cuda), BENCH_TOKENS
+# (default 128), REPEATS (default 3).
+# Writes to $OUT: speed.txt (every table) and speed-json.tgz (every bench JSON).
+set -uo pipefail
+GGUF=${1:?usage: $0 CHECKPOINT (a .gguf path, or smollm2)}
+OUT=${OUT:-$PWD/out}
+PY=${PY:-python3}
+ENGINES=${ENGINES:-native-cuda,ort-cuda}
+BENCH_TOKENS=${BENCH_TOKENS:-128}
+REPEATS=${REPEATS:-3}
+PKG=/tmp/lockstep-dtypes
+JS=/tmp/lockstep-speed-json
+mkdir -p "$OUT" "$PKG"
+rm -rf "$JS" && mkdir -p "$JS"
+LOG="$OUT/speed.txt"
+status=0
+step() { echo "== $*" | tee -a "$LOG"; }
+
+for dtype in float32 float16; do
+  [ -d "$PKG/smollm2-dynamic-$dtype" ] || "$PY" -m harness.cli convert "$GGUF" \
+    -o "$PKG/smollm2-dynamic-$dtype" --cache dynamic --max-context 512 --dtype "$dtype" \
+    >> "$LOG" 2>&1 || status=1
+done
+[ -d "$PKG/smollm2-selfspec-float16" ] || "$PY" -m harness.cli convert "$GGUF" \
+  -o "$PKG/smollm2-selfspec-float16" --cache static --dtype float16 --draft-layers 24 \
+  >> "$LOG" 2>&1 || status=1
+
+for dtype in float32 float16; do
+  # the dynamic cache twice: as native-cuda runs it by default (append plan, eager), and with
+  # LOCKSTEP_NATIVE_CUDA_GRAPHS=on (capacity buffers, PRIMARY captured and replayed)
+  for graphs in auto on; do
+    step "static vs dynamic cache, $dtype, greedy decode of $BENCH_TOKENS tokens, graphs $graphs"
+    LOCKSTEP_NATIVE_CUDA_GRAPHS=$graphs "$PY" -m harness.cli bench --engines native-cuda \
+      --baseline native-cuda \
+      --packages "$PKG/smollm2-static-$dtype,$PKG/smollm2-dynamic-$dtype" --ignore-eos \
+      --max-new-tokens "$BENCH_TOKENS" --repeats "$REPEATS" --warmup 2 \
+      --json "$JS/cache-$dtype-graphs-$graphs.json" >> "$LOG" 2>&1 || status=1
+  done
+  step "single forwards, $dtype: prefill 512, M = 1..5 after 64 positions"
+  "$PY" -m harness.cli bench-forward --engines "$ENGINES" \
+    --packages "$PKG/smollm2-static-$dtype" --prefill 512 --rows 1,2,3,4,5 --prefix 64 \
+    --repeats 10 --warmup 2 --json "$JS/forward-$dtype.json" >> "$LOG" 2>&1 || status=1
+done
+for width in 1 2 3 4; do
+  step "self-speculation (24 of 30 blocks), float16, width $width"
+  "$PY" -m harness.cli bench --mode speculative --width "$width" --engines "$ENGINES" \
+    --baseline native-cuda --packages "$PKG/smollm2-selfspec-float16" \
+    --max-new-tokens "$BENCH_TOKENS" --repeats "$REPEATS" \
+    --json "$JS/selfspec-w$width.json" >> "$LOG" 2>&1 || status=1
+done
+step "greedy on the same self-speculative package, float16"
+"$PY" -m harness.cli bench --engines "$ENGINES" --baseline native-cuda \
+  --packages "$PKG/smollm2-selfspec-float16" --max-new-tokens "$BENCH_TOKENS" \
+  --repeats "$REPEATS" --json "$JS/selfspec-greedy.json" >> "$LOG" 2>&1 || status=1
+tar czf "$OUT/speed-json.tgz" -C /tmp lockstep-speed-json
+echo "gpu_speed status $status" | tee -a "$LOG"
+exit $status

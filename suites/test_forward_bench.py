@@ -1,0 +1,68 @@
+"""``lockstep bench-forward``: what it measures and refuses (never how fast anything is)."""
+from __future__ import annotations
+
+import pytest
+
+from engines.errors import InputError
+from harness.cli import main
+from harness.forward_bench import bench_forwards, prompt_of_length
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return bench_forwards(["ort-cpu", "native-host"], ["tiny_llama"], prefill=[12],
+                          rows=[1, 3], prefix=6, repeats=3, warmup=1)
+
+
+def test_every_shape_of_every_engine_is_timed(rows):
+    shapes = {(r.engine, r.kind, r.tokens, r.prefix) for r in rows}
+    assert shapes == {(e, k, n, p) for e in ("ort-cpu", "native-host")
+                      for k, n, p in (("prefill", 12, 0), ("rows", 1, 6), ("rows", 3, 6))}
+    for r in rows:
+        assert r.status == "ok", r.reason
+        assert len(r.times_ms) == 3 and r.ms == sorted(r.times_ms)[1]
+
+
+def test_ratios_are_taken_within_the_run(rows):
+    by = {(r.engine, r.kind, r.tokens): r for r in rows}
+    for engine in ("ort-cpu", "native-host"):
+        one, three = by[(engine, "rows", 1)], by[(engine, "rows", 3)]
+        assert one.ratio == 1.0
+        assert three.ratio == pytest.approx(three.ms / one.ms)
+    base = by[("ort-cpu", "prefill", 12)]
+    assert by[("native-host", "prefill", 12)].ratio == pytest.approx(
+        by[("native-host", "prefill", 12)].ms / base.ms)
+
+
+def test_engines_agree_on_the_token_each_forward_ends_with(rows):
+    """Every repeat starts from the same cache, so each engine reads back one token per
+    shape, and two correct engines read back the same one."""
+    by = {(r.engine, r.kind, r.tokens): r.token for r in rows}
+    for kind, n in (("prefill", 12), ("rows", 1), ("rows", 3)):
+        assert by[("ort-cpu", kind, n)] == by[("native-host", kind, n)] is not None
+
+
+def test_prompt_is_the_packages_ids_repeated():
+    from harness.packages import resolve_package
+
+    spec = resolve_package("tiny_llama").spec
+    pool = [t for p in spec.prompts for t in p]
+    ids = prompt_of_length(spec, len(pool) + 3)
+    assert ids == pool + pool[:3]
+
+
+def test_a_forward_past_max_context_is_refused():
+    from harness.packages import resolve_package
+
+    spec = resolve_package("tiny_llama").spec
+    with pytest.raises(InputError) as err:
+        bench_forwards(["native-host"], ["tiny_llama"], rows=[2], prefix=spec.max_context)
+    assert err.value.field == "tokens" and "max_context" in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["0", "1,x", "2,2", "-1"])
+def test_bad_lengths_are_one_line_and_exit_2(value, capsys):
+    assert main(["bench-forward", "--engines", "native-host", "--packages", "tiny_llama",
+                 "--rows", value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--rows" in err[0]

@@ -1,0 +1,513 @@
+"""onnxruntime's com.microsoft contrib ops (and its ONNX-domain SimplifiedLayerNormalization)
+on native-host against onnxruntime's CPU provider, the op's defining implementation.
+
+ONNX ships no node tests for these, so each case is a one-node model built with
+``onnx.helper`` from Hypothesis-drawn shapes, attributes and data, run on both; every
+output must agree within the tolerance table (``engines/tolerances.py``). The strategies
+are shared with ``test_ops_cuda.py``, which runs the same cases on native-cuda.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+from engines.errors import ExecutionError
+from engines.native.array_backend import NumpyArrayBackend
+from engines.native.ops import KERNELS
+from engines.native.plan import Plan, required_host_inputs, unsupported_ops
+from harness.compare import compare_tensors
+
+ort = pytest.importorskip("onnxruntime")
+
+MS = "com.microsoft"
+# onnxruntime 1.31 reads models up to IR 13 and onnx 1.23 writes IR 14 unless told.
+IR_VERSION = 10
+
+
+@dataclass
+class OpCase:
+    """One single-node model, its feeds, and the outputs to compare."""
+
+    model: onnx.ModelProto
+    feeds: dict[str, np.ndarray]
+    outputs: list[str]
+    label: str = ""
+    host_inputs: frozenset = field(default_factory=frozenset)
+
+
+def one_node(op: str, domain: str, inputs: dict, outputs: list[str], label: str = "",
+             **attrs) -> OpCase:
+    """A model of one node; ``inputs`` maps names to arrays (None: the slot left empty)."""
+    names = [name if value is not None else "" for name, value in inputs.items()]
+    feeds = {n: v for n, v in inputs.items() if v is not None}
+    node = helper.make_node(op, names, [o or "" for o in outputs], domain=domain, **attrs)
+    graph = helper.make_graph(
+        [node], f"{op}_case",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for n, v in feeds.items()],
+        [helper.make_empty_tensor_value_info(o) for o in outputs if o])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22),
+                                                    helper.make_opsetid(MS, 1)])
+    model.ir_version = IR_VERSION
+    return OpCase(model, feeds, [o for o in outputs if o], label or op,
+                  frozenset(required_host_inputs(model)))
+
+
+def run_ort(case: OpCase) -> dict[str, np.ndarray]:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(case.model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return dict(zip(case.outputs, session.run(case.outputs, case.feeds)))
+
+
+def run_native_host(case: OpCase) -> dict[str, np.ndarray]:
+    plan = Plan(case.model, NumpyArrayBackend(), host_inputs=case.host_inputs)
+    return {name: np.asarray(value) for name, value in plan.run(case.feeds).items()
+            if name in case.outputs}
+
+
+def assert_agree(got: dict, want: dict, label: str) -> None:
+    for name, expected in want.items():
+        actual = got[name]
+        assert actual.dtype == expected.dtype, f"{label} {name}: {actual.dtype} != {expected.dtype}"
+        result = compare_tensors(actual, expected, dtype=expected.dtype)
+        assert result.ok, f"{label} {name}: {result.reason}"
+
+
+def _normal(draw, shape, scale=1.0, dtype=np.float32):
+    seed = draw(st.integers(0, 2**31 - 1))
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(dtype)
+
+
+FLOAT_DTYPES = st.sampled_from([np.float32, np.float16])
+
+
+def _in_dtype(inputs: dict, dtype) -> dict:
+    """The float32 arrays of ``inputs`` in ``dtype`` (integers and absent slots as they are)."""
+    return {k: v.astype(dtype) if v is not None and v.dtype == np.float32 else v
+            for k, v in inputs.items()}
+
+
+def _rope_caches(max_pos: int, half: int):
+    inv = 1.0 / (10000 ** (np.arange(half) / half))
+    angles = np.outer(np.arange(max_pos), inv)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+# ---- strategies --------------------------------------------------------------------------
+
+@st.composite
+def gqa_cases(draw) -> OpCase:
+    """GroupQueryAttention as exporters use it: a first prompt, a decode step with per-row
+    lengths inside a longer cache buffer, or a continued prompt (batch 1), packed or split
+    QKV, with or without rotary, a local window, softcap, an explicit scale."""
+    kv_heads = draw(st.integers(1, 2))
+    heads = kv_heads * draw(st.integers(1, 3))
+    head = draw(st.sampled_from([16, 32]))
+    mode = draw(st.sampled_from(["prompt", "decode", "continue"]))
+    batch = 1 if mode == "continue" else draw(st.integers(1, 2))
+    if mode == "prompt":
+        seq = draw(st.integers(1, 6))
+        totals = [seq] * batch
+        past_len = draw(st.sampled_from([None, 0]))
+    elif mode == "decode":
+        seq = 1
+        totals = [draw(st.integers(1, 7)) for _ in range(batch)]
+        past_len = max(totals) - 1 + draw(st.integers(0, 2))
+    else:
+        seq = draw(st.integers(2, 5))
+        past_len = draw(st.integers(1, 5))
+        totals = [past_len + seq]
+    total = max(totals)
+    packed = draw(st.booleans())
+    rotary = draw(st.booleans())
+    attrs = dict(num_heads=heads, kv_num_heads=kv_heads,
+                 local_window_size=draw(st.sampled_from([-1, 1, 3])),
+                 softcap=draw(st.sampled_from([0.0, 4.0])),
+                 scale=draw(st.sampled_from([0.0, 0.3])),
+                 smooth_softmax=draw(st.sampled_from([-1, 1])),
+                 do_rotary=int(rotary),
+                 rotary_interleaved=int(rotary and draw(st.booleans())))
+    q = _normal(draw, (batch, seq, heads * head))
+    k = _normal(draw, (batch, seq, kv_heads * head))
+    v = _normal(draw, (batch, seq, kv_heads * head))
+    if packed:
+        q, k, v = np.concatenate([q, k, v], axis=-1), None, None
+    past_k = past_v = None
+    if past_len is not None:
+        past_k = _normal(draw, (batch, kv_heads, past_len, head))
+        past_v = _normal(draw, (batch, kv_heads, past_len, head))
+    cos = sin = None
+    if rotary:
+        half = draw(st.sampled_from([h for h in (8, 16) if h <= head // 2]))
+        cos, sin = _rope_caches(total + draw(st.integers(0, 3)), half)
+    inputs = {"query": q, "key": k, "value": v, "past_key": past_k, "past_value": past_v,
+              "seqlens_k": np.array(totals, np.int32) - 1,
+              "total_sequence_length": np.array(total, np.int32),
+              "cos_cache": cos, "sin_cache": sin}
+    dtype = draw(FLOAT_DTYPES)
+    inputs = _in_dtype(inputs, dtype)
+    label = (f"GQA {np.dtype(dtype).name} {mode} B{batch} S{seq} T{total} P{past_len} "
+             f"packed={packed} {attrs}")
+    return one_node("GroupQueryAttention", MS, inputs, ["out", "present_key", "present_value"],
+                    label, **attrs)
+
+
+@st.composite
+def skip_norm_cases(draw) -> OpCase:
+    simplified = draw(st.booleans())
+    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.sampled_from([8, 24, 64])))
+    hidden = shape[-1]
+    inputs = {"input": _normal(draw, shape), "skip": _normal(draw, shape),
+              "gamma": _normal(draw, (hidden,))}
+    if not simplified:
+        inputs["beta"] = _normal(draw, (hidden,)) if draw(st.booleans()) else None
+    inputs["bias"] = _normal(draw, (hidden,)) if draw(st.booleans()) else None
+    op = "SkipSimplifiedLayerNormalization" if simplified else "SkipLayerNormalization"
+    inputs = _in_dtype(inputs, draw(FLOAT_DTYPES))
+    epsilon = draw(st.sampled_from([1e-5, 1e-6]))
+    # output 1 (mean) and 2 (inv_std_var) are training outputs onnxruntime's CPU kernel
+    # leaves unwritten; the fused sum (3) is what exporters read
+    return one_node(op, MS, inputs, ["y", "", "", "sum"], op, epsilon=epsilon)
+
+
+@st.composite
+def simplified_norm_cases(draw) -> OpCase:
+    rank = draw(st.integers(2, 3))
+    lead = tuple(draw(st.integers(1, 4)) for _ in range(rank - 1))
+    shape = lead + (draw(st.sampled_from([8, 40])),)
+    axis = draw(st.sampled_from([-1, rank - 1]))
+    # X and scale may differ in type (onnxruntime's T and V); Y takes scale's
+    x_dtype, scale_dtype = draw(FLOAT_DTYPES), draw(FLOAT_DTYPES)
+    inputs = {"x": _normal(draw, shape, 3.0, x_dtype),
+              "scale": _normal(draw, shape[-1:], 1.0, scale_dtype)}
+    return one_node("SimplifiedLayerNormalization", "", inputs, ["y"],
+                    f"SimplifiedLayerNormalization x {np.dtype(x_dtype)} scale "
+                    f"{np.dtype(scale_dtype)}", axis=axis, epsilon=1e-5)
+
+
+@st.composite
+def rotary_cases(draw) -> OpCase:
+    """com.microsoft RotaryEmbedding: [B, S, hidden] or [B, N, S, H]; position ids per token
+    or one start position; full or partial rotation; halves or interleaved pairs."""
+    batch, seq, heads = draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(1, 3))
+    head = draw(st.sampled_from([8, 16]))
+    rotary_dim = draw(st.sampled_from([0, head // 2])) if head >= 16 else 0
+    half = (rotary_dim or head) // 2
+    max_pos = seq + draw(st.integers(0, 8))
+    cos, sin = _rope_caches(max_pos, half)
+    four_d = draw(st.booleans())
+    x = _normal(draw, (batch, heads, seq, head) if four_d else (batch, seq, heads * head))
+    if draw(st.booleans()):
+        rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+        pos = rng.integers(0, max_pos, size=(batch, seq)).astype(np.int64)
+    else:
+        pos = np.array([draw(st.integers(0, max_pos - seq))], np.int64)
+    attrs = dict(interleaved=int(draw(st.booleans())))
+    if rotary_dim:
+        attrs.update(rotary_embedding_dim=rotary_dim, num_heads=heads)
+    elif not four_d and draw(st.booleans()):
+        attrs.update(num_heads=heads)
+    inputs = _in_dtype({"input": x, "position_ids": pos, "cos_cache": cos, "sin_cache": sin},
+                       draw(FLOAT_DTYPES))
+    return one_node("RotaryEmbedding", MS, inputs, ["y"], f"RotaryEmbedding(ms) {attrs}", **attrs)
+
+
+def pack_bits(values: np.ndarray, bits: int) -> np.ndarray:
+    """uint [..., n] of ``bits``-bit values -> uint8 [..., n * bits / 8], low bits first."""
+    per = 8 // bits
+    v = values.astype(np.uint8).reshape(values.shape[:-1] + (-1, per))
+    out = np.zeros(v.shape[:-1], np.uint8)
+    for i in range(per):
+        out |= (v[..., i] << (i * bits)).astype(np.uint8)
+    return out
+
+
+@st.composite
+def matmul_nbits_cases(draw) -> OpCase:
+    bits = draw(st.sampled_from([4, 8]))
+    block = draw(st.sampled_from([16, 32]))
+    k = draw(st.integers(block // 2, 3 * block))
+    n = draw(st.integers(1, 9))
+    blocks = -(-k // block)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    q = rng.integers(0, 1 << bits, size=(n, blocks * block))
+    b = pack_bits(q, bits).reshape(n, blocks, block * bits // 8)
+    scales = (rng.random((n * blocks,)) * 0.1 + 0.01).astype(np.float32)
+    # onnxruntime's CPU kernel takes float zero points for 4-bit weights only
+    zp_kind = draw(st.sampled_from(["none", "packed"] + (["float"] if bits == 4 else [])))
+    zp = None
+    if zp_kind == "float":
+        zp = (rng.random(n * blocks) * (1 << bits)).astype(np.float32)
+    elif zp_kind == "packed":
+        per = 8 // bits
+        padded = -(-blocks // per) * per
+        zq = rng.integers(0, 1 << bits, size=(n, padded))
+        zp = pack_bits(zq, bits).reshape(-1)
+    lead = draw(st.sampled_from([(1,), (3,), (2, 2)]))
+    a = _normal(draw, lead + (k,))
+    bias = _normal(draw, (n,)) if draw(st.booleans()) else None
+    inputs = _in_dtype({"A": a, "B": b, "scales": scales, "zero_points": zp, "g_idx": None,
+                        "bias": bias}, draw(FLOAT_DTYPES))
+    label = (f"MatMulNBits bits={bits} block={block} K={k} N={n} zp={zp_kind} "
+             f"bias={bias is not None}")
+    return one_node("MatMulNBits", MS, inputs, ["Y"], label, K=k, N=n, bits=bits,
+                    block_size=block, accuracy_level=0)
+
+
+@st.composite
+def gather_block_quantized_cases(draw) -> OpCase:
+    """The builder's quantised embedding: uint8 rows packed along the last axis, blocks of
+    scales (and optional packed zero points) along it, gathered by token ids."""
+    bits = draw(st.sampled_from([4, 8]))
+    block = draw(st.sampled_from([16, 32]))
+    per = 8 // bits
+    width = per * draw(st.integers(block // per // 2, 3 * block // per))
+    rows, blocks = draw(st.integers(2, 12)), -(-width // block)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    data = pack_bits(rng.integers(0, 1 << bits, size=(rows, width)), bits)
+    scales = (rng.random((rows, blocks)) * 0.1 + 0.01).astype(draw(FLOAT_DTYPES))
+    zp = None
+    if draw(st.booleans()):
+        padded = -(-blocks // per) * per
+        zp = pack_bits(rng.integers(0, 1 << bits, size=(rows, padded)), bits)
+    ids = rng.integers(0, rows, size=(draw(st.integers(1, 2)), draw(st.integers(1, 5))))
+    inputs = {"data": data, "indices": ids.astype(draw(st.sampled_from([np.int32, np.int64]))),
+              "scales": scales, "zero_points": zp}
+    label = f"GatherBlockQuantized bits={bits} block={block} width={width} zp={zp is not None}"
+    return one_node("GatherBlockQuantized", MS, inputs, ["y"], label, bits=bits,
+                    block_size=block, gather_axis=0, quantize_axis=1)
+
+
+CASES = {
+    "GatherBlockQuantized": gather_block_quantized_cases,
+    "GroupQueryAttention": gqa_cases,
+    "SkipNormalization": skip_norm_cases,
+    "SimplifiedLayerNormalization": simplified_norm_cases,
+    "RotaryEmbedding": rotary_cases,
+    "MatMulNBits": matmul_nbits_cases,
+}
+
+
+# ---- native-host against onnxruntime ------------------------------------------------------
+
+@pytest.mark.parametrize("family", sorted(CASES))
+@given(data=st.data())
+def test_contrib_op_matches_onnxruntime_cpu(family, data):
+    case = data.draw(CASES[family](), label="case")
+    assert_agree(run_native_host(case), run_ort(case), case.label)
+
+
+def test_exporter_ops_are_supported_by_domain():
+    """The contrib ops resolve under their domain only; an unknown contrib op is reported
+    domain-qualified, and the ONNX op of the same name stays the ONNX one."""
+    for key in ("com.microsoft:GroupQueryAttention", "com.microsoft:MatMulNBits",
+                "com.microsoft:SkipSimplifiedLayerNormalization",
+                "com.microsoft:RotaryEmbedding", "SimplifiedLayerNormalization",
+                "RotaryEmbedding"):
+        assert key in KERNELS, key
+    assert KERNELS["RotaryEmbedding"] is not KERNELS["com.microsoft:RotaryEmbedding"]
+    assert "GroupQueryAttention" not in KERNELS  # not an ONNX-domain op
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("GroupQueryAttention", ["q"], ["y"], domain=MS, num_heads=1,
+                          kv_num_heads=1),
+         helper.make_node("FusedConv", ["y"], ["z"], domain=MS),
+         helper.make_node("GroupQueryAttention", ["z"], ["w"], num_heads=1, kv_num_heads=1)],
+        "g", [helper.make_tensor_value_info("q", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("w", TensorProto.FLOAT, None)]))
+    assert unsupported_ops(model) == ["GroupQueryAttention", "com.microsoft:FusedConv"]
+
+
+def test_gqa_total_sequence_length_is_a_host_input():
+    """total_sequence_length sets present's shape, so it is read on the host; seqlens_k is
+    not (it stays a device value on native-cuda)."""
+    case = one_node("GroupQueryAttention", MS, {
+        "query": np.zeros((1, 1, 16), np.float32), "key": np.zeros((1, 1, 16), np.float32),
+        "value": np.zeros((1, 1, 16), np.float32), "past_key": None, "past_value": None,
+        "seqlens_k": np.zeros(1, np.int32), "total_sequence_length": np.array(1, np.int32)},
+        ["y"], num_heads=1, kv_num_heads=1)
+    assert case.host_inputs == {"total_sequence_length"}
+
+
+def test_gqa_refuses_inputs_it_does_not_implement():
+    q = np.zeros((1, 1, 16), np.float32)
+    case = one_node("GroupQueryAttention", MS, {
+        "query": q, "key": q, "value": q, "past_key": None, "past_value": None,
+        "seqlens_k": np.zeros(1, np.int32), "total_sequence_length": np.array(1, np.int32),
+        "cos_cache": None, "sin_cache": None, "position_ids": None,
+        "attention_bias": np.zeros((1, 1, 1, 1), np.float32)}, ["y"], num_heads=1,
+        kv_num_heads=1)
+    with pytest.raises(ExecutionError) as info:
+        Plan(case.model, NumpyArrayBackend(), host_inputs=case.host_inputs)
+    assert info.value.field == "GroupQueryAttention.input[10]"
+    assert info.value.value == "attention_bias" and "ort-cpu" in info.value.remedy
+
+
+def test_matmul_nbits_names_a_weight_of_the_wrong_shape():
+    case = one_node("MatMulNBits", MS, {
+        "A": np.zeros((1, 32), np.float32), "B": np.zeros((4, 1, 8), np.uint8),
+        "scales": np.ones(4, np.float32)}, ["Y"], K=32, N=4, bits=4, block_size=32)
+    with pytest.raises(ExecutionError) as info:
+        run_native_host(case)
+    assert info.value.field == "B.shape" and info.value.value == (4, 1, 8)
+    assert "[4, 1, 16]" in info.value.remedy
+
+
+# ---- claim 2 at the op level: a verify block equals its decode steps, bit for bit --------
+
+@st.composite
+def gqa_block_params(draw) -> dict:
+    kv_heads = draw(st.integers(1, 2))
+    return dict(kv_heads=kv_heads, heads=kv_heads * draw(st.integers(1, 3)),
+                head=draw(st.sampled_from([16, 32])), past=draw(st.integers(1, 6)),
+                rows=draw(st.integers(2, 5)), rotary=draw(st.booleans()),
+                window=draw(st.sampled_from([-1, 2])), softcap=draw(st.sampled_from([0.0, 4.0])),
+                seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def gqa_block_and_steps(be, p: dict):
+    """GroupQueryAttention over ``rows`` new tokens at once after a cache of ``past``, and
+    the same tokens one decode step at a time (each on the cache the previous returned):
+    (block output, block present key, [step outputs], last step's present key), on ``be``."""
+    from engines.native.ops import KERNELS
+
+    rng = np.random.default_rng(p["seed"])
+    heads, kv_heads, head, past, rows = p["heads"], p["kv_heads"], p["head"], p["past"], p["rows"]
+    node = helper.make_node("GroupQueryAttention", [], [], domain=MS, num_heads=heads,
+                            kv_num_heads=kv_heads, do_rotary=int(p["rotary"]),
+                            local_window_size=p["window"], softcap=p["softcap"])
+    kernel = KERNELS[f"{MS}:GroupQueryAttention"](node, 1)
+    qkv = be.adopt(rng.standard_normal((1, rows, (heads + 2 * kv_heads) * head)).astype(np.float32))
+    cache_k = be.adopt(rng.standard_normal((1, kv_heads, past, head)).astype(np.float32))
+    cache_v = be.adopt(rng.standard_normal((1, kv_heads, past, head)).astype(np.float32))
+    cos = sin = None
+    if p["rotary"]:
+        cos, sin = (be.adopt(c) for c in _rope_caches(past + rows, head // 2))
+
+    def call(x, pk, pv, total):
+        seqlens = be.adopt(np.array([total - 1], np.int32))
+        return kernel(be, x, None, None, pk, pv, seqlens, np.array(total, np.int32), cos, sin)
+
+    block, block_k, _ = call(qkv, cache_k, cache_v, past + rows)
+    steps, pk, pv = [], cache_k, cache_v
+    for j in range(rows):
+        out, pk, pv = call(qkv[:, j:j + 1], pk, pv, past + j + 1)
+        steps.append(out)
+    return block, block_k, steps, pk
+
+
+@given(params=gqa_block_params())
+def test_gqa_verify_block_rows_equal_decode_steps_bitwise(params):
+    be = NumpyArrayBackend()
+    block, block_k, steps, step_k = gqa_block_and_steps(be, params)
+    for j, out in enumerate(steps):
+        assert block[:, j:j + 1].tobytes() == out.tobytes(), f"row {j} differs: {params}"
+    assert block_k.tobytes() == step_k.tobytes()
+
+
+def test_matmul_nbits_dequantises_a_weight_once():
+    """B and scales are initializers: the first forward dequantises them, later forwards
+    reuse that weight; it is (q - 8) * scale, the default zero point of 4 bits."""
+    q = np.random.default_rng(0).integers(0, 16, size=(3, 32))
+    b, scales = pack_bits(q, 4).reshape(3, 1, 16), np.full(3, 0.5, np.float32)
+    a = np.random.default_rng(1).standard_normal((2, 32)).astype(np.float32)
+    model = one_node("MatMulNBits", MS, {"A": a, "B": b, "scales": scales}, ["Y"], K=32, N=3,
+                     bits=4, block_size=32).model
+    for name, value in (("B", b), ("scales", scales)):  # as an exporter stores them
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value, name))
+        model.graph.input.remove(next(i for i in model.graph.input if i.name == name))
+    plan = Plan(model, NumpyArrayBackend())
+    (step,) = plan.steps
+    first = plan.run({"A": a})["Y"]
+    weight = step.kernel._cached[3]
+    np.testing.assert_array_equal(weight, ((q - 8) * 0.5).astype(np.float32))
+    second = plan.run({"A": a})["Y"]
+    assert step.kernel._cached[3] is weight
+    assert first.tobytes() == second.tobytes()
+    result = compare_tensors(first, a.astype(np.float64) @ weight.T.astype(np.float64),
+                             dtype="float32")
+    assert result.ok, result.reason
+
+
+# ---- the comparisons catch planted bugs --------------------------------------------------
+
+def _window_case() -> OpCase:
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 6, 64)).astype(np.float32)  # packed QKV: 2 + 2 * 1 heads of 16
+    return one_node("GroupQueryAttention", MS, {
+        "query": q, "key": None, "value": None, "past_key": None, "past_value": None,
+        "seqlens_k": np.array([5], np.int32), "total_sequence_length": np.array(6, np.int32)},
+        ["out", "present_key", "present_value"], num_heads=2, kv_num_heads=1,
+        local_window_size=2)
+
+
+def _rotary_case() -> OpCase:
+    cos, sin = _rope_caches(8, 8)
+    x = np.random.default_rng(4).standard_normal((1, 3, 32)).astype(np.float32)
+    return one_node("RotaryEmbedding", MS, {"input": x, "position_ids": np.array([2], np.int64),
+                                             "cos_cache": cos, "sin_cache": sin}, ["y"])
+
+
+def _nbits_case() -> OpCase:
+    rng = np.random.default_rng(5)
+    b = pack_bits(rng.integers(0, 16, size=(4, 32)), 4).reshape(4, 1, 16)
+    return one_node("MatMulNBits", MS, {"A": rng.standard_normal((2, 32)).astype(np.float32),
+                                        "B": b, "scales": np.full(4, 0.1, np.float32)},
+                    ["Y"], K=32, N=4, bits=4, block_size=32)
+
+
+def _plant_window_off_by_one(monkeypatch):
+    from engines.native.ops import attention
+
+    class Planted(attention.GroupQueryAttention):
+        def setup(self):
+            super().setup()
+            self.window += 1  # sees one key too many: the older reading of the attribute
+
+    monkeypatch.setitem(KERNELS, f"{MS}:GroupQueryAttention", Planted)
+
+
+def _plant_rotary_pairing(monkeypatch):
+    from engines.native.ops import rotary
+
+    class Planted(rotary.ContribRotaryEmbedding):
+        def setup(self):
+            super().setup()
+            self.interleaved = not self.interleaved  # pairs neighbours instead of halves
+
+    monkeypatch.setitem(KERNELS, f"{MS}:RotaryEmbedding", Planted)
+
+
+def _plant_nibble_order(monkeypatch):
+    from engines.native.ops import quantized
+
+    real = quantized.unpack
+
+    def high_nibble_first(xp, packed, bits):
+        values = real(xp, packed, bits)
+        return values.reshape(values.shape[:-1] + (-1, 2))[..., ::-1].reshape(values.shape)
+
+    monkeypatch.setattr(quantized, "unpack", high_nibble_first)
+
+
+PLANTED = {"gqa-window-off-by-one": (_window_case, _plant_window_off_by_one),
+           "rotary-pairs-swapped": (_rotary_case, _plant_rotary_pairing),
+           "nbits-nibble-order": (_nbits_case, _plant_nibble_order)}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_a_planted_kernel_bug_is_caught_and_the_control_passes(bug, monkeypatch):
+    make_case, plant = PLANTED[bug]
+    case = make_case()
+    want = run_ort(case)
+    assert_agree(run_native_host(case), want, f"control for {bug}")
+    plant(monkeypatch)
+    with pytest.raises(AssertionError):
+        assert_agree(run_native_host(case), want, bug)
