@@ -137,19 +137,24 @@ def bench_forwards(engines: Sequence[str], packages: Sequence[Any], *,
                 continue
             try:
                 engine = cls(package)
-                session = DecodeSession(engine)
-                for kind, n, start, phase in shapes:  # warm-up: captures, first allocations
-                    for _ in range(warmup):
-                        _time_forward(engine, session, ids, ids[start:start + n], start,
-                                      phase)
-                live[name] = (engine, session)
+                live[name] = (engine, DecodeSession(engine))
             except Exception as exc:
                 for key in [k for k in table if k[0] == name]:
                     table[key].status = "error"
                     table[key].reason = f"{type(exc).__name__}: {exc}"
         timings: dict[tuple[str, str, int], list[float]] = {k: [] for k in table}
-        for r in range(repeats):
-            for kind, n, start, phase in shapes:
+        # one shape at a time (its warm-up, then its repeats back to back, engines in turns):
+        # a graph slot holds one signature, so interleaving M=2 and M=3 verifications would
+        # recapture the VERIFY graph on every forward and time captures, not replays
+        for kind, n, start, phase in shapes:
+            for name, (engine, session) in list(live.items()):  # warm-up: capture, allocations
+                try:
+                    for _ in range(warmup):
+                        _time_forward(engine, session, ids, ids[start:start + n], start, phase)
+                except Exception as exc:
+                    row = table[(name, kind, n)]
+                    row.status, row.reason = "error", f"{type(exc).__name__}: {exc}"
+            for r in range(repeats):
                 for name, (engine, session) in live.items():
                     row = table[(name, kind, n)]
                     if row.status != "ok":
@@ -167,7 +172,7 @@ def bench_forwards(engines: Sequence[str], packages: Sequence[Any], *,
                         row.status = "error"
                         row.reason = (f"repeats disagree: token {row.token}, then {token} "
                                       "from the same forward on the same cache")
-            tell(f"{spec.name}: repeat {r + 1}/{repeats}")
+            tell(f"{spec.name}: {kind} {n} timed ({repeats} repeats)")
         for engine, _ in live.values():
             engine.close()
         for key, row in table.items():

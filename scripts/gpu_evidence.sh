@@ -20,6 +20,8 @@ OUT=${OUT:-$PWD/out}
 PY=${PY:-python3}
 export PY PYTHONUNBUFFERED=1
 export LOCKSTEP_CACHE=${LOCKSTEP_CACHE:-/tmp/lockstep-fixtures}
+# hf and the onnxruntime-genai engines find the source checkpoint here (by content hash)
+export LOCKSTEP_CHECKPOINTS=$GGUF
 W=/tmp/lockstep-session/$PHASE
 rm -rf "$W" && mkdir -p "$W" "$OUT"
 SUMMARY="$OUT/summary-$PHASE.txt"
@@ -67,10 +69,10 @@ if [ "$PHASE" = correctness ]; then
     > "$W/convert.txt" 2>&1 &
   converting=$!
   # the memory-flatness tests read the driver's free memory: nothing else on the GPU meanwhile
-  step nightly 420 scripts/gpu_run.sh "not print_decode_ms and not print_device_ms"
+  step nightly 400 scripts/gpu_run.sh "not print_decode_ms and not print_device_ms"
   wait "$converting" || { status=1; echo "== convert: failed" >> "$SUMMARY"; }
   tail -n 5 "$W/convert.txt" >> "$SUMMARY"
-  step dtypes 150 "$PY" -m harness.cli run --engines native-cuda,ort-cuda,hf-cuda \
+  step dtypes 140 "$PY" -m harness.cli run --engines native-cuda,ort-cuda,hf-cuda \
     --packages "$PKG/smollm2-static-float32,$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" \
     --max-prompts 2 --max-new-tokens 32 --evidence-dir "$W/dtypes/evidence"
   "$PY" -m harness.cli report "$W/dtypes/evidence" -o "$W/dtypes/report.html" \

@@ -23,7 +23,7 @@ PROMPTS=${PROMPTS:-3}
 ORT_SITE=${ORT_SITE:-/tmp/site}
 SITE=/tmp/site-genai
 PKG=/tmp/lockstep-dtypes  # shared with gpu_real_dtypes.sh: a conversion made there is reused
-EV=/tmp/lockstep-genai-evidence
+EV=$OUT/genai-evidence  # under $OUT: a run cut short still brings back what it recorded
 mkdir -p "$OUT" "$PKG" "$SITE"
 rm -rf "$EV" && mkdir -p "$EV/bench"
 status=0
@@ -64,6 +64,6 @@ cat "$OUT/genai-matrix.txt"
   --json "$EV/bench/bench-genai-float16.json" > "$OUT/genai-bench.txt" 2>&1 || status=1
 cat "$OUT/genai-bench.txt"
 "$PY" -m harness.cli report "$EV" -o "$OUT/genai-report.html" || status=1
-tar czf "$OUT/genai-evidence.tgz" -C /tmp lockstep-genai-evidence
+tar czf "$OUT/genai-evidence.tgz" -C "$OUT" genai-evidence && rm -rf "$EV"
 echo "gpu_genai status $status"
 exit $status

@@ -15,7 +15,7 @@ ENGINES=${ENGINES:-native-cuda,ort-cuda}
 BENCH_TOKENS=${BENCH_TOKENS:-128}
 REPEATS=${REPEATS:-3}
 PKG=/tmp/lockstep-dtypes
-JS=/tmp/lockstep-speed-json
+JS=$OUT/speed-json  # under $OUT: a run cut short still brings back every finished table
 mkdir -p "$OUT" "$PKG"
 rm -rf "$JS" && mkdir -p "$JS"
 LOG="$OUT/speed.txt"
@@ -58,6 +58,6 @@ step "greedy on the same self-speculative package, float16"
 "$PY" -m harness.cli bench --engines "$ENGINES" --baseline native-cuda \
   --packages "$PKG/smollm2-selfspec-float16" --max-new-tokens "$BENCH_TOKENS" \
   --repeats "$REPEATS" --json "$JS/selfspec-greedy.json" >> "$LOG" 2>&1 || status=1
-tar czf "$OUT/speed-json.tgz" -C /tmp lockstep-speed-json
+tar czf "$OUT/speed-json.tgz" -C "$OUT" speed-json && rm -rf "$JS"
 echo "gpu_speed status $status" | tee -a "$LOG"
 exit $status

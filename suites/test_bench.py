@@ -14,7 +14,6 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 

@@ -66,3 +66,28 @@ def test_bad_lengths_are_one_line_and_exit_2(value, capsys):
                  "--rows", value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--rows" in err[0]
+
+
+def test_each_shape_runs_as_one_block_so_a_graph_slot_keeps_its_signature(monkeypatch):
+    """A graph slot holds one signature: the verifications of one M (warm-up and timed
+    repeats) must run back to back, never interleaved with another M's, or every timed
+    forward would recapture (the first H200 run of this bench timed captures that way)."""
+    import harness.forward_bench as fb
+    from engines.registry import get_engine_class
+
+    base = get_engine_class("native-host")
+    seen: list[tuple[str, int]] = []
+
+    class Logged(base):
+        def run_component(self, component, feeds, phase=None):
+            m = next(v.shape[1] for k, v in feeds.items() if k == "input_ids")
+            if phase != "prefill":
+                seen.append((phase, m))
+            return super().run_component(component, feeds, phase=phase)
+
+    monkeypatch.setattr(fb, "get_engine_class", lambda name: Logged)
+    fb.bench_forwards(["native-host"], ["tiny_llama_static"], rows=[1, 2, 3], prefix=4,
+                      repeats=3, warmup=2)
+    blocks = [key for i, key in enumerate(seen) if i == 0 or seen[i - 1] != key]
+    assert blocks == [("decode", 1), ("verify", 2), ("verify", 3)]
+    assert len(seen) == 3 * (3 + 2)

@@ -44,18 +44,9 @@ def read_source(package_root: Path) -> dict | None:
 
 @functools.lru_cache(maxsize=32)
 def _hash(path: str, size: int, mtime_ns: int) -> str:
-    from engines.package import package_content_hash
+    from engines.package.hashing import checkpoint_hash
 
-    p = Path(path)
-    if p.is_dir():
-        return package_content_hash(p)
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(p, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return f"sha256:{digest.hexdigest()}"
+    return checkpoint_hash(path)
 
 
 def content_hash(path: Path) -> str:

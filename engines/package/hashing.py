@@ -58,3 +58,17 @@ def package_content_hash(folder: str | os.PathLike) -> str:
                     h.update(chunk)
         # sockets, fifos and devices hold no package content: skipped
     return f"sha256:{h.hexdigest()}"
+
+
+def checkpoint_hash(path: str | os.PathLike) -> str:
+    """``"sha256:<hex>"`` of a checkpoint: a file's bytes (a GGUF), or a folder's files as
+    :func:`package_content_hash` hashes them (a Hugging Face folder). The converter records
+    it; engines that build from the checkpoint find the file again by it."""
+    path = Path(path)
+    if path.is_dir():
+        return package_content_hash(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"

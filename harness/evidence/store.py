@@ -183,8 +183,8 @@ def read_evidence(path: str | os.PathLike) -> EvidenceRecord:
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise EvidenceError(f"invalid evidence: {first['msg']}{more}", field=loc or "<record>",
                             value=value, where=where,
-                            remedy=f"fix or delete the file; the schema is "
-                                   f"harness.evidence.evidence_json_schema()") from exc
+                            remedy="fix or delete the file; the schema is "
+                                   "harness.evidence.evidence_json_schema()") from exc
 
 
 def evidence_files(folder: str | os.PathLike) -> list[Path]:
