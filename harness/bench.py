@@ -22,10 +22,12 @@ What one row reports (``docs/PERFORMANCE.md`` has the method):
   in the same run (a device-to-device copy on CUDA, a numpy copy on the host), and **x
   floor**, steady decode ms over floor ms.
 
-``ignore_eos`` (``--ignore-eos``, greedy only) keeps every decode going past eos, so each
-engine is timed on exactly ``max_new_tokens`` tokens; a decode that still stops short is an
-``error`` row. An engine that decodes by itself (``hf``, ``ort-genai``) is asked through the
-declared contract only: ``Engine.generate(prompt, n, ignore_eos=True)``.
+``ignore_eos`` (``--ignore-eos``) keeps every decode, greedy or speculative (and the greedy
+warm-ups), going past eos, so each engine is timed on exactly ``max_new_tokens`` tokens; a
+decode that still stops short is an ``error`` row. An engine that decodes by itself (``hf``,
+``ort-genai``) is asked through the declared contract only:
+``Engine.generate(prompt, n, ignore_eos=True)``; it declares no speculative decoding, so in
+speculative mode it is an ``unavailable`` row, never timed.
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ class BenchRow:
     residency: str = ""
     prompt: list[int] = field(default_factory=list)
     max_new_tokens: int = 0
-    ignore_eos: bool = False  # every decode asked to go on past eos (greedy only)
+    ignore_eos: bool = False  # every decode asked to go on past eos
     new_tokens: int = 0  # tokens one decode produced (fewer than asked when eos came first)
     repeats: int = 0
     tokens_per_s: list[float] = field(default_factory=list)  # one per timed decode
@@ -175,7 +177,7 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
     since a ratio means something only against a baseline timed in the same run.
     ``packages`` are fixture names, folders or loaded packages. ``width`` (speculative only)
     defaults to each package's ``max_width``. ``prompt`` defaults to each package's first.
-    ``ignore_eos`` (greedy only) times exactly ``max_new_tokens`` tokens; ``warmup_steps``
+    ``ignore_eos`` times exactly ``max_new_tokens`` tokens (either mode); ``warmup_steps``
     decode steps of each timed decode are left out of the steady decode median."""
     from harness.packages import resolve_package
 
@@ -190,10 +192,6 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
     if not isinstance(ignore_eos, bool):
         raise InputError("ignore_eos must be True or False", field="ignore_eos",
                          value=ignore_eos, remedy="pass ignore_eos=True or False")
-    if ignore_eos and mode != "greedy":
-        raise InputError("ignoring eos applies to greedy decoding only", field="ignore_eos",
-                         value=True, remedy="use mode greedy, or drop --ignore-eos (a "
-                                            "speculative decode stops at eos)")
     _positive(repeats, "repeats", "time at least one decode per engine (repeats >= 1)")
     _positive(max_new_tokens, "max_new_tokens", "ask for one or more new tokens")
     _non_negative(warmup, "warmup", "give 0 or more warm-up decodes (1 is the default)")
@@ -344,7 +342,8 @@ def timed_decode(engine: Engine, prompt: Sequence[int], max_new_tokens: int,
     if width is None:
         result = greedy_decode(engine, prompt, max_new_tokens, ignore_eos=ignore_eos)
     else:
-        result = speculative_decode(engine, prompt, max_new_tokens, width)
+        result = speculative_decode(engine, prompt, max_new_tokens, width,
+                                    ignore_eos=ignore_eos)
     engine.synchronize()
     return result, time.perf_counter() - start
 
@@ -497,7 +496,8 @@ def run_bench(plan: BenchPlan, on_decode: Callable[[int, str], None] | None = No
                     done += 1
                     tell(1, f"{name} · {engine_name} · warm-up")
                 if target.width is not None:
-                    timed_decode(engine, target.prompt, plan.max_new_tokens, target.width)
+                    timed_decode(engine, target.prompt, plan.max_new_tokens, target.width,
+                                 plan.ignore_eos)
                     done += 1
                     tell(1, f"{name} · {engine_name} · warm-up {target.label}")
             except Exception as exc:  # any failure is this engine's row, the others go on

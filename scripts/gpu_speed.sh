@@ -50,13 +50,13 @@ done
 for width in 1 2 3 4; do
   step "self-speculation (24 of 30 blocks), float16, width $width"
   "$PY" -m harness.cli bench --mode speculative --width "$width" --engines "$ENGINES" \
-    --baseline native-cuda --packages "$PKG/smollm2-selfspec-float16" \
+    --baseline native-cuda --packages "$PKG/smollm2-selfspec-float16" --ignore-eos \
     --max-new-tokens "$BENCH_TOKENS" --repeats "$REPEATS" \
     --json "$JS/selfspec-w$width.json" >> "$LOG" 2>&1 || status=1
 done
 step "greedy on the same self-speculative package, float16"
 "$PY" -m harness.cli bench --engines "$ENGINES" --baseline native-cuda \
-  --packages "$PKG/smollm2-selfspec-float16" --max-new-tokens "$BENCH_TOKENS" \
+  --packages "$PKG/smollm2-selfspec-float16" --ignore-eos --max-new-tokens "$BENCH_TOKENS" \
   --repeats "$REPEATS" --json "$JS/selfspec-greedy.json" >> "$LOG" 2>&1 || status=1
 tar czf "$OUT/speed-json.tgz" -C "$OUT" speed-json && rm -rf "$JS"
 echo "gpu_speed status $status" | tee -a "$LOG"

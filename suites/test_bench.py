@@ -249,7 +249,6 @@ def test_speculative_rows_report_rounds():
     ({"warmup": -1}, "warmup"),
     ({"warmup_steps": -1}, "warmup_steps"),
     ({"warmup_steps": 1.5}, "warmup_steps"),
-    ({"mode": "speculative", "ignore_eos": True}, "ignore_eos"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"max_new_tokens": 10_000}, "max_new_tokens"),  # past the package's context
@@ -346,7 +345,6 @@ def test_cli_ignore_eos_times_every_token_asked_for(eos_package, capsys, monkeyp
     (["--width", "2"], "--width"),  # greedy mode
     (["--mode", "speculative", "--width", "two"], "--width"),
     (["--repeats", "0"], "repeats"),
-    (["--mode", "speculative", "--ignore-eos"], "--ignore-eos"),
     (["--warmup-steps", "-1"], "warmup_steps"),
 ])
 def test_cli_bad_input_exits_2_naming_the_field(argv, field, capsys):

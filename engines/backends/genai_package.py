@@ -14,13 +14,15 @@ decode passes). The package binds ``input_ids`` to ``tokens``, each
 The graph is rewritten, the builder's external weight file copied beside it byte for byte
 (onnx refuses hard-linked weight files). ``genai_package_for(build)`` keeps one wrapped
 package per build in the cache.
-Use: ``python -m engines.backends.genai_package BUILD_FOLDER OUT [--prompts-from PACKAGE]``.
+Use: ``lockstep import-genai BUILD_FOLDER -o OUT [--prompts-from PACKAGE]`` (or
+``python -m engines.backends.genai_package BUILD_FOLDER OUT``).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import logging
 import shutil
 import sys
 from pathlib import Path
@@ -31,15 +33,54 @@ MASK = "attention_mask"
 ORIGIN_FILE = "genai_build.json"
 COMPONENT_FILE = "target.onnx"
 ELEM_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}
+# what the wrapper reads from genai_config.json's model.decoder (a decoder-only text model)
+DECODER_KEYS = {"filename", "inputs", "outputs", "num_hidden_layers", "num_key_value_heads",
+                "head_size"}
+INPUT_KEYS = {"input_ids", "past_key_names", "past_value_names"}
+OUTPUT_KEYS = {"logits", "present_key_names", "present_value_names"}
+DECODER_ONLY = "wrap a decoder-only text model built by onnxruntime-genai's builder"
+# a child of the converter's logger: ``lockstep convert``'s progress shows these steps too
+log = logging.getLogger("harness.convert.genai")
 
 
-def _decoder(build: Path) -> dict:
+def _few(names, shown: int = 6) -> str:
+    """A name list short enough for a one-line error."""
+    names = sorted(names)
+    more = f", ... ({len(names)} in all)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more if names else "nothing"
+
+
+def read_genai_config(build: Path) -> dict:
+    """``genai_config.json`` of a build, checked for what the wrapper reads (the CLI checks a
+    folder with it before removing anything)."""
     path = build / "genai_config.json"
     if not path.is_file():
         raise InputError(f"{build} has no genai_config.json: not an onnxruntime-genai build",
                          field="BUILD_FOLDER", value=str(build),
                          remedy="give the folder onnxruntime-genai's model builder wrote (-o)")
-    return json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except ValueError as err:
+        raise InputError(f"{path} is not JSON ({err})", field="genai_config.json",
+                         value=str(path), remedy="rebuild with onnxruntime-genai's builder")
+    model = config.get("model") if isinstance(config, dict) else None
+    dec = model.get("decoder") if isinstance(model, dict) else None
+    if not isinstance(dec, dict) or not DECODER_KEYS <= set(dec):
+        found = dec if isinstance(dec, dict) else model if isinstance(model, dict) else {}
+        raise InputError(f"genai_config.json's model.decoder lacks "
+                         f"{sorted(DECODER_KEYS - set(dec or {}))} (found: {_few(found)})",
+                         field="model.decoder", value=str(path), remedy=DECODER_ONLY)
+    for part, keys in (("inputs", INPUT_KEYS), ("outputs", OUTPUT_KEYS)):
+        if not isinstance(dec[part], dict) or not keys <= set(dec[part]):
+            raise InputError(f"genai_config.json's model.decoder.{part} lacks "
+                             f"{sorted(keys - set(dec[part] or {}))} "
+                             f"(found: {_few(dec[part] or {})})",
+                             field=f"model.decoder.{part}", value=str(path), remedy=DECODER_ONLY)
+    if not (build / dec["filename"]).is_file():
+        raise InputError(f"{build} has no {dec['filename']}, the graph genai_config.json "
+                         f"names", field="model.decoder.filename", value=dec["filename"],
+                         remedy="give the whole folder the builder wrote (-o), unmoved")
+    return config
 
 
 def _mask_prologue(first_past: str, ids: str) -> list:
@@ -76,7 +117,7 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
     import onnx
 
     build, out = Path(build).expanduser().resolve(), Path(out).expanduser().resolve()
-    config = _decoder(build)
+    config = read_genai_config(build)
     model_cfg, dec = config["model"], config["model"]["decoder"]
     names_in, names_out = dec["inputs"], dec["outputs"]
     layers = int(dec["num_hidden_layers"])
@@ -84,6 +125,7 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
         raise InputError(f"{out} exists and is not empty", field="OUT", value=str(out),
                          remedy="choose a new output folder, or remove that one first")
     # the graph only: its weights stay in the builder's external data file, linked beside it
+    log.info("reading %s", dec["filename"])
     model = onnx.load(str(build / dec["filename"]), load_external_data=False)
     graph = model.graph
     data_files = {e.value for t in graph.initializer for e in t.external_data
@@ -96,8 +138,15 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
     for needed in [ids, *[n for pair in pasts for n in pair]]:
         if needed not in inputs:
             raise InputError(f"{dec['filename']} has no input {needed!r} that "
-                             f"genai_config.json names", field="decoder.inputs", value=needed,
-                             remedy="wrap a decoder-only build of onnxruntime-genai's builder")
+                             f"genai_config.json names (found: {_few(inputs)})",
+                             field="decoder.inputs", value=needed, remedy=DECODER_ONLY)
+    outputs = {vi.name for vi in graph.output}
+    for needed in [names_out["logits"], *[names_out[k] % i for i in range(layers)
+                                          for k in ("present_key_names", "present_value_names")]]:
+        if needed not in outputs:
+            raise InputError(f"{dec['filename']} has no output {needed!r} that "
+                             f"genai_config.json names (found: {_few(outputs)})",
+                             field="decoder.outputs", value=needed, remedy=DECODER_ONLY)
     if mask is not None and mask in inputs:
         if mask != MASK:
             raise InputError(f"the attention mask input is {mask!r}, not {MASK!r}",
@@ -160,12 +209,14 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
         if (build / "tokenizer.json").is_file():
             shutil.copyfile(build / "tokenizer.json", staged / "tokenizer.json")
             spec["tokenizer"] = {"kind": "huggingface", "path": "tokenizer.json"}
+        log.info("writing %s", COMPONENT_FILE)
         onnx.save(model, str(staged / COMPONENT_FILE))
         for data in sorted(data_files):  # copied: onnx refuses hard-linked weight files
             if Path(data).is_absolute() or ".." in Path(data).parts:
                 raise InputError("the build's weights live outside its folder",
                                  field="external_data.location", value=data,
                                  remedy="wrap the folder the builder wrote, unmoved")
+            log.info("copying %s (%.0f MB)", data, (build / data).stat().st_size / 1e6)
             shutil.copyfile(build / data, staged / data)
         import yaml
 
@@ -183,8 +234,14 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
         raise
     from engines.package import load_package
 
+    log.info("checking the package's ports against its graph")
     load_package(out)  # every port checked against the graph
     return out
+
+
+def genai_package_folder(build) -> Path:
+    """Where ``genai_package_for`` keeps a ``GenaiBuild``'s wrapped package."""
+    return build.folder.parent / f"{build.folder.name}-package"
 
 
 def genai_package_for(build, prompts: list[list[int]] | None = None) -> Path:
@@ -192,7 +249,7 @@ def genai_package_for(build, prompts: list[list[int]] | None = None) -> Path:
     the build, this module or the prompts change)."""
     digest = hashlib.sha256(Path(__file__).read_bytes() + build.record["key"].encode()
                             + json.dumps(prompts).encode()).hexdigest()
-    folder = build.folder.parent / f"{build.folder.name}-package"
+    folder = genai_package_folder(build)
     origin = folder / ORIGIN_FILE
     if (folder / "package.yaml").is_file() and origin.is_file() \
             and json.loads(origin.read_text()).get("wrapper_key") == digest:
@@ -230,4 +287,5 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
 
-__all__ = ["genai_package_for", "main", "wrap_genai_build"]
+__all__ = ["genai_package_folder", "genai_package_for", "main", "read_genai_config",
+           "wrap_genai_build"]

@@ -17,8 +17,13 @@ through its ``TensorOps``). A round, with L positions committed and the pending 
 
 Readback per round on a device: 4 bytes per proposer step + 8 per verification. Decoding
 stops at eos or max_new_tokens exactly like greedy, so the streams are equal token for token
-including their length (a round's width shrinks near max_new_tokens; with one token left a
-plain decode step ends the stream).
+including their length (a round's width shrinks near max_new_tokens, so a round never
+commits past it; with one token left a plain decode step ends the stream).
+
+``ignore_eos`` (for timing only: ``lockstep bench --mode speculative --ignore-eos``) is
+greedy's: eos stops nothing and cuts no round short, every proposal and acceptance is
+otherwise the same, and exactly ``max_new_tokens`` tokens come back. A parity run never
+sets it.
 """
 from __future__ import annotations
 
@@ -102,19 +107,20 @@ class SpeculativeSession:
     def ledger(self):
         return self.engine.ledger
 
-    def decode(self, prompt: Sequence[int], max_new_tokens: int, width: int) -> SpeculativeResult:
+    def decode(self, prompt: Sequence[int], max_new_tokens: int, width: int,
+               ignore_eos: bool = False) -> SpeculativeResult:
         width = check_width(self.spec, width)
         ids = check_request(self.spec, prompt, max_new_tokens)
         tokens: list[int] = []
         try:
-            return self._decode(ids, max_new_tokens, width, tokens)
+            return self._decode(ids, max_new_tokens, width, tokens, ignore_eos)
         except Exception as exc:
             exc.decode_step = len(tokens)  # the step being decided when it failed
             raise
 
     def _decode(self, ids: list[int], max_new_tokens: int, width: int,
-                tokens: list[int]) -> SpeculativeResult:
-        eos = self.spec.eos_id
+                tokens: list[int], ignore_eos: bool = False) -> SpeculativeResult:
+        eos = None if ignore_eos else self.spec.eos_id  # None: nothing stops at eos
         ledger, ops = self.ledger, self.ops
         logits_role = "logits"
         start = time.perf_counter()
@@ -185,13 +191,17 @@ class SpeculativeSession:
 
 
 def speculative_decode(engine, prompt: Sequence[int], max_new_tokens: int, width: int,
-                       snapshot_mode: str = "device") -> SpeculativeResult:
+                       snapshot_mode: str = "device", *,
+                       ignore_eos: bool = False) -> SpeculativeResult:
     """Fresh ledger, fresh session, speculative decode at ``width``; an engine that
-    declares no speculative decoding (``Engine.speculative`` False) is refused."""
+    declares no speculative decoding (``Engine.speculative`` False) is refused.
+    ``ignore_eos`` is for timing only (as ``greedy_decode``'s): on past eos, exactly
+    ``max_new_tokens`` tokens; a parity run never sets it."""
     if not engine.speculative:
         raise InputError(f"engine {engine.name!r} declares no speculative decoding",
                          field="engine", value=engine.name,
                          remedy="run it with --mode greedy (its capabilities: lockstep engines)")
     check_width(engine.package.spec, width)
     engine.reset_ledger()
-    return SpeculativeSession(engine, snapshot_mode).decode(prompt, max_new_tokens, width)
+    return SpeculativeSession(engine, snapshot_mode).decode(prompt, max_new_tokens, width,
+                                                            ignore_eos=ignore_eos)

@@ -7,6 +7,8 @@ speculative section, so ``lockstep run --mode speculative`` self-speculates on t
 ``--dtype float16|bfloat16`` writes a mixed-precision package (norms, softmax, rotary and the
 residual stream in float32) and, beside it, its float32 twin, which the oracle runs to judge
 it (``--no-twin`` skips the twin: the oracle then runs the reduced package itself).
+``--builder onnxruntime-genai`` converts with that project's model builder instead
+(``harness.cli.import_genai``).
 """
 from __future__ import annotations
 
@@ -47,6 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="convert the weights only (prompts are then token ids)")
     p.add_argument("--force", action="store_true", help="convert even if an up-to-date "
                                                         "conversion is there")
+    p.add_argument("--builder", choices=("lockstep", "onnxruntime-genai"), default="lockstep",
+                   help="lockstep: lockstep's own converter; onnxruntime-genai: that "
+                        "project's model builder (the genai extra) on the checkpoint, its "
+                        "model then wrapped as a package (lockstep import-genai); --dtype "
+                        "picks its precision")
     p.set_defaults(func=run)
 
 
@@ -73,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
     from harness.convert import convert
     from fixtures.real_checkpoints import resolve_checkpoint
 
+    if args.builder == "onnxruntime-genai":
+        from harness.cli.import_genai import convert_with_builder
+
+        return convert_with_builder(args)
     console = Console()
     source = resolve_checkpoint(args.checkpoint)
     with converting_steps(f"converting {source.name}"):

@@ -313,9 +313,12 @@ class GreedyOnlyPosition(Planted):
 class _SimulatedDeviceOps(HostTensorOps):
     """Host ops that account token ids the way a device does: 4 bytes read back each."""
 
+    _verifying = False  # inside _accept: its argmax rows stay on the "device"
+
     def _argmax(self, logits2d, rows):
         ids = super()._argmax(logits2d, rows)
-        self.ledger.record_readback("token_id", 4 * rows)
+        if not self._verifying:
+            self.ledger.record_readback("token_id", 4 * rows)
         return ids
 
     def _argmax_feed(self, logits2d):
@@ -324,7 +327,13 @@ class _SimulatedDeviceOps(HostTensorOps):
         return token, np.full((1, 1), token, dtype=np.int64)
 
     def _accept(self, logits2d, drafts):
-        accepted, bonus = super()._accept(logits2d, drafts)
+        # a device verification reads back the accept count and the bonus id only (8
+        # bytes), not the W+1 argmax rows it compares on the device
+        self._verifying = True
+        try:
+            accepted, bonus = super()._accept(logits2d, drafts)
+        finally:
+            self._verifying = False
         self.ledger.record_readback("accept_count", 4)
         self.ledger.record_readback("token_id", 4)
         return accepted, bonus

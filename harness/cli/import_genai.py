@@ -1,0 +1,185 @@
+"""``lockstep import-genai BUILD_FOLDER -o PACKAGE``: an onnxruntime-genai build as a package.
+
+The folder onnxruntime-genai's model builder writes (model.onnx, genai_config.json, the
+tokenizer) is another engine's conversion; wrapped (``engines.backends.genai_package``) it
+runs under lockstep's interpreter and is judged by the oracle like any package. Also the
+second half of ``lockstep convert CHECKPOINT --builder onnxruntime-genai``, which first runs
+the builder (``engines.backends.genai_build``, cached) on the checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+from engines.errors import EngineUnavailable, InputError
+
+# lockstep convert's --dtype -> the builder's -p
+PRECISIONS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import-genai", help="wrap the folder onnxruntime-genai's model builder "
+                                            "wrote as a lockstep package")
+    p.add_argument("build", metavar="BUILD_FOLDER",
+                   help="the folder the builder wrote (-o): genai_config.json, model.onnx and "
+                        "its weights, tokenizer.json")
+    p.add_argument("-o", "--output", type=Path, default=None, metavar="PACKAGE",
+                   help="the package folder to write (default: <BUILD_FOLDER>-package beside "
+                        "the build)")
+    p.add_argument("--prompts-from", metavar="PKG",
+                   help="a package (folder or fixture name) whose prompts to copy; it must "
+                        "share the build's tokenizer (default: lockstep's real prompts "
+                        "through the build's tokenizer.json)")
+    p.add_argument("--name", default=None,
+                   help="the package name (default: genai-<build folder name>)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the output folder if it exists")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    build = Path(args.build).expanduser().resolve()
+    out = args.output if args.output is not None else build.parent / f"{build.name}-package"
+    prompts = prompts_from(args.prompts_from) if args.prompts_from else None
+    return wrap_and_report(build, out, args.name, prompts, args.force)
+
+
+def prompts_from(package: str) -> list[list[int]]:
+    """The prompts of another package (``--prompts-from``)."""
+    from engines.errors import LockstepError
+    from harness.packages import resolve_package
+
+    try:
+        return [list(p) for p in resolve_package(package).spec.prompts]
+    except LockstepError as err:  # named by the option the user gave
+        raise InputError(err.message, field="--prompts-from", value=package,
+                         remedy=err.remedy) from err
+
+
+def build_prompts(build: Path) -> list[list[int]] | None:
+    """lockstep's real prompts through the build's tokenizer (ChatML ones only where the
+    vocabulary knows ChatML); None (the wrapper's one BOS token) without a tokenizer."""
+    path = build / "tokenizer.json"
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    if not path.is_file():
+        return None
+    from fixtures.real_checkpoints import encode_prompts
+
+    tokenizer = Tokenizer.from_file(str(path))
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    ids = encode_prompts(tokenizer, chat="<|im_start|>" in vocab and "<|im_end|>" in vocab)
+    return [p for p in ids.values() if p] or None
+
+
+def clear_output(out: Path, build: Path, force: bool) -> None:
+    """Refuse an existing output folder unless ``force``; never remove the build itself."""
+    out = out.expanduser().resolve()
+    if not out.exists():
+        return
+    if not force:
+        raise InputError(f"{out} exists", field="--output", value=str(out),
+                         remedy="choose a new folder, or add --force to replace it")
+    if out == build or out in build.parents:
+        raise InputError("the output folder holds the build it would be written from",
+                         field="--output", value=str(out),
+                         remedy="write the package to a folder outside the build")
+    if out.is_dir():
+        shutil.rmtree(out)
+    else:
+        out.unlink()
+
+
+def wrap_and_report(build: Path, out: Path, name: str | None,
+                    prompts: list[list[int]] | None, force: bool) -> int:
+    """Wrap ``build`` into ``out`` with progress on stderr, then print what was written."""
+    from engines.backends.genai_package import read_genai_config, wrap_genai_build
+    from harness.cli.convert import converting_steps
+
+    read_genai_config(build)  # a genai build, before anything is removed
+    clear_output(out, build, force)
+    if prompts is None:
+        prompts = build_prompts(build)
+    with converting_steps(f"importing {build.name}"):
+        folder = wrap_genai_build(build, out, name, prompts)
+    report(folder)
+    return 0
+
+
+def report(folder: Path) -> None:
+    from engines.package import load_package
+
+    package = load_package(folder)
+    spec = package.spec
+    console = Console(soft_wrap=True)
+    console.print(f"wrapped: {folder}")
+    console.print(f"  package {spec.name} ({package.content_hash[:19]}), {spec.dtype}, vocab "
+                  f"{spec.vocab_size}, max_context {spec.max_context}, {len(spec.prompts)} "
+                  f"prompt(s), tokenizer {'yes' if spec.tokenizer else 'no'}")
+    console.print(f"  next: lockstep run --engines ort-cpu,native-host --packages {folder}")
+
+
+def require_builder() -> str:
+    """onnxruntime-genai's version, or the error saying how to install it and its builder."""
+    from engines.backends.genai_build import INSTALL, genai_version, missing_builder_modules
+
+    version = genai_version()
+    if version is None:
+        raise EngineUnavailable("onnxruntime-genai is not installed", field="--builder",
+                                value="onnxruntime-genai", remedy=INSTALL)
+    missing = missing_builder_modules()
+    if missing:
+        raise EngineUnavailable(f"onnxruntime-genai's model builder needs "
+                                f"{', '.join(missing)}, not installed", field="--builder",
+                                value="onnxruntime-genai", remedy=INSTALL)
+    return version
+
+
+def convert_with_builder(args: argparse.Namespace) -> int:
+    """``lockstep convert CHECKPOINT --builder onnxruntime-genai``: the builder's model of
+    the checkpoint (cached), wrapped into ``-o`` (default: beside the build, in the cache)."""
+    from engines.backends import genai_build
+    from engines.backends.checkpoint_source import CheckpointSource, content_hash
+    from engines.backends.genai_package import genai_package_folder, genai_package_for
+    from fixtures.real_checkpoints import resolve_checkpoint
+    from harness.cli.convert import converting_steps
+
+    unused = [flag for flag, given in (
+        ("--cache", args.cache != "dynamic"), ("--no-twin", args.no_twin),
+        ("--max-context", args.max_context is not None),
+        ("--draft-layers", args.draft_layers is not None),
+        ("--no-tokenizer", args.no_tokenizer)) if given]
+    if unused:
+        raise InputError(f"{unused[0]} applies to lockstep's own converter only",
+                         field=unused[0], value="--builder onnxruntime-genai",
+                         remedy=f"drop {unused[0]}, or use --builder lockstep")
+    version = require_builder()
+    path = resolve_checkpoint(args.checkpoint)
+    if not path.exists():
+        raise InputError(f"{path} does not exist", field="CHECKPOINT", value=str(path),
+                         remedy="give a .gguf file, a Hugging Face folder, or smollm2")
+    with converting_steps(f"building {path.name}") as progress:
+        progress.step(f"hashing {path.name}")
+        source = CheckpointSource(path, "gguf" if path.is_file() else "hf", content_hash(path))
+        progress.step(f"running onnxruntime-genai {version}'s model builder (minutes; cached "
+                      f"under {genai_build.cache_folder()})")
+        build = genai_build.ensure_build(source, PRECISIONS[args.dtype], "cpu")
+    if args.output is None and args.name is not None:
+        raise InputError("--name needs -o: the cached package keeps its own name",
+                         field="--name", value=args.name, remedy="add -o PACKAGE, or drop --name")
+    if args.output is not None:
+        return wrap_and_report(build.folder, args.output, args.name, None, args.force)
+    if args.force:  # else reused while the build, the wrapper and the prompts are unchanged
+        shutil.rmtree(genai_package_folder(build), ignore_errors=True)
+    with converting_steps(f"importing {build.folder.name}"):
+        folder = genai_package_for(build, build_prompts(build.folder))
+    report(folder)
+    return 0
+
+
+__all__ = ["build_prompts", "convert_with_builder", "register", "require_builder", "run"]
