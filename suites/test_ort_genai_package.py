@@ -16,7 +16,6 @@ import json
 import onnx
 import pytest
 
-from engines.backends import genai_build
 from engines.backends.genai_package import MASK, genai_package_for, wrap_genai_build
 from engines.errors import InputError
 from engines.oracle import Oracle
@@ -33,24 +32,16 @@ TOKENS = 6
 
 @pytest.fixture(scope="module")
 def smollm2():
-    pytest.importorskip("gguf", reason="make real (pip install gguf tokenizers)")
-    from fixtures.real_checkpoints import INSTALL, smollm2_path
-    from harness.convert.smollm2 import smollm2_package
+    from suites.genai_support import smollm2_for_genai
 
-    if smollm2_path() is None:
-        pytest.skip(f"SmolLM2 is not installed: {INSTALL}")
-    found = get_engine_class("ort-genai").availability()
-    assert found.ok, f"onnxruntime-genai must be installed where make real ran: {found.reason}"
-    from engines.package import load_package
-
-    return load_package(smollm2_package(cache="dynamic", dtype="float32"))
+    return smollm2_for_genai()
 
 
 @pytest.fixture(scope="module")
 def build(smollm2):
-    from engines.backends.checkpoint_source import find_checkpoint
+    from suites.genai_support import genai_fp32_build
 
-    return genai_build.ensure_build(find_checkpoint(smollm2.root, "ort-genai"), "fp32", "cpu")
+    return genai_fp32_build(smollm2)
 
 
 @pytest.fixture(scope="module")
