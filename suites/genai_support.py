@@ -25,3 +25,15 @@ def genai_fp32_build(package):
     from engines.backends.checkpoint_source import find_checkpoint
 
     return genai_build.ensure_build(find_checkpoint(package.root, "ort-genai"), "fp32", "cpu")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """Fixture: ``smollm2_for_genai()`` once per module."""
+    return smollm2_for_genai()
+
+
+@pytest.fixture(scope="module")
+def build(smollm2):
+    """Fixture: the cached fp32 CPU build of SmolLM2's checkpoint."""
+    return genai_fp32_build(smollm2)

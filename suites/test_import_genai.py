@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from harness.cli import main
+from suites.genai_support import build, smollm2  # noqa: F401 - shared fixtures
 
 
 def one_line_error(capsys, argv) -> str:
@@ -132,20 +133,6 @@ def test_convert_refuses_a_flag_only_lockstep_s_converter_takes(capsys, flag):
 
 
 # -- the real build -------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from suites.genai_support import smollm2_for_genai
-
-    return smollm2_for_genai()
-
-
-@pytest.fixture(scope="module")
-def build(smollm2):
-    from suites.genai_support import genai_fp32_build
-
-    return genai_fp32_build(smollm2)
-
 
 @pytest.fixture(scope="module")
 def imported(build, smollm2, tmp_path_factory):

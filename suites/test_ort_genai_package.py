@@ -24,24 +24,11 @@ from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
 from harness.judge import IDENTICAL, NEAR_TIE, UNAVAILABLE, judge_stream
 from harness.runner import run_matrix
+from suites.genai_support import build, smollm2  # noqa: F401 - shared fixtures
 
 pytestmark = pytest.mark.real_checkpoint
 
 TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from suites.genai_support import smollm2_for_genai
-
-    return smollm2_for_genai()
-
-
-@pytest.fixture(scope="module")
-def build(smollm2):
-    from suites.genai_support import genai_fp32_build
-
-    return genai_fp32_build(smollm2)
 
 
 @pytest.fixture(scope="module")

@@ -161,6 +161,22 @@ def run_builder(args: list[str], log: Path, timeout: float) -> None:
                    f"shared/ONNXRUNTIME_GENAI.md")
 
 
+def require_builder(field: str = "package", value: str | None = None) -> str:
+    """onnxruntime-genai's version, or ``EngineUnavailable`` saying how to install it and
+    what its builder imports. ``field``/``value`` name what asked for it (the CLI: its
+    ``--builder`` option); by default the package and the missing modules."""
+    version = genai_version()
+    if version is None:
+        raise EngineUnavailable("onnxruntime-genai is not installed", field=field,
+                                value="onnxruntime-genai", remedy=INSTALL)
+    missing = missing_builder_modules()
+    if missing:
+        raise EngineUnavailable(
+            f"onnxruntime-genai's model builder needs {', '.join(missing)}, not installed",
+            field=field, value=missing if value is None else value, remedy=INSTALL)
+    return version
+
+
 def ensure_build(checkpoint, precision: str, provider: str,
                  timeout: float = 900.0) -> GenaiBuild:
     """The cached build of ``checkpoint`` (a ``CheckpointSource``) for ``precision``
@@ -168,15 +184,7 @@ def ensure_build(checkpoint, precision: str, provider: str,
     Raises
     :class:`EngineUnavailable` when the genai package or the builder's dependencies are
     missing."""
-    version = genai_version()
-    if version is None:
-        raise EngineUnavailable("onnxruntime-genai is not installed", field="package",
-                                value="onnxruntime-genai", remedy=INSTALL)
-    missing = missing_builder_modules()
-    if missing:
-        raise EngineUnavailable(
-            f"onnxruntime-genai's model builder needs {', '.join(missing)}, not installed",
-            field="package", value=missing, remedy=INSTALL)
+    version = require_builder()
     key = build_key(checkpoint.content_hash, precision, provider, version)
     stem = checkpoint.path.stem if checkpoint.path.is_file() else checkpoint.path.name
     # one folder per checkpoint, provider and precision: a stale build (another builder

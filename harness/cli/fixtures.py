@@ -79,13 +79,14 @@ def real_checkpoint_rows() -> list[tuple[str, str, str]]:
     if path is None:
         return [(name, "not installed", f"{text}; {INSTALL}") for name, text in what.items()]
     try:
+        from engines.package.hashing import checkpoint_hash
         from harness.convert import _folder_name, _key, cache
         from harness.convert.smollm2 import SELFSPEC_DRAFT_LAYERS
         from harness.convert.writer import ConvertOptions
     except ImportError as exc:  # the converter's libraries: the 'real' extra
         return [(name, "no converter", f"{text}; make real ({exc.name} missing)")
                 for name, text in what.items()]
-    source_hash = cache.checkpoint_hash(path)
+    source_hash = checkpoint_hash(path)
     rows = []
     for name, draft in (("smollm2", None), ("smollm2-selfspec", SELFSPEC_DRAFT_LAYERS)):
         opts = ConvertOptions(draft_layers=draft).checked()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from engines.errors import EngineUnavailable, InputError
+from engines.errors import InputError
 
 # lockstep convert's --dtype -> the builder's -p
 PRECISIONS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -125,19 +125,11 @@ def report(folder: Path) -> None:
 
 
 def require_builder() -> str:
-    """onnxruntime-genai's version, or the error saying how to install it and its builder."""
-    from engines.backends.genai_build import INSTALL, genai_version, missing_builder_modules
+    """onnxruntime-genai's version, or the error (naming ``--builder``) saying how to
+    install it and its builder."""
+    from engines.backends.genai_build import require_builder as required
 
-    version = genai_version()
-    if version is None:
-        raise EngineUnavailable("onnxruntime-genai is not installed", field="--builder",
-                                value="onnxruntime-genai", remedy=INSTALL)
-    missing = missing_builder_modules()
-    if missing:
-        raise EngineUnavailable(f"onnxruntime-genai's model builder needs "
-                                f"{', '.join(missing)}, not installed", field="--builder",
-                                value="onnxruntime-genai", remedy=INSTALL)
-    return version
+    return required(field="--builder", value="onnxruntime-genai")
 
 
 def convert_with_builder(args: argparse.Namespace) -> int:
