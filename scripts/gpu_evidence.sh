@@ -6,10 +6,12 @@
 #   speed CHECKPOINT: everything timed, alone on the GPU: the dtype bench (native-cuda,
 #     ort-cuda, hf-cuda), scripts/gpu_speed.sh, scripts/gpu_genai.sh.
 #   coverage CHECKPOINT: side by side on the GPU, nothing timed: the tiny architecture
-#     checkpoints (scripts/gpu_architectures.sh) and the long contexts
-#     (scripts/gpu_long_context.sh).
+#     checkpoints (scripts/gpu_architectures.sh), the long contexts
+#     (scripts/gpu_long_context.sh), and onnxruntime-genai's parity (scripts/gpu_genai.sh, its
+#     matrix and the builder's graph imported and run on native-cuda; its bench runs in speed),
+#     then scripts/gpu_profile_decode.py alone (where a decode step's time goes).
 # Usage (repo root, wheels in .whl/, onnxruntime-gpu in /tmp/site):
-#   OUT=DIR scripts/gpu_evidence.sh correctness|speed CHECKPOINT
+#   OUT=DIR scripts/gpu_evidence.sh correctness|speed|coverage CHECKPOINT
 # Each step has its own time limit (a step that overruns is cut, and says so in
 # summary.txt); every step's files are packed into $OUT/<phase>.tgz, its exit status and the
 # last lines of its log into $OUT/summary-<phase>.txt. Exit: non-zero when any step failed.
@@ -47,6 +49,7 @@ step() {
     echo "== $name: exit $rc ($([ "$rc" -eq 124 ] && echo "cut at ${limit} s" || echo "$(( $(date +%s) - t0 )) s"))"
     tail -n 25 "$W/$name/log.txt"
   } >> "$SUMMARY"
+  return "$rc"  # a step run in the background reports through wait
 }
 
 convert_all() {  # every SmolLM2 package both phases use (a conversion already there is kept)
@@ -78,11 +81,16 @@ if [ "$PHASE" = correctness ]; then
   "$PY" -m harness.cli report "$W/dtypes/evidence" -o "$W/dtypes/report.html" \
     --no-catch-matrix >> "$W/dtypes/log.txt" 2>&1 || status=1
 elif [ "$PHASE" = coverage ]; then  # correctness only, side by side on the GPU
-  step architectures 200 env PYTHONPATH="$PYTHONPATH" bash scripts/gpu_architectures.sh &
+  step architectures 300 env PYTHONPATH="$PYTHONPATH" bash scripts/gpu_architectures.sh &
   ar=$!
-  step long 200 bash scripts/gpu_long_context.sh "$GGUF" &
+  step long 300 bash scripts/gpu_long_context.sh "$GGUF" &
   lo=$!
-  wait "$ar"; wait "$lo"
+  step genai 420 env PARTS=parity PROMPTS=2 bash scripts/gpu_genai.sh "$GGUF" &
+  ge=$!
+  for job in "$ar" "$lo" "$ge"; do wait "$job" || status=1; done
+  # alone on the GPU again: where a native-cuda decode step's time goes (diagnostic)
+  step profile 120 "$PY" scripts/gpu_profile_decode.py "$PKG/smollm2-static-float16" \
+    "$PKG/smollm2-static-float32" || status=1
 else
   OUT="$W/convert" timeout 200 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
     > "$W/convert.txt" 2>&1 || status=1
@@ -97,7 +105,7 @@ else
   }
   step bench 170 bash -c "$(declare -f bench_dtypes); PY=$PY PKG=$PKG OUT=\$OUT bench_dtypes"
   step speed 150 env REPEATS=3 bash scripts/gpu_speed.sh "$GGUF"
-  step genai 180 env REPEATS=2 PROMPTS=2 bash scripts/gpu_genai.sh "$GGUF"
+  step genai 180 env PARTS=bench REPEATS=2 bash scripts/gpu_genai.sh "$GGUF"
 fi
 tar czf "$OUT/$PHASE.tgz" -C /tmp/lockstep-session "$PHASE"
 echo "gpu_evidence $PHASE status $status" >> "$SUMMARY"

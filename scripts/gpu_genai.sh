@@ -4,14 +4,19 @@
 # for the float32 one, run by ort-genai), the parity matrix judges ort-genai-cuda, ort-genai and
 # hf-cuda against the oracle on lockstep's conversions of the same checkpoint, and the bench
 # times ort-genai-cuda beside native-cuda, ort-cuda and hf-cuda. No network is used.
+# The builder's fp32 model is also imported as a lockstep package (`lockstep convert
+# --builder onnxruntime-genai`) and run on native-cuda and native-host (issue 14: a component
+# onnxruntime-genai wrote, on lockstep's own executor).
 # Usage (repo root, on a CUDA machine): OUT=DIR scripts/gpu_genai.sh CHECKPOINT (a .gguf path)
 # Needs: onnxruntime-gpu importable (ORT_SITE, default /tmp/site, is put on PYTHONPATH when it
 # exists), and in .whl/ the onnxruntime_genai_cuda and onnx_ir wheels
 # (scripts/fetch_gpu_wheels.sh --with-genai); any other .whl/ wheel is installed too when
 # pydantic or gguf is not importable. Environment: PY (default python3), TOKENS (parity run,
-# default 32), BENCH_TOKENS (default 128), REPEATS (default 3), PROMPTS (default 3).
+# default 32), BENCH_TOKENS (default 128), REPEATS (default 3), PROMPTS (default 3),
+# PARTS (default "parity bench": parity is the matrix and the imported package, nothing timed;
+# bench is the timed bench, to be run alone on the GPU).
 # Writes to $OUT: genai-install.txt, genai-convert.txt, genai-matrix.txt, genai-builds.json,
-# genai-bench.txt, genai-report.html, genai-evidence.tgz (records and bench JSON). Exit: non-zero on any failed claim.
+# genai-import.txt, genai-bench.txt, genai-report.html, genai-evidence.tgz (records and bench JSON). Exit: non-zero on any failed claim.
 set -uo pipefail
 GGUF=$(realpath "${1:?usage: $0 CHECKPOINT (a .gguf path)}")
 OUT=${OUT:-$PWD/out}
@@ -20,6 +25,7 @@ TOKENS=${TOKENS:-32}
 BENCH_TOKENS=${BENCH_TOKENS:-128}
 REPEATS=${REPEATS:-3}
 PROMPTS=${PROMPTS:-3}
+PARTS=${PARTS:-parity bench}
 ORT_SITE=${ORT_SITE:-/tmp/site}
 SITE=/tmp/site-genai
 PKG=/tmp/lockstep-dtypes  # shared with gpu_real_dtypes.sh: a conversion made there is reused
@@ -48,6 +54,7 @@ for dtype in float32 float16; do
 done
 tail -n 4 "$OUT/genai-convert.txt"
 "$PY" -m harness.cli engines >> "$OUT/genai-convert.txt" 2>&1
+if [[ " $PARTS " == *" parity "* ]]; then
 # ort-genai-cuda runs the float16 package (its float32 CUDA builds do not load in 0.18: that
 # cell is unavailable, with the reason); ort-genai (CPU, fp32) the float32 one
 "$PY" -m harness.cli run --packages "$PKG/smollm2-static-float32,$PKG/smollm2-static-float16" \
@@ -58,11 +65,24 @@ cat "$OUT/genai-matrix.txt"
 # checkpoint hash); the oracle's package is named in every record's judgement
 "$PY" -c "import json,glob,sys; json.dump([json.load(open(p)) for p in sorted(glob.glob(sys.argv[1]))], sys.stdout, indent=1)" \
   "$LOCKSTEP_CACHE/genai/*/build.json" > "$OUT/genai-builds.json" || status=1
+# the builder's fp32 graph as a lockstep package, on lockstep's executor (host and device)
+rm -rf "$PKG/smollm2-genai-built"
+"$PY" -m harness.cli convert "$GGUF" --builder onnxruntime-genai -o "$PKG/smollm2-genai-built" \
+  > "$OUT/genai-import.txt" 2>&1 || status=1
+"$PY" -m harness.cli run --packages "$PKG/smollm2-genai-built" --engines native-cuda,native-host \
+  --strict --max-prompts "$PROMPTS" --max-new-tokens "$TOKENS" --evidence-dir "$EV/imported" \
+  >> "$OUT/genai-import.txt" 2>&1 || status=1
+"$PY" -m harness.cli report "$EV/imported" -o "$OUT/genai-imported-report.html" \
+  --no-catch-matrix >> "$OUT/genai-import.txt" 2>&1 || status=1
+cat "$OUT/genai-import.txt"
+fi
+if [[ " $PARTS " == *" bench "* ]]; then
 "$PY" -m harness.cli bench --engines ort-genai-cuda,native-cuda,ort-cuda,hf-cuda \
   --packages "$PKG/smollm2-static-float16" --baseline hf-cuda --ignore-eos \
   --max-new-tokens "$BENCH_TOKENS" --repeats "$REPEATS" --warmup 2 \
   --json "$EV/bench/bench-genai-float16.json" > "$OUT/genai-bench.txt" 2>&1 || status=1
 cat "$OUT/genai-bench.txt"
+fi
 "$PY" -m harness.cli report "$EV" -o "$OUT/genai-report.html" || status=1
 tar czf "$OUT/genai-evidence.tgz" -C "$OUT" genai-evidence && rm -rf "$EV"
 echo "gpu_genai status $status"

@@ -1,0 +1,115 @@
+"""Where a native-cuda decode step's time goes (issue 12): host work, the replayed graph,
+and each kernel's share of it. Diagnostic only: the figures issue 12 is judged on come from
+``lockstep bench`` run side by side; this says what bounds them.
+
+For each package: a greedy decode with eos ignored (warm-up, then timed), the same decode
+under cProfile (the host functions that cost most), the PRIMARY slot's graph replayed back
+to back and timed with CUDA events (the device time of one forward), and, where torch is
+importable, one replay under torch's CUPTI profiler (every kernel's device time, by name).
+
+Usage (repo root, on a CUDA machine): python scripts/gpu_profile_decode.py PACKAGE [...]
+Environment: TOKENS (default 128), REPLAYS (default 200).
+"""
+from __future__ import annotations
+
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+
+TOKENS = int(os.environ.get("TOKENS", "128"))
+REPLAYS = int(os.environ.get("REPLAYS", "200"))
+
+
+def decode_steps(engine, prompt):
+    from engines.workflow import greedy_decode
+
+    result = greedy_decode(engine, prompt, TOKENS, ignore_eos=True)
+    engine.synchronize()
+    return result
+
+
+def profile_host(engine, prompt) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    decode_steps(engine, prompt)
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(25)
+    return text.getvalue()
+
+
+def replay_ms(engine, cp) -> float:
+    """Device ms of one PRIMARY replay, the graph launched REPLAYS times back to back."""
+    from engines.native.graph_slots import GraphSlot
+
+    state = engine.slots[GraphSlot.PRIMARY]
+    if state.graph is None:
+        return float("nan")
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(10):
+        state.graph.launch(engine.stream)
+    start.record(engine.stream)
+    for _ in range(REPLAYS):
+        state.graph.launch(engine.stream)
+    stop.record(engine.stream)
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / REPLAYS
+
+
+def kernel_table(engine) -> str:
+    """One replay under torch's profiler (CUPTI sees CuPy's kernels too), by kernel name."""
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except Exception as exc:  # noqa: BLE001 - diagnostic: say why and go on
+        return f"(no kernel table: torch unavailable: {exc})"
+    from engines.native.graph_slots import GraphSlot
+
+    state = engine.slots[GraphSlot.PRIMARY]
+    torch.cuda.init()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            state.graph.launch(engine.stream)
+        engine.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+
+
+def main(paths: list[str]) -> int:
+    from engines.cuda_support import import_cupy
+    from engines.package import load_package
+    from engines.registry import get_engine_class
+
+    cp = import_cupy()
+    for path in paths:
+        package = load_package(path)
+        engine = get_engine_class("native-cuda")(package)
+        prompt = list(package.spec.prompts[0])
+        print(f"=== {package.spec.name} ({package.spec.dtype}), prompt {len(prompt)} tokens, "
+              f"{TOKENS} new tokens")
+        for _ in range(2):
+            decode_steps(engine, prompt)
+        walls = []
+        for _ in range(3):
+            result = decode_steps(engine, prompt)
+            walls.append(statistics.median(result.step_s[2:]) * 1e3)
+        print(f"decode step wall (median of steady steps, 3 decodes): "
+              f"{', '.join(f'{w:.3f}' for w in walls)} ms")
+        t0 = time.perf_counter()
+        device = replay_ms(engine, cp)
+        print(f"PRIMARY graph replay, back to back: {device:.3f} ms a forward "
+              f"({REPLAYS} replays, {time.perf_counter() - t0:.2f} s)")
+        print(f"host share of a step: {statistics.median(walls) - device:.3f} ms")
+        print(profile_host(engine, prompt))
+        print(kernel_table(engine))
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
