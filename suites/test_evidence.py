@@ -150,6 +150,65 @@ def test_environment_collects_without_a_gpu_and_names_versions():
         assert env.cupy is None and env.gpu_name is None
 
 
+def _git(cwd: Path, *args: str) -> str:
+    import subprocess  # noqa: PLC0415
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True,
+                          env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+    return done.stdout.strip()
+
+
+def _commit_repo(path: Path) -> str:
+    """A git repository at ``path`` with one commit; its HEAD."""
+    path.mkdir(parents=True, exist_ok=True)
+    _git(path, "init", "-q")
+    (path / "f.txt").write_text("x")
+    _git(path, "add", "f.txt")
+    _git(path, "commit", "-q", "-m", "c")
+    return _git(path, "rev-parse", "HEAD")
+
+
+def test_environment_records_lockstep_commit_when_set(monkeypatch):
+    pinned = "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setenv("LOCKSTEP_COMMIT", pinned)
+    assert ev.collect_environment().git_commit == pinned
+    assert ev.git_commit() == pinned
+
+
+def test_environment_commit_is_not_an_enclosing_checkouts_head(tmp_path, monkeypatch):
+    """A snapshot without .git nested in another checkout: git would answer with the enclosing
+    repository's HEAD, a different commit; that is recorded as unknown."""
+    from harness.evidence import environment  # noqa: PLC0415
+    monkeypatch.delenv("LOCKSTEP_COMMIT", raising=False)
+    outer_head = _commit_repo(tmp_path / "outer")
+    snapshot = tmp_path / "outer" / "work" / "lockstep"
+    snapshot.mkdir(parents=True)
+    monkeypatch.setattr(environment, "_REPO_ROOT", snapshot)
+    assert ev.collect_environment().git_commit is None
+    assert ev.git_commit(snapshot) is None
+    assert ev.git_commit(tmp_path / "outer") == outer_head  # its own top level: its HEAD
+
+
+def test_environment_commit_empty_lockstep_commit_falls_back_to_git(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCKSTEP_COMMIT", "  ")
+    head = _commit_repo(tmp_path / "repo")
+    assert ev.git_commit(tmp_path / "repo") == head
+    assert ev.git_commit(tmp_path) is None  # not a repository at all
+
+
+def test_environment_names_the_imported_onnxruntime_not_a_shadowed_distribution(monkeypatch):
+    """onnxruntime and onnxruntime-gpu both installed, one shadowing the other on sys.path:
+    the version recorded is that of the module imported, whatever the metadata says."""
+    ort = pytest.importorskip("onnxruntime")
+    import onnx  # noqa: PLC0415
+    from harness.evidence import environment  # noqa: PLC0415
+    monkeypatch.setattr(environment.metadata, "version", lambda name: "0.0.0-wrong")
+    env = ev.collect_environment()
+    assert env.onnxruntime == ort.__version__
+    assert env.onnx == onnx.__version__
+    assert env.numpy == np.__version__
+
+
 # -- strict reading ------------------------------------------------------------------------
 
 def _written(tmp_path) -> tuple[Path, str]:

@@ -157,6 +157,42 @@ def test_gemv_rows_are_bitwise_independent_of_m(cp, stream, kernels, shape, dtyp
     assert same_bits(out_kn, np.stack(singles[:9]))
 
 
+@pytest.mark.claim("batch_invariance")
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", [(960, 576), (3072, 576), (576, 1536), (49152, 576)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_prefill_rows_through_the_tile_kernel_equal_single_rows(cp, stream, kernels, shape,
+                                                                dtype):
+    """A prefill's M (more rows than a chunk) runs ``gemv_tile`` (x staged in shared memory,
+    a partial last tile: 7 rows a tile for K = 1536 in float32); each of its rows equals the
+    M = 1 GEMV's bit for bit. The launch is checked to be the tile kernel."""
+    from engines.native.cuda_kernels import gemv_tile_rows, kernel_name
+
+    n, k = shape
+    name = kernel_name("gemv_tile", dtype)
+    m = 45
+    assert gemv_tile_rows(m, k, np.dtype(dtype).itemsize) > 0
+    rng = np.random.default_rng(n + k)
+    w = np.ascontiguousarray(weights(rng, n, k, dtype).T)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    with stream:
+        xd, w_nk = cp.asarray(x), cp.asarray(w)
+    launched = []
+    real = kernels._functions[name]
+    kernels._functions[name] = lambda *a, **kw: launched.append(1) or real(*a, **kw)
+    try:
+        out = host(kernels.gemv_rows(xd, w_nk, stream=stream, w_layout="nk"), stream)
+    finally:
+        kernels._functions[name] = real
+    assert launched == [1]
+    for i in (0, 6, 7, 15, 16, 31, 44):  # both sides of every tile edge that occurs
+        single = host(kernels.gemv_rows(xd[i:i + 1], w_nk, stream=stream, w_layout="nk"),
+                      stream)[0]
+        assert same_bits(out[i], single), f"row {i} of M={m} differs from M=1"
+    assert_close(out, x.astype(np.float64) @ w.T.astype(np.float64), dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("shape", GEMV_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")

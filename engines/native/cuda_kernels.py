@@ -14,12 +14,17 @@ appended to a reduction leave its result unchanged.
   chunks, and a row's arithmetic never depends on where it sits or how many rows there are.
   When K is a whole number of 16-byte vectors (``gemv_k_vector_order``), ``gemv_vec`` runs
   instead: runs of 4 float32 or 8 16-bit k per lane, a team of 1, 2 or 4 warps per column
-  chosen from N alone (``gemv_team``), a fixed butterfly per warp and the team's warps
-  added in order: one order per (K, N), whatever M, the weight's layout or the alignment.
+  chosen from N, K and the dtype alone (``gemv_team``), a fixed butterfly per warp and the
+  team's warps added in order: one order per (K, N), whatever M, the weight's layout or the
+  alignment.
   A cached [N, K] weight with 16-byte aligned operands (``gemv_vectorised``) is loaded 16
   bytes at a time; a [K, N] weight element by element, with the same arithmetic.
   ``gemv_vec3`` runs two or three such GEMVs over one x in one launch (the fusion pass's
   q/k/v and gate/up), each weight's blocks exactly as its own launch would run them.
+  ``gemv_tile`` takes over for more rows than one chunk (a prefill, ``gemv_tile_rows``): a
+  block stages up to 16 rows of x in shared memory once and its 16 warps' columns read them
+  there (each column otherwise reads x from memory again); the per-column code is
+  ``gemv_vec``'s, so the bits are too.
 - ``batched_matmul``: activation x activation ([..., M, K] @ [..., K, N], broadcasting up
   to four batch axes, any strides). One thread per output element, sequential K loop, each
   product rounded then added: the host backend's arithmetic exactly, so the two agree bit
@@ -45,6 +50,8 @@ from engines.errors import ExecutionError, ResidencyError
 
 GEMV_ROWS_PER_CHUNK = 16  # rows that share one pass over the weights
 GEMV_WARPS_PER_BLOCK = 4  # output columns per block of 128 threads
+GEMV_TILE_WARPS = 16  # warps of a gemv_tile block (many rows): they share one x tile
+GEMV_TILE_BYTES = 45 * 1024  # shared memory for a gemv_tile block's rows of x
 LINEAR_BLOCK = 256  # threads per block for the one-thread-per-output kernels
 MAX_BATCH_AXES = 4  # batched_matmul broadcasts over at most this many batch axes
 COMPILE_OPTIONS = ("--fmad=false",)
@@ -169,7 +176,7 @@ _GEMV_VEC = r"""
 // VEC: both operands are loaded 16 bytes at a time (W^T [N, K] rows, both 16-byte
 // aligned); otherwise each element is loaded alone, w(k, n) = wr[k * w_kstep]. The loads
 // differ, the arithmetic does not, so a [K, N] weight gives the [N, K] one's bits.
-template <int R, bool VEC>
+template <int R, bool VEC, int WARPS>
 __device__ __forceinline__ void lk_gemv_vec_chunk_$S(
         const $T* __restrict__ xr, const $T* __restrict__ wr, $T* __restrict__ out,
         long long K, long long N, long long w_kstep, long long n, long long m0, bool valid,
@@ -217,13 +224,13 @@ __device__ __forceinline__ void lk_gemv_vec_chunk_$S(
         v += __shfl_xor_sync(0xffffffffu, v, 4);
         v += __shfl_xor_sync(0xffffffffu, v, 2);
         v += __shfl_xor_sync(0xffffffffu, v, 1);
-        if (lane == 0) part[i * LK_GEMV_WARPS + warp] = v;
+        if (lane == 0) part[i * WARPS + warp] = v;
     }
     __syncthreads();
     if (valid && lane == 0 && warp % team == 0) {
         for (int i = 0; i < R; ++i) {
-            float total = part[i * LK_GEMV_WARPS + warp];
-            for (int s = 1; s < team; ++s) total += part[i * LK_GEMV_WARPS + warp + s];
+            float total = part[i * WARPS + warp];
+            for (int s = 1; s < team; ++s) total += part[i * WARPS + warp + s];
             lk_store(out, (m0 + i) * N + n, total);
         }
     }
@@ -289,6 +296,40 @@ extern "C" __global__ void gemv_vec3_$S(const $T* __restrict__ x, const $T* __re
                              part);
     }
 }
+
+// Many rows (a prefill): block (bx, by) stages rows [by * tile_rows, ...) of x in shared
+// memory once, 16 bytes at a time, and its LK_TILE_WARPS / team columns read them there
+// instead of each column reading x again. Each column is lk_gemv_vec_chunk's arithmetic (the
+// same function, 16-byte loads of a W^T [N, K] row), so every element equals gemv_vec's bit
+// for bit: only where x is read from differs.
+extern "C" __global__ void gemv_tile_$S(const $T* __restrict__ x, const $T* __restrict__ w,
+                                        $T* __restrict__ out, long long M, long long K,
+                                        long long N, int team, int tile_rows) {
+    extern __shared__ __align__(16) unsigned char lk_tile_smem[];
+    __shared__ float part[LK_GEMV_ROWS * LK_TILE_WARPS];
+    $T* xs = reinterpret_cast<$T*>(lk_tile_smem);
+    const long long m0 = (long long)blockIdx.y * tile_rows;
+    const long long rows = (M - m0) < tile_rows ? (M - m0) : tile_rows;
+    const long long vecs = rows * K / (16 / (long long)sizeof($T));
+    const lk_vec16* src = reinterpret_cast<const lk_vec16*>(x + m0 * K);
+    lk_vec16* dst = reinterpret_cast<lk_vec16*>(xs);
+    for (long long i = threadIdx.x; i < vecs; i += blockDim.x) dst[i] = src[i];
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const long long n = (long long)blockIdx.x * (LK_TILE_WARPS / team) + warp / team;
+    const bool valid = n < N;  // every thread stays for the barriers
+    const int tt = (warp % team) * 32 + lane;
+    const $T* wr = w + (valid ? n : 0) * K;
+    for (long long r0 = 0; r0 < rows; r0 += LK_GEMV_ROWS) {
+        const long long count = (rows - r0) < LK_GEMV_ROWS ? (rows - r0) : LK_GEMV_ROWS;
+        const $T* xr = xs + r0 * K;
+        const long long mr = m0 + r0;
+        switch (count) {
+$tcases
+        }
+    }
+}
 """
 
 _BMM = r"""
@@ -352,6 +393,7 @@ def prelude() -> str:
 def kernel_source() -> str:
     """The whole CUDA source: one module, every kernel for every dtype it supports."""
     parts = [prelude(), f"#define LK_GEMV_WARPS {GEMV_WARPS_PER_BLOCK}",
+             f"#define LK_TILE_WARPS {GEMV_TILE_WARPS}",
              "struct alignas(16) lk_vec16 { unsigned int words[4]; };  // one 16-byte load"]
     for dtype, (suffix, storage, acc) in _TYPES.items():
         fields = {"S": suffix, "T": storage, "A": acc}
@@ -361,11 +403,17 @@ def kernel_source() -> str:
                 f"w_step, m0, lane); break;" for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
             parts.append(Template(_GEMV).substitute(fields, cases=cases))
             vcases, scases = (
-                "\n".join(f"            case {r}: lk_gemv_vec_chunk_{suffix}<{r}, {vec}>(xr, wr, "
-                          f"out, K, N, w_kstep, n, m0, valid, tt, team * 32, warp, team, lane, "
-                          f"part); break;" for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
+                "\n".join(f"            case {r}: lk_gemv_vec_chunk_{suffix}<{r}, {vec}, "
+                          f"LK_GEMV_WARPS>(xr, wr, out, K, N, w_kstep, n, m0, valid, tt, "
+                          f"team * 32, warp, team, lane, part); break;"
+                          for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
                 for vec in ("true", "false"))
-            parts.append(Template(_GEMV_VEC).substitute(fields, vcases=vcases, scases=scases))
+            tcases = "\n".join(
+                f"            case {r}: lk_gemv_vec_chunk_{suffix}<{r}, true, LK_TILE_WARPS>("
+                f"xr, wr, out, K, N, 1, n, mr, valid, tt, team * 32, warp, team, lane, part); "
+                f"break;" for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
+            parts.append(Template(_GEMV_VEC).substitute(fields, vcases=vcases, scases=scases,
+                                                        tcases=tcases))
         parts.append(Template(_BMM).substitute(fields))
         parts.append(Template(_SUM).substitute(fields))
     return "\n".join(parts)
@@ -379,7 +427,7 @@ def kernel_name(family: str, dtype) -> str:
     """``gemv_rows``/``bmm``/``sum_axis`` + dtype -> the compiled function's name."""
     name = np.dtype(dtype).name
     supported = {"gemv_rows": GEMV_DTYPES, "gemv_vec": GEMV_DTYPES, "gemv_vec3": GEMV_DTYPES,
-                 "bmm": MATMUL_DTYPES, "sum_axis": SUM_DTYPES}[family]
+                 "gemv_tile": GEMV_DTYPES, "bmm": MATMUL_DTYPES, "sum_axis": SUM_DTYPES}[family]
     if name not in supported:
         raise ExecutionError(f"{family} has no CUDA kernel for dtype {name}", field="dtype",
                              value=name, remedy=f"use one of: {', '.join(supported)}")
@@ -393,6 +441,15 @@ def gemv_vectorised(x, w) -> bool:
     return (x.shape[1] % per == 0 and x.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
 
 
+def gemv_tile_rows(m: int, k: int, itemsize: int) -> int:
+    """Rows of x a ``gemv_tile`` block stages (0: run ``gemv_vec``): only for more rows than
+    one chunk (a prefill; decode and verification keep ``gemv_vec``) and only as many as
+    ``GEMV_TILE_BYTES`` of shared memory hold. The arithmetic is the same either way."""
+    if m <= GEMV_ROWS_PER_CHUNK:
+        return 0
+    return min(GEMV_ROWS_PER_CHUNK, GEMV_TILE_BYTES // (k * itemsize))
+
+
 def gemv_k_vector_order(k: int, itemsize: int) -> bool:
     """Whether a GEMV with inner extent K runs the K-vector order (``gemv_vec``): K a whole
     number of 16-byte vectors. A function of K and the dtype alone, so the weight's layout
@@ -400,11 +457,20 @@ def gemv_k_vector_order(k: int, itemsize: int) -> bool:
     return k % (16 // itemsize) == 0
 
 
-def gemv_team(n: int) -> int:
+RUNS_PER_LANE = 3  # 16-byte runs a lane should have in flight before a column takes more warps
+
+
+def gemv_team(n: int, k: int, itemsize: int) -> int:
     """Warps per output column of the vectorised GEMV: more for narrow outputs, so a small
-    projection still spreads over the GPU. A function of N alone (never of M), so the
-    arithmetic of a row is fixed by the weight."""
-    return 4 if n <= 4096 else 2 if n <= 16384 else 1
+    projection still spreads over the GPU, but no more than keep about ``RUNS_PER_LANE``
+    runs of 16 bytes a lane (more warps than runs leave lanes idle and add block-wide waits:
+    on the H200 a SmolLM2 decode's q/k/v and gate/up GEMVs, K = 576, took 6.3 us a launch
+    with 4 warps a column, 72 runs over 128 lanes). A function of N, K and the dtype
+    (never of M), so the arithmetic of a row is fixed by the weight."""
+    by_n = 4 if n <= 4096 else 2 if n <= 16384 else 1
+    runs = -(-k // (16 // itemsize))
+    by_k = max(1, min(4, -(-runs // (32 * RUNS_PER_LANE))))
+    return min(by_n, by_k)
 
 
 def _i64(value: int) -> np.int64:
@@ -505,10 +571,18 @@ class CudaKernels:
             return out
         if gemv_k_vector_order(k, x.itemsize):
             # One arithmetic for every layout and alignment; only the loads differ.
-            team = gemv_team(n)
+            team = gemv_team(n, k, x.itemsize)
             cols = GEMV_WARPS_PER_BLOCK // team
             nk = w_layout == "nk"
             vec = nk and gemv_vectorised(x, w)
+            tile = gemv_tile_rows(m, k, x.itemsize) if vec else 0
+            if tile:  # many rows: x staged once per block in shared memory
+                cols = GEMV_TILE_WARPS // team
+                self._functions[kernel_name("gemv_tile", x.dtype)](
+                    ((n + cols - 1) // cols, (m + tile - 1) // tile), (32 * GEMV_TILE_WARPS,),
+                    (x, w, out, _i64(m), _i64(k), _i64(n), np.int32(team), np.int32(tile)),
+                    stream=stream, shared_mem=tile * k * x.itemsize)
+                return out
             self._launch(kernel_name("gemv_vec", x.dtype), (n + cols - 1) // cols,
                          32 * GEMV_WARPS_PER_BLOCK,
                          (x, w, out, _i64(m), _i64(k), _i64(n), _i64(k if nk else 1),
@@ -538,13 +612,15 @@ class CudaKernels:
                                      field="weights", value=(tuple(w.shape), w.dtype.name),
                                      remedy=f"[N, {k}] {x.dtype.name} weights, 16-byte "
                                             "aligned rows, or one gemv_rows each")
+        if gemv_tile_rows(m, k, x.itemsize):  # a prefill: each weight's own tiled launch
+            return [self.gemv_rows(x, w, stream=stream) for w in weights]
         outs = [self._out(None, (m, w.shape[0]), x.dtype, stream) for w in weights]
         if m == 0:
             return outs
         ws = list(weights) + [weights[-1]] * (3 - len(weights))
         os_ = outs + [outs[-1]] * (3 - len(outs))
         ns = [w.shape[0] for w in weights] + [0] * (3 - len(weights))
-        teams = [gemv_team(n) if n else 1 for n in ns]
+        teams = [gemv_team(n, k, x.itemsize) if n else 1 for n in ns]
         blocks = [-(-n // (GEMV_WARPS_PER_BLOCK // t)) for n, t in zip(ns, teams)]
         self._launch(kernel_name("gemv_vec3", x.dtype), sum(blocks), 32 * GEMV_WARPS_PER_BLOCK,
                      (x, *ws, *os_, _i64(m), _i64(k), *map(_i64, ns), *map(np.int32, teams),

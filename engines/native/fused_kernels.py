@@ -27,7 +27,7 @@ from engines.native.cuda_kernels import _TYPES, COMPILE_OPTIONS, prelude
 
 FUSED_DTYPES = tuple(d for d in ("float32", "float16", "bfloat16") if d in _TYPES)
 BLOCK = 256  # threads for the one-block-per-row and elementwise kernels
-ATTENTION_BLOCK = 128  # threads per (head, query) block
+ATTENTION_BLOCK = 256  # threads per (head, query) block: a key each, for up to 256 keys
 ATTENTION_MAX_HEAD_DIM = 512
 
 _COMMON = r"""
@@ -280,22 +280,26 @@ extern "C" __global__ void kv_write2_${S}(
 
 _ATTENTION = r"""
 // One block per (head h, query m): the query at position p reads key slots j in [0, p]
-// (and < T) of KV head h / group, nothing else. Scores: a warp per key, lanes over d in
-// float32, a fixed butterfly; rounded to $T (the MatMul's output), then either scaled in
-// $T (uniform) or taken as float32 ($TC, mixed). Softmax in $TC: max, exp, a sum whose
-// order depends on j only (thread j % threads, then the block tree); probabilities
-// rounded to $TC then to $T. Output: thread group g adds keys j = g, g + G, ... ascending,
-// groups then added in order; stored to out[0, m, h * D + d] as $T.
+// (and < T) of KV head h / group, nothing else. Scores: thread t takes keys j = t, t +
+// blockDim, ... and adds q[d] * k[j, d] over d ascending with fused multiply-adds in float32
+// (KVEC: the key row loaded 16 bytes at a time, the same arithmetic); rounded to $T (the
+// MatMul's output), then either scaled in $T (uniform) or taken as float32 ($TC, mixed).
+// Softmax in $TC: max, exp, a sum whose order depends on j only (thread j % blockDim, then
+// the block tree); probabilities rounded to $TC then to $T. Output: thread group g adds keys
+// j = g, g + G, ... ascending, groups then added in order; stored to out[0, m, h * D + d] as
+// $T. Every order depends on (p, D) alone: a verify row is the decode at its position.
 extern "C" __global__ void attention_${S}_${SC}(
         const $T* __restrict__ q, const $T* __restrict__ k, const $T* __restrict__ v,
         const long long* __restrict__ pos, $T* __restrict__ out, float* __restrict__ scratch,
         long long H, long long M, long long T, long long D, long long group,
-        long long qh, long long qm, long long qd, int has_scale, float scale, int G) {
+        long long qh, long long qm, long long qd, int has_scale, float scale, int G,
+        int kvec) {
     __shared__ float qs[LK_ATT_MAX_D];
     __shared__ float part[LK_ATT_BLOCK];
     __shared__ float smem[33];
     const $T* S = 0;
     const $TC* C = 0;
+    constexpr int V = 16 / sizeof($T);
     const long long h = blockIdx.x / M;
     const long long m = blockIdx.x % M;
     const long long p = pos[m];
@@ -304,24 +308,28 @@ extern "C" __global__ void attention_${S}_${SC}(
     const $T* kh = k + kvh * T * D;
     const $T* vh = v + kvh * T * D;
     float* s = scratch + blockIdx.x * T;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const int tid = threadIdx.x;
     for (long long d = tid; d < D; d += blockDim.x) qs[d] = lk_load(q, h * qh + m * qm + d * qd);
     __syncthreads();
-    for (long long j = warp; j < L; j += warps) {
+    float mx = __int_as_float(0xff800000);  // -inf
+    for (long long j = tid; j < L; j += blockDim.x) {
+        const $T* kr = kh + j * D;
         float acc = 0.0f;
-        for (long long d = lane; d < D; d += 32) acc = __fmaf_rn(qs[d], lk_load(kh, j * D + d), acc);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 16);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 8);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (kvec) {
+            for (long long c = 0; c < D; c += V) {
+                const lk_att_vec16 kv = *reinterpret_cast<const lk_att_vec16*>(kr + c);
+                const $T* kp = reinterpret_cast<const $T*>(&kv);
+#pragma unroll
+                for (int e = 0; e < V; ++e) acc = __fmaf_rn(qs[c + e], lk_load(kp, e), acc);
+            }
+        } else {
+            for (long long d = 0; d < D; ++d) acc = __fmaf_rn(qs[d], lk_load(kr, d), acc);
+        }
         float score = lk_round(S, acc);
         if (has_scale) score = lk_round(C, score * scale);
-        if (lane == 0) s[j] = score;
+        s[j] = score;
+        mx = fmaxf(mx, score);
     }
-    __syncthreads();
-    float mx = __int_as_float(0xff800000);  // -inf
-    for (long long j = tid; j < L; j += blockDim.x) mx = fmaxf(mx, s[j]);
     mx = lk_block_max(mx, smem);
     float acc = 0.0f;
     for (long long j = tid; j < L; j += blockDim.x) {
@@ -337,6 +345,7 @@ extern "C" __global__ void attention_${S}_${SC}(
         const int g = tid / D;
         float o = 0.0f;
         if (g < G) {
+#pragma unroll 4
             for (long long j = g; j < L; j += G) o = o + s[j] * lk_load(vh, j * D + d);
             part[tid] = o;
         }
@@ -349,6 +358,7 @@ extern "C" __global__ void attention_${S}_${SC}(
     } else {
         for (long long d = tid; d < D; d += blockDim.x) {
             float o = 0.0f;
+#pragma unroll 4
             for (long long j = 0; j < L; ++j) o = o + s[j] * lk_load(vh, j * D + d);
             lk_store(out, (m * H + h) * D + d, o);
         }
@@ -370,7 +380,9 @@ def fused_source() -> str:
     """The module: the shared prelude, then every fused kernel for every dtype combination
     the fused nodes can carry (storage, compute, output)."""
     parts = [prelude(), f"#define LK_ATT_MAX_D {ATTENTION_MAX_HEAD_DIM}",
-             f"#define LK_ATT_BLOCK {ATTENTION_BLOCK}", _COMMON]
+             f"#define LK_ATT_BLOCK {ATTENTION_BLOCK}",
+             "struct alignas(16) lk_att_vec16 { unsigned int words[4]; };  // one 16-byte load",
+             _COMMON]
     for dtype in FUSED_DTYPES:
         parts.append(Template(_ROUND).substitute(T=_TYPES[dtype][1]))
     for a, b in itertools.product(FUSED_DTYPES, repeat=2):
@@ -674,10 +686,13 @@ class FusedKernels:
         scratch = self._empty((heads * m * max(t, 1),), np.float32, stream)
         groups = ATTENTION_BLOCK // d if d <= ATTENTION_BLOCK else 1
         qs = [s // q.itemsize for s in q.strides[1:]]
+        # key rows in 16-byte loads where each row is whole vectors and both caches aligned
+        kvec = (d * k.itemsize) % 16 == 0 and k.data.ptr % 16 == 0
         self._launch(name, heads * m, ATTENTION_BLOCK,
                      (q, k, v, pos, out, scratch, _i64(heads), _i64(m), _i64(t), _i64(d),
                       _i64(group), *map(_i64, qs), np.int32(scale is not None),
-                      np.float32(0.0 if scale is None else scale), np.int32(groups)), stream)
+                      np.float32(0.0 if scale is None else scale), np.int32(groups),
+                      np.int32(kvec)), stream)
         return out
 
 

@@ -96,9 +96,9 @@ class Signature:
 
     @classmethod
     def of(cls, component: str, feeds: Mapping[str, Any]) -> Signature:
+        # every decode step computes this over every feed (a kv cell each): kept lean
         return cls(component, tuple(sorted(
-            (name, tuple(int(d) for d in v.shape), np.dtype(v.dtype).str)
-            for name, v in feeds.items())))
+            (name, tuple(v.shape), np.dtype(v.dtype).str) for name, v in feeds.items())))
 
 
 class SlotStatus(enum.Enum):
@@ -311,9 +311,9 @@ class CupyGraphDevice:
 
     def accepts(self, value: Any) -> bool:
         """Only non-empty arrays on this device can be copied into a static buffer."""
-        cp = self.cp
-        return (isinstance(value, cp.ndarray) and value.size > 0
-                and value.device.id == self.device_id)
+        # ``data.device_id``, not ``device.id``: the latter builds a Device per call
+        return (isinstance(value, self.cp.ndarray) and value.size > 0
+                and value.data.device_id == self.device_id)
 
     def new_allocator(self):
         from engines.device_memory import CountingAllocator

@@ -1,7 +1,14 @@
 """What machine produced a piece of evidence: cheap to collect, never fails.
 
-Library versions come from package metadata (no import of onnxruntime just to ask); GPU
-facts only when CuPy imports and a device answers. Anything unknown is None.
+Library versions are those of the modules Python actually imports (``__version__``), since
+two distributions may provide one module (``onnxruntime`` and ``onnxruntime-gpu``, one of them
+shadowing the other through ``PYTHONPATH``); package metadata only where the module will not
+import. GPU facts only when CuPy imports and a device answers. Anything unknown is None.
+
+Which commit: ``LOCKSTEP_COMMIT`` where set (a copied tree, e.g. a ``git archive`` snapshot,
+has no ``.git`` of its own); otherwise ``git rev-parse HEAD`` only where lockstep's own folder
+is the top level of the work tree git finds (a snapshot placed inside another checkout must
+not record that checkout's HEAD); otherwise None.
 
 Which GPU: ``gpu_index`` is the index nvidia-smi gives it (from ``CUDA_VISIBLE_DEVICES``, which
 a pytest-xdist worker of ``lockstep run --devices`` is pinned with; ``LOCKSTEP_GPU`` names the
@@ -10,6 +17,7 @@ pinned GPU even where CuPy cannot start), ``gpu_uuid`` the UUID as nvidia-smi pr
 from __future__ import annotations
 
 import ctypes
+import importlib
 import importlib.metadata as metadata
 import importlib.util
 import os
@@ -31,6 +39,18 @@ def _dist_version(*names: str) -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def _module_version(module: str, *dists: str) -> str | None:
+    """The ``__version__`` of ``module`` as imported here, or else the first installed
+    distribution's metadata version (the module will not import, or names no version)."""
+    try:
+        version = getattr(importlib.import_module(module), "__version__", None)
+    except Exception:  # absent or broken install: evidence still gets written
+        version = None
+    if isinstance(version, str) and version:
+        return version
+    return _dist_version(*dists) if dists else None
 
 
 def _cuda_version(code: int) -> str:
@@ -123,15 +143,33 @@ def _gpu_facts() -> dict:
     return facts
 
 
-def git_commit(cwd: Path = _REPO_ROOT) -> str | None:
-    """HEAD of the checkout lockstep runs from, or None (no git, no commits, not a repo)."""
+def _same_path(a: str | Path, b: str | Path) -> bool:
     try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
-                              text=True, timeout=5, check=False)
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def git_commit(cwd: Path | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The commit of the tree lockstep runs from: ``LOCKSTEP_COMMIT`` where set and non-empty,
+    else git's HEAD where ``cwd`` (lockstep's repository root) is itself the top level of the
+    work tree git reports, else None (no git, no commits, not a repo, or a tree without its
+    own ``.git`` nested in another checkout, whose HEAD is some other commit)."""
+    env = os.environ if environ is None else environ
+    pinned = (env.get("LOCKSTEP_COMMIT") or "").strip()
+    if pinned:
+        return pinned
+    root = _REPO_ROOT if cwd is None else Path(cwd)
+    try:
+        done = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=root,
+                              capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    commit = done.stdout.strip()
-    return commit if done.returncode == 0 and commit else None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or len(lines) != 2 or not _same_path(lines[0], root):
+        return None
+    commit = lines[1].strip()
+    return commit or None
 
 
 def collect_environment() -> Environment:
@@ -139,9 +177,9 @@ def collect_environment() -> Environment:
         host=socket.gethostname(),
         platform=platform.platform(),
         python=platform.python_version(),
-        numpy=_dist_version("numpy"),
-        onnx=_dist_version("onnx"),
-        onnxruntime=_dist_version("onnxruntime", "onnxruntime-gpu"),
+        numpy=_module_version("numpy", "numpy"),
+        onnx=_module_version("onnx", "onnx"),
+        onnxruntime=_module_version("onnxruntime", "onnxruntime", "onnxruntime-gpu"),
         git_commit=git_commit(),
         **_gpu_facts(),
     )
