@@ -104,8 +104,8 @@ else
       --max-new-tokens 128 --repeats 3 --warmup 2 --json "$OUT/bench-bfloat16.json"
   }
   step bench 170 bash -c "$(declare -f bench_dtypes); PY=$PY PKG=$PKG OUT=\$OUT bench_dtypes"
-  step speed 150 env REPEATS=3 bash scripts/gpu_speed.sh "$GGUF"
-  step genai 180 env PARTS=bench REPEATS=2 bash scripts/gpu_genai.sh "$GGUF"
+  step speed 190 env REPEATS=2 bash scripts/gpu_speed.sh "$GGUF"
+  step genai 150 env PARTS=bench REPEATS=2 bash scripts/gpu_genai.sh "$GGUF"
 fi
 tar czf "$OUT/$PHASE.tgz" -C /tmp/lockstep-session "$PHASE"
 echo "gpu_evidence $PHASE status $status" >> "$SUMMARY"
