@@ -457,20 +457,22 @@ def gemv_k_vector_order(k: int, itemsize: int) -> bool:
     return k % (16 // itemsize) == 0
 
 
-RUNS_PER_LANE = 3  # 16-byte runs a lane should have in flight before a column takes more warps
+GEMV_MIN_WARPS = 1024  # warps a GEMV launch should keep busy before its columns share them
 
 
 def gemv_team(n: int, k: int, itemsize: int) -> int:
-    """Warps per output column of the vectorised GEMV: more for narrow outputs, so a small
-    projection still spreads over the GPU, but no more than keep about ``RUNS_PER_LANE``
-    runs of 16 bytes a lane (more warps than runs leave lanes idle and add block-wide waits:
-    on the H200 a SmolLM2 decode's q/k/v and gate/up GEMVs, K = 576, took 6.3 us a launch
-    with 4 warps a column, 72 runs over 128 lanes). A function of N, K and the dtype
-    (never of M), so the arithmetic of a row is fixed by the weight."""
-    by_n = 4 if n <= 4096 else 2 if n <= 16384 else 1
+    """Warps per output column of the vectorised GEMV: the fewest (1, 2 or 4) that give the
+    N columns at least ``GEMV_MIN_WARPS`` warps, so a narrow projection still spreads over
+    the GPU while a wide one does not pay for block-wide waits it does not need, and never
+    so many that a whole warp has no 16-byte run of K. On the H200 (SmolLM2 decode, float16,
+    K = 576) four warps a column cost 6.3 us a q/k/v or gate/up launch, one warp 4.8 us,
+    and one warp for the 576-column o projection was slower than four. A function of N, K
+    and the dtype (never of M), so the arithmetic of a row is fixed by the weight."""
     runs = -(-k // (16 // itemsize))
-    by_k = max(1, min(4, -(-runs // (32 * RUNS_PER_LANE))))
-    return min(by_n, by_k)
+    team = 1
+    while team < 4 and n * team < GEMV_MIN_WARPS and runs > 32 * (2 * team - 1):
+        team *= 2
+    return team
 
 
 def _i64(value: int) -> np.int64:

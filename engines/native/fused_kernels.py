@@ -29,6 +29,7 @@ FUSED_DTYPES = tuple(d for d in ("float32", "float16", "bfloat16") if d in _TYPE
 BLOCK = 256  # threads for the one-block-per-row and elementwise kernels
 ATTENTION_BLOCK = 256  # threads per (head, query) block: a key each, for up to 256 keys
 ATTENTION_MAX_HEAD_DIM = 512
+ATTENTION_SMEM_KEYS = 4096  # caches of up to this many slots keep their scores in shared memory
 
 _COMMON = r"""
 // ---- lockstep fused kernels: shared helpers ----
@@ -280,7 +281,8 @@ extern "C" __global__ void kv_write2_${S}(
 
 _ATTENTION = r"""
 // One block per (head h, query m): the query at position p reads key slots j in [0, p]
-// (and < T) of KV head h / group, nothing else. Scores: thread t takes keys j = t, t +
+// (and < T) of KV head h / group, nothing else. Scores (in shared memory where T is at most
+// LK_ATT_SMEM_KEYS, else in the block's scratch row): thread t takes keys j = t, t +
 // blockDim, ... and adds q[d] * k[j, d] over d ascending with fused multiply-adds in float32
 // (KVEC: the key row loaded 16 bytes at a time, the same arithmetic); rounded to $T (the
 // MatMul's output), then either scaled in $T (uniform) or taken as float32 ($TC, mixed).
@@ -297,6 +299,7 @@ extern "C" __global__ void attention_${S}_${SC}(
     __shared__ float qs[LK_ATT_MAX_D];
     __shared__ float part[LK_ATT_BLOCK];
     __shared__ float smem[33];
+    __shared__ float s_keys[LK_ATT_SMEM_KEYS];  // the scores, where T fits (else scratch)
     const $T* S = 0;
     const $TC* C = 0;
     constexpr int V = 16 / sizeof($T);
@@ -307,7 +310,7 @@ extern "C" __global__ void attention_${S}_${SC}(
     const long long kvh = h / group;
     const $T* kh = k + kvh * T * D;
     const $T* vh = v + kvh * T * D;
-    float* s = scratch + blockIdx.x * T;
+    float* s = T <= LK_ATT_SMEM_KEYS ? s_keys : scratch + blockIdx.x * T;
     const int tid = threadIdx.x;
     for (long long d = tid; d < D; d += blockDim.x) qs[d] = lk_load(q, h * qh + m * qm + d * qd);
     __syncthreads();
@@ -381,6 +384,7 @@ def fused_source() -> str:
     the fused nodes can carry (storage, compute, output)."""
     parts = [prelude(), f"#define LK_ATT_MAX_D {ATTENTION_MAX_HEAD_DIM}",
              f"#define LK_ATT_BLOCK {ATTENTION_BLOCK}",
+             f"#define LK_ATT_SMEM_KEYS {ATTENTION_SMEM_KEYS}",
              "struct alignas(16) lk_att_vec16 { unsigned int words[4]; };  // one 16-byte load",
              _COMMON]
     for dtype in FUSED_DTYPES:
@@ -683,7 +687,9 @@ class FusedKernels:
         out = self._empty((1, m, heads * d), q.dtype, stream)
         if out.size == 0:
             return out
-        scratch = self._empty((heads * m * max(t, 1),), np.float32, stream)
+        # scores in global scratch only for caches longer than the shared array holds
+        scratch = self._empty((heads * m * t if t > ATTENTION_SMEM_KEYS else 1,),
+                              np.float32, stream)
         groups = ATTENTION_BLOCK // d if d <= ATTENTION_BLOCK else 1
         qs = [s // q.itemsize for s in q.strides[1:]]
         # key rows in 16-byte loads where each row is whole vectors and both caches aligned
