@@ -4,7 +4,8 @@
 #     SmolLM2 conversions made beside it on the CPU; then SmolLM2 parity in
 #     float32/float16/bfloat16 on native-cuda, ort-cuda and hf-cuda.
 #   speed CHECKPOINT: everything timed, alone on the GPU: the dtype bench (native-cuda,
-#     ort-cuda, hf-cuda), scripts/gpu_speed.sh, scripts/gpu_genai.sh.
+#     ort-cuda, hf-cuda), scripts/gpu_speed.sh, scripts/gpu_genai.sh's bench, then
+#     scripts/gpu_profile_decode.py.
 #   coverage CHECKPOINT: side by side on the GPU, nothing timed: the tiny architecture
 #     checkpoints (scripts/gpu_architectures.sh), the long contexts
 #     (scripts/gpu_long_context.sh), and onnxruntime-genai's parity (scripts/gpu_genai.sh, its
@@ -103,9 +104,12 @@ else
       --packages "$PKG/smollm2-static-bfloat16,$PKG/smollm2-static-float16" --ignore-eos \
       --max-new-tokens 128 --repeats 3 --warmup 2 --json "$OUT/bench-bfloat16.json"
   }
-  step bench 170 bash -c "$(declare -f bench_dtypes); PY=$PY PKG=$PKG OUT=\$OUT bench_dtypes"
+  step bench 160 bash -c "$(declare -f bench_dtypes); PY=$PY PKG=$PKG OUT=\$OUT bench_dtypes"
   step speed 190 env REPEATS=2 bash scripts/gpu_speed.sh "$GGUF"
   step genai 150 env PARTS=bench REPEATS=2 bash scripts/gpu_genai.sh "$GGUF"
+  # where a native-cuda decode step's time goes (diagnostic: docs/PERFORMANCE.md's bounds)
+  step profile 40 "$PY" scripts/gpu_profile_decode.py "$PKG/smollm2-static-float16" \
+    "$PKG/smollm2-static-float32"
 fi
 tar czf "$OUT/$PHASE.tgz" -C /tmp/lockstep-session "$PHASE"
 echo "gpu_evidence $PHASE status $status" >> "$SUMMARY"
