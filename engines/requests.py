@@ -27,6 +27,19 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, field: str = "prompt") 
     return out
 
 
+def check_count(value, field: str, remedy: str, minimum: int = 1) -> int:
+    """A count (an int, not a bool) of at least ``minimum``; anything else is an
+    ``InputError`` naming ``field``, the value and ``remedy``. One check for the counts the
+    library and the CLI take (max_prompts, max_new_tokens, repeats, warm-ups)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{field} must be an integer of at least {minimum}", field=field,
+                         value=value, remedy=remedy)
+    if value < minimum:
+        raise InputError(f"{field} must be at least {minimum}", field=field, value=value,
+                         remedy=remedy)
+    return value
+
+
 def check_request(spec, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
     """Validate a greedy request against the package: ids, lengths and the context."""
     if max_new_tokens < 1:
@@ -49,4 +62,4 @@ def check_request(spec, prompt: Sequence[int], max_new_tokens: int) -> list[int]
     return ids
 
 
-__all__ = ["check_request", "check_token_ids"]
+__all__ = ["check_count", "check_request", "check_token_ids"]

@@ -44,7 +44,7 @@ from engines.errors import EngineUnavailable, InputError, LockstepError
 from engines.registry import REFERENCE_ENGINE, get_engine_class
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import check_width, speculative_decode
-from engines.workflow.validation import check_request
+from engines.workflow.validation import check_count, check_request
 
 MODES = ("greedy", "speculative")
 OK, UNAVAILABLE, ERROR = "ok", "unavailable", "error"
@@ -146,20 +146,6 @@ class Bandwidth:
     how: str
 
 
-def _positive(value, field_name: str, remedy: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"{field_name} must be a positive integer", field=field_name,
-                         value=value, remedy=remedy)
-    return value
-
-
-def _non_negative(value, field_name: str, remedy: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError(f"{field_name} must be a non-negative integer", field=field_name,
-                         value=value, remedy=remedy)
-    return value
-
-
 def _engine_entry(ref: str | type[Engine]) -> tuple[str, type[Engine]]:
     if isinstance(ref, type) and issubclass(ref, Engine):
         return ref.name, ref
@@ -188,15 +174,16 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
         raise InputError("a width applies to speculative decoding only", field="width",
                          value=width, remedy="use mode speculative, or drop the width")
     if width is not None:
-        _positive(width, "width", "give a speculative width of 1 or more")
+        check_count(width, "width", "give a speculative width of 1 or more")
     if not isinstance(ignore_eos, bool):
         raise InputError("ignore_eos must be True or False", field="ignore_eos",
                          value=ignore_eos, remedy="pass ignore_eos=True or False")
-    _positive(repeats, "repeats", "time at least one decode per engine (repeats >= 1)")
-    _positive(max_new_tokens, "max_new_tokens", "ask for one or more new tokens")
-    _non_negative(warmup, "warmup", "give 0 or more warm-up decodes (1 is the default)")
-    _non_negative(warmup_steps, "warmup_steps",
-                  f"give 0 or more decode steps to leave out ({WARMUP_STEPS} is the default)")
+    check_count(repeats, "repeats", "time at least one decode per engine (repeats >= 1)")
+    check_count(max_new_tokens, "max_new_tokens", "ask for one or more new tokens")
+    check_count(warmup, "warmup", "give 0 or more warm-up decodes (1 is the default)", minimum=0)
+    check_count(warmup_steps, "warmup_steps",
+                f"give 0 or more decode steps to leave out ({WARMUP_STEPS} is the default)",
+                minimum=0)
     if not engines:
         raise InputError("no engines to benchmark", field="engines", value=list(engines),
                          remedy="name one or more engines, e.g. ort-cpu,native-host")

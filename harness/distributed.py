@@ -437,8 +437,9 @@ def run_matrix_on_devices(engines: Sequence[str], packages: Sequence[str],
     from harness.manifest import finish, write_manifest
     from harness.packages import REAL_CHECKPOINTS, fixture_names, resolve_package
     from harness.runner import (CellError, CellResult, RunSummary, _plan, _record,
-                                plan_manifest, resolve_engines)
+                                check_counts, plan_manifest, resolve_engines)
 
+    check_counts(max_prompts, max_new_tokens)
     require_xdist()
     if not devices:
         raise LockstepError("no GPU to run on", field="--devices",

@@ -177,6 +177,17 @@ class _PackagePlan:
     sources: dict = field(default_factory=dict)  # prompt name -> harness.prompts.ResolvedPrompt
 
 
+def check_counts(max_prompts: int | None, max_new_tokens: int) -> None:
+    """``max_prompts`` None (all) or >= 1 and ``max_new_tokens`` >= 1, else an ``InputError``
+    naming the field: 0 prompts would otherwise mean all of them, -1 all but the last."""
+    from engines.requests import check_count
+
+    if max_prompts is not None:
+        check_count(max_prompts, "max_prompts",
+                    "pass max_prompts=N with N >= 1, or None for all of a package's prompts")
+    check_count(max_new_tokens, "max_new_tokens", "ask for one or more new tokens")
+
+
 def _plan(resolved, mode, widths, prompts, max_prompts, max_new_tokens) -> list[_PackagePlan]:
     """What runs where; a bad request (prompt, width, mode) is an ``InputError`` here,
     before any cell runs (exit 2), never an error cell."""
@@ -485,10 +496,11 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
 
     Bad requests (an unknown engine or mode, a width outside a package's range, a package
     without a speculative section in speculative mode, an oracle engine that disagrees)
-    fail before anything runs."""
+    fail before anything runs, as do a ``max_prompts`` or ``max_new_tokens`` below 1."""
     from harness import evidence as ev
     from harness.manifest import finish, write_manifest
 
+    check_counts(max_prompts, max_new_tokens)
     classes = resolve_engines(engines)
     plans = _plan([resolve_package(ref) for ref in packages], mode, widths, prompts, max_prompts,
                   max_new_tokens)

@@ -78,3 +78,31 @@ def test_cli_reports_errors_in_one_line(capsys, argv, needle):
     assert status == 2
     assert needle in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("field, value, kwargs", [
+    ("max_prompts", 0, {"max_prompts": 0}),
+    ("max_prompts", -1, {"max_prompts": -1}),
+    ("max_new_tokens", 0, {"max_new_tokens": 0}),
+])
+def test_run_matrix_refuses_counts_below_one_before_anything_is_built(monkeypatch, tmp_path,
+                                                                      field, value, kwargs):
+    """The library refuses what ``lockstep run --max-prompts 0`` refuses (0 prompts would
+    mean all of them, -1 all but the last), with the same check, before an engine or a
+    package is touched."""
+    from harness import runner
+
+    def untouched(*args, **kw):
+        raise AssertionError("reached past the count check")
+
+    monkeypatch.setattr(runner, "resolve_engines", untouched)
+    monkeypatch.setattr(runner, "resolve_package", untouched)
+    call = {"max_new_tokens": 2, "max_prompts": 1, **kwargs}
+    with pytest.raises(InputError) as info:
+        runner.run_matrix(["native-host"], ["lookup_chained"], None, call["max_new_tokens"],
+                          tmp_path / "evidence", max_prompts=call["max_prompts"])
+    err = info.value
+    assert (err.field, err.value) == (field, value)
+    assert f"[field {field} = {value!r}]" in str(err)
+    assert err.remedy
+    assert not (tmp_path / "evidence").exists()

@@ -5,6 +5,7 @@ argparse alone would let ``--engines ""`` mean "every engine" and ``--max-prompt
 from __future__ import annotations
 
 from engines.errors import InputError
+from engines.requests import check_count
 
 
 def name_list(text: str | None, option: str) -> list[str] | None:
@@ -30,8 +31,8 @@ def name_list(text: str | None, option: str) -> list[str] | None:
 
 
 def positive_int(value: int | None, option: str) -> int | None:
-    """None (not given) or an integer >= 1; 0 or a negative count is an ``InputError``."""
-    if value is not None and value < 1:
-        raise InputError(f"{option} must be at least 1", field=option, value=value,
-                         remedy=f"pass {option} N with N >= 1, or leave it out for all")
+    """None (not given) or an integer >= 1; 0 or a negative count is an ``InputError``
+    (``engines.requests.check_count``, the check ``run_matrix`` and ``plan_bench`` make)."""
+    if value is not None:
+        check_count(value, option, f"pass {option} N with N >= 1, or leave it out for all")
     return value
