@@ -23,8 +23,8 @@ from functools import lru_cache
 from importlib.metadata import entry_points
 
 from engines.engine import Availability, Capabilities, Engine
-from engines.errors import (EngineDefinitionError, EngineImportError, LockstepError,
-                            UnknownEngine)
+from engines.errors import (EngineDefinitionError, EngineImportError, InputError,
+                            LockstepError, UnknownEngine)
 
 ENTRY_POINT_GROUP = "lockstep.engines"
 
@@ -343,6 +343,54 @@ def resolve_engine(ref: str) -> tuple[str, type[Engine]]:
     name to record results under is always the class's own ``name``."""
     cls = get_engine_class(ref)
     return cls.name, cls
+
+
+def _spelling(ref: object) -> str:
+    """How an entry of an engines list was written: the text itself, or a class as
+    ``module:Class``."""
+    return f"class {_target_of(ref)}" if isinstance(ref, type) else repr(ref)
+
+
+def resolve_engine_list(refs, *, field: str = "engines",
+                        value: object = None) -> dict[str, type[Engine]]:
+    """An engines list (registered names, ``"module:Class"`` references, entry point names or
+    classes) -> ``{engine name: class}`` in the list's order, each class checked with
+    :func:`check_engine_class`; an unknown or ill-defined engine fails here.
+
+    One engine named twice is an ``InputError`` (``field``, ``value``: the list as given
+    unless ``value`` says otherwise): the same spelling twice, two spellings of one class
+    (``native-host`` and ``engines.backends.native_host:NativeHostEngine``), or two different
+    classes with one ``name``. Keyed by name, either would otherwise merge silently into one
+    engine, and the list would not be what runs."""
+    refs = list(refs)
+    shown = value if value is not None else [r if isinstance(r, str) else _spelling(r)
+                                             for r in refs]
+    out: dict[str, type[Engine]] = {}
+    first: dict[str, object] = {}  # engine name -> the entry that named it first
+    for ref in refs:
+        cls = check_engine_class(ref) if isinstance(ref, type) else get_engine_class(str(ref))
+        name = cls.name
+        if name not in out:
+            out[name], first[name] = cls, ref
+            continue
+        earlier = first[name]
+        kept = ",".join(r if isinstance(r, str) else _target_of(r) for r in first.values())
+        if out[name] is not cls:
+            raise InputError(
+                f"two different engine classes are named {name!r}: {_label(out[name])} (from "
+                f"{_spelling(earlier)}) and {_label(cls)} (from {_spelling(ref)}); their "
+                f"results would be recorded under one name",
+                field=field, value=shown,
+                remedy=f"name only one of them, or give one a `name` of its own")
+        if isinstance(earlier, str) and isinstance(ref, str) and earlier == ref:
+            raise InputError(f"{field} names {ref!r} twice", field=field, value=shown,
+                             remedy=f"name each engine once: {kept}")
+        raise InputError(
+            f"{field} names the engine class {_label(cls)} ({name!r}) twice: as "
+            f"{_spelling(earlier)} and as {_spelling(ref)}",
+            field=field, value=shown,
+            remedy=f"name each engine once (either spelling records as {name!r}): {kept}")
+    return out
 
 
 def engine_names() -> list[str]:

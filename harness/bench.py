@@ -41,7 +41,7 @@ from typing import Any
 
 from engines.engine import Engine
 from engines.errors import EngineUnavailable, InputError, LockstepError
-from engines.registry import REFERENCE_ENGINE, get_engine_class
+from engines.registry import REFERENCE_ENGINE, resolve_engine_list
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import check_width, speculative_decode
 from engines.workflow.validation import check_count, check_request
@@ -146,12 +146,6 @@ class Bandwidth:
     how: str
 
 
-def _engine_entry(ref: str | type[Engine]) -> tuple[str, type[Engine]]:
-    if isinstance(ref, type) and issubclass(ref, Engine):
-        return ref.name, ref
-    return str(ref), get_engine_class(str(ref))  # an unknown name fails here, listing the valid
-
-
 def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
                mode: str = "greedy", width: int | None = None, repeats: int = 5,
                max_new_tokens: int = 32, baseline: str | type[Engine] = REFERENCE_ENGINE,
@@ -190,9 +184,16 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
     if not packages:
         raise InputError("no packages to benchmark", field="packages", value=list(packages),
                          remedy="name one or more packages, e.g. tiny_llama")
-    entries = dict(_engine_entry(e) for e in engines)
-    base_name, base_cls = _engine_entry(baseline)
-    entries.setdefault(base_name, base_cls)
+    # keyed by each class's own name; an unknown name fails here, listing the valid ones, and
+    # one engine named twice (one spelling or two) is refused, as ``run_matrix`` refuses it
+    entries = resolve_engine_list(engines, field="engines")
+    ((base_name, base_cls),) = resolve_engine_list([baseline], field="baseline").items()
+    if entries.setdefault(base_name, base_cls) is not base_cls:
+        raise InputError(f"the baseline {baseline!r} and an engine of the list are two "
+                         f"different classes named {base_name!r}", field="baseline",
+                         value=baseline if isinstance(baseline, str) else base_name,
+                         remedy=f"use the listed {base_name!r} as the baseline, or give one "
+                                f"class a `name` of its own")
 
     targets = []
     for ref in packages:

@@ -427,14 +427,11 @@ def _greedy_for_speculation(engine, judge: _Judge, prompt, max_new_tokens):
 
 def resolve_engines(engines: Sequence[str | type[Engine]]) -> dict[str, type[Engine]]:
     """Engine names (or "module:Class", or classes) -> classes, keyed by the engine's name;
-    an unknown or ill-defined engine fails here, before anything runs."""
-    from engines.registry import check_engine_class
+    an unknown or ill-defined engine, or one engine named twice (in one spelling or two),
+    fails here, before anything runs (``engines.registry.resolve_engine_list``)."""
+    from engines.registry import resolve_engine_list
 
-    out: dict[str, type[Engine]] = {}
-    for ref in engines:
-        cls = check_engine_class(ref) if isinstance(ref, type) else get_engine_class(ref)
-        out[cls.name] = cls
-    return out
+    return resolve_engine_list(engines, field="engines")
 
 
 def _record(cell: CellResult, package, judge: _Judge | None, *, run_id: str, env,

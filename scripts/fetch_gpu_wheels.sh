@@ -2,7 +2,7 @@
 # Fetch the wheels the GPU machine lacks (it has no registry access) into .whl/ (git-ignored).
 # Usage: scripts/fetch_gpu_wheels.sh [--with-ort-gpu] [--with-smollm2] [--with-genai]
 # The large onnxruntime-gpu wheel is split by scripts/stage_large_file.sh into .stage/ parts of
-# 52,000,000 bytes plus a sha256 file, one part per device call; the same script joins and
+# 40,000,000 bytes plus a sha256 file, one part per device call; the same script joins and
 # checks them there (its header shows the sequence of calls).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,7 +3,7 @@
 # checkpoint) to the GPU machine in parts, and join them there with a checksum.
 #
 #   scripts/stage_large_file.sh split FILE      (here) writes .stage/<name>.partNN, each
-#                                               52,000,000 bytes (the last shorter), and
+#                                               40,000,000 bytes (the last shorter), and
 #                                               .stage/<name>.sha256; .stage/ is git-ignored
 #   scripts/stage_large_file.sh join NAME DEST  (there) joins /tmp/stage/<name>.part* into
 #                                               DEST and checks it against <name>.sha256
@@ -18,12 +18,13 @@
 # (gpu_run.sh installs every .whl/*.whl; if .whl/ is carried in that last call, join after it.)
 #
 # Environment (tests): STAGE_OUT (default <repo>/.stage), STAGE_DIR (default /tmp/stage),
-# STAGE_PART_BYTES (default 52000000).
+# STAGE_PART_BYTES (default 40000000: a part plus the repository's own files, about 15 MB,
+# must stay under a call's 64 MiB; 52000000 parts no longer fit).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT_DIR=${STAGE_OUT:-$REPO/.stage}
 IN_DIR=${STAGE_DIR:-/tmp/stage}
-PART_BYTES=${STAGE_PART_BYTES:-52000000}
+PART_BYTES=${STAGE_PART_BYTES:-40000000}
 
 usage() { echo "usage: $0 split FILE | join NAME DEST" >&2; exit 2; }
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from engines.backends.native_host import NativeHostEngine
 from engines.errors import InputError, PackageError, UnknownEngine
 from engines.workflow import greedy_decode
 from harness.cli import main
@@ -106,3 +107,80 @@ def test_run_matrix_refuses_counts_below_one_before_anything_is_built(monkeypatc
     assert f"[field {field} = {value!r}]" in str(err)
     assert err.remedy
     assert not (tmp_path / "evidence").exists()
+
+
+# -- one engine named twice, in two spellings --------------------------------------------------
+
+NATIVE_HOST_REF = "engines.backends.native_host:NativeHostEngine"
+
+
+@pytest.mark.parametrize("engines, first, second", [
+    (["native-host", NATIVE_HOST_REF], "'native-host'", repr(NATIVE_HOST_REF)),
+    ([NATIVE_HOST_REF, "ort-cpu", "native-host"], repr(NATIVE_HOST_REF), "'native-host'"),
+    (["native-host", NativeHostEngine], "'native-host'", f"class {NATIVE_HOST_REF}"),
+    (["native-host", "native-host"], None, None),
+])
+def test_run_matrix_refuses_one_engine_named_twice_before_anything_runs(monkeypatch, tmp_path,
+                                                                        engines, first, second):
+    """Two spellings of one class (a registered name, a ``module:Class`` reference, the class
+    itself) would be keyed by the one engine name and merge silently: the matrix would run the
+    engine once where the list names it twice. Refused like the same spelling twice, before a
+    package is resolved or an evidence folder written."""
+    from harness import runner
+
+    def untouched(*args, **kw):
+        raise AssertionError("reached past the engine check")
+
+    monkeypatch.setattr(runner, "resolve_package", untouched)
+    with pytest.raises(InputError) as info:
+        runner.run_matrix(engines, ["lookup_chained"], None, 2, tmp_path / "evidence",
+                          max_prompts=1)
+    err = info.value
+    assert err.field == "engines" and err.remedy
+    assert "twice" in err.message
+    if first is not None:
+        assert f"as {first} and as {second}" in err.message
+        assert "engines.backends.native_host.NativeHostEngine" in err.message
+    assert not (tmp_path / "evidence").exists()
+
+
+def test_run_matrix_refuses_two_classes_under_one_name(tmp_path):
+    """Two different classes with one ``name`` would record into one engine's cells."""
+    from engines.backends.ort_cpu import OrtCpuEngine
+    from harness.runner import run_matrix
+
+    class One(OrtCpuEngine):
+        name = "same-name"
+
+    class Other(OrtCpuEngine):
+        name = "same-name"
+
+    with pytest.raises(InputError) as info:
+        run_matrix([One, Other], ["lookup_chained"], None, 2, tmp_path / "evidence")
+    assert "two different engine classes are named 'same-name'" in info.value.message
+    assert not (tmp_path / "evidence").exists()
+
+
+@pytest.mark.parametrize("engines", [
+    ["native-host", NATIVE_HOST_REF],
+    ["native-host", "native-host"],
+    ["native-host", "ort-cpu", "engines.backends.ort_cpu:OrtCpuEngine"],
+])
+def test_plan_bench_refuses_one_engine_named_twice(engines):
+    """The bench would time the one class twice, one row under the reference's text."""
+    from harness.bench import plan_bench
+
+    with pytest.raises(InputError) as info:
+        plan_bench(engines, ["lookup_chained"], repeats=1, max_new_tokens=2)
+    assert info.value.field == "engines" and "twice" in info.value.message
+    assert info.value.remedy
+
+
+def test_plan_bench_baseline_in_another_spelling_joins_its_engine():
+    """The baseline named as a reference is the listed engine, not a second one."""
+    from harness.bench import plan_bench
+
+    plan = plan_bench(["native-host", "ort-cpu"], ["lookup_chained"], repeats=1,
+                      max_new_tokens=2, baseline="engines.backends.ort_cpu:OrtCpuEngine")
+    assert [name for name, _ in plan.engines] == ["native-host", "ort-cpu"]
+    assert plan.baseline == "ort-cpu"

@@ -53,6 +53,30 @@ def test_empty_repeated_or_nonpositive_options_are_refused(capsys, argv, field, 
     assert "remedy:" in line
 
 
+@pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.parametrize("engines, first, second", [
+    ("native-host,engines.backends.native_host:NativeHostEngine", "native-host",
+     "engines.backends.native_host:NativeHostEngine"),
+    ("engines.backends.ort_cpu:OrtCpuEngine,native-host,ort-cpu",
+     "engines.backends.ort_cpu:OrtCpuEngine", "ort-cpu"),
+])
+def test_one_engine_in_two_spellings_is_refused(capsys, tmp_path, command, engines, first,
+                                                second):
+    """A registered name and a ``module:Class`` reference to the same class: keyed by the
+    class's name, ``run`` would run it once (dropping one), ``bench`` would time it twice.
+    Refused as the same spelling twice is, naming both spellings and the class."""
+    argv = [command, "--engines", engines, "--packages", "lookup_chained"]
+    argv += ["--evidence-dir", str(tmp_path / "evidence")] if command == "run" else \
+        ["--repeats", "1", "--json", str(tmp_path / "bench.json")]
+    line = one_line_error(capsys, argv)
+    assert f"[field --engines = {engines!r}]" in line
+    assert f"twice: as {first!r} and as {second!r}" in line
+    cls = second if ":" in second else first
+    assert cls.replace(":", ".") in line
+    assert "remedy:" in line
+    assert not (tmp_path / "evidence").exists() and not (tmp_path / "bench.json").exists()
+
+
 # -- the evidence folder ----------------------------------------------------------------------
 
 def _run(evidence_dir) -> list[str]:

@@ -30,6 +30,21 @@ def name_list(text: str | None, option: str) -> list[str] | None:
     return names
 
 
+def engine_list(text: str | None, option: str = "--engines") -> list[str] | None:
+    """``name_list`` for engines, then each resolved (``engines.registry.resolve_engine_list``):
+    an unknown engine, or one engine named in two spellings (``native-host`` and
+    ``engines.backends.native_host:NativeHostEngine``), is an ``InputError`` naming the
+    option, as the same spelling twice is. ``lockstep run`` and ``lockstep bench`` both read
+    ``--engines`` here; the library makes the same check in ``run_matrix`` and
+    ``plan_bench``."""
+    names = name_list(text, option)
+    if names is not None:
+        from engines.registry import resolve_engine_list
+
+        resolve_engine_list(names, field=option, value=text)
+    return names
+
+
 def positive_int(value: int | None, option: str) -> int | None:
     """None (not given) or an integer >= 1; 0 or a negative count is an ``InputError``
     (``engines.requests.check_count``, the check ``run_matrix`` and ``plan_bench`` make)."""

@@ -150,9 +150,9 @@ def run(args: argparse.Namespace) -> int:
     if width is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
                          value=args.width, remedy="add --mode speculative, or drop --width")
-    from harness.cli.arguments import name_list
+    from harness.cli.arguments import engine_list, name_list
 
-    engines = name_list(args.engines, "--engines") or engine_names()
+    engines = engine_list(args.engines, "--engines") or engine_names()
     if args.packages is not None:
         packages = name_list(args.packages, "--packages")
     elif args.mode == "speculative":

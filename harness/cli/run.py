@@ -153,12 +153,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.cli.arguments import name_list, positive_int
+    from harness.cli.arguments import engine_list, name_list, positive_int
     from harness.packages import fixture_names
     from harness.runner import run_matrix
 
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
-    engines = name_list(args.engines, "--engines") or engine_names()
+    engines = engine_list(args.engines, "--engines") or engine_names()
     positive_int(args.max_prompts, "--max-prompts")
     positive_int(args.max_new_tokens, "--max-new-tokens")
     widths = parse_widths(args.width)
