@@ -14,8 +14,9 @@
 # Usage (repo root, wheels in .whl/, onnxruntime-gpu in /tmp/site):
 #   OUT=DIR scripts/gpu_evidence.sh correctness|speed|coverage CHECKPOINT
 # Each step has its own time limit (a step that overruns is cut, and says so in
-# summary.txt); every step's files are packed into $OUT/<phase>.tgz, its exit status and the
-# last lines of its log into $OUT/summary-<phase>.txt. Exit: non-zero when any step failed.
+# summary.txt); every step's files are packed into $OUT/<phase>.tgz (again after each step),
+# its exit status and the last lines of its log into $OUT/summary-<phase>.txt. Exit: non-zero
+# when any step failed.
 set -uo pipefail
 PHASE=${1:?usage: $0 correctness|speed|coverage CHECKPOINT}
 GGUF=$(realpath "${2:?usage: $0 correctness|speed|coverage CHECKPOINT}")
@@ -50,7 +51,16 @@ step() {
     echo "== $name: exit $rc ($([ "$rc" -eq 124 ] && echo "cut at ${limit} s" || echo "$(( $(date +%s) - t0 )) s"))"
     tail -n 25 "$W/$name/log.txt"
   } >> "$SUMMARY"
+  pack
   return "$rc"  # a step run in the background reports through wait
+}
+
+# $OUT/<phase>.tgz holds every finished step's files after each step (written beside, then
+# renamed), so a call cut short by its time limit or the device budget still brings back
+# what finished; two files come back in all (the device returns at most 8).
+pack() {
+  tar czf "$OUT/.$PHASE.tgz.$$.$BASHPID" -C /tmp/lockstep-session "$PHASE" 2>/dev/null \
+    && mv -f "$OUT/.$PHASE.tgz.$$.$BASHPID" "$OUT/$PHASE.tgz"
 }
 
 convert_all() {  # every SmolLM2 package both phases use (a conversion already there is kept)
@@ -111,7 +121,7 @@ else
   step profile 40 "$PY" scripts/gpu_profile_decode.py "$PKG/smollm2-static-float16" \
     "$PKG/smollm2-static-float32"
 fi
-tar czf "$OUT/$PHASE.tgz" -C /tmp/lockstep-session "$PHASE"
+pack
 echo "gpu_evidence $PHASE status $status" >> "$SUMMARY"
 cat "$SUMMARY"
 exit $status
