@@ -22,6 +22,10 @@ What one row reports (``docs/PERFORMANCE.md`` has the method):
   in the same run (a device-to-device copy on CUDA, a numpy copy on the host), and **x
   floor**, steady decode ms over floor ms.
 
+``pipelined`` (``--pipelined``) runs every greedy decode with
+``DecodeSession._greedy_pipelined`` (each next forward queued before the last id is read;
+the same tokens), recorded in the JSON's settings and the table's title.
+
 ``ignore_eos`` (``--ignore-eos``) keeps every decode, greedy or speculative (and the greedy
 warm-ups), going past eos, so each engine is timed on exactly ``max_new_tokens`` tokens; a
 decode that still stops short is an ``error`` row. An engine that decodes by itself (``hf``,
@@ -128,6 +132,7 @@ class BenchPlan:
     baseline: str
     ignore_eos: bool = False
     warmup_steps: int = WARMUP_STEPS
+    pipelined: bool = False  # greedy decodes queue each next forward before the id is read
 
     @property
     def total_decodes(self) -> int:
@@ -150,7 +155,8 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
                mode: str = "greedy", width: int | None = None, repeats: int = 5,
                max_new_tokens: int = 32, baseline: str | type[Engine] = REFERENCE_ENGINE,
                warmup: int = 1, prompt: Sequence[int] | None = None,
-               ignore_eos: bool = False, warmup_steps: int = WARMUP_STEPS) -> BenchPlan:
+               ignore_eos: bool = False, warmup_steps: int = WARMUP_STEPS,
+               pipelined: bool = False) -> BenchPlan:
     """Validate a benchmark request and resolve its packages; nothing is timed yet.
 
     ``engines`` are names (or ``Engine`` subclasses); the baseline joins them when missing,
@@ -169,9 +175,10 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
                          value=width, remedy="use mode speculative, or drop the width")
     if width is not None:
         check_count(width, "width", "give a speculative width of 1 or more")
-    if not isinstance(ignore_eos, bool):
-        raise InputError("ignore_eos must be True or False", field="ignore_eos",
-                         value=ignore_eos, remedy="pass ignore_eos=True or False")
+    for flag, given in (("ignore_eos", ignore_eos), ("pipelined", pipelined)):
+        if not isinstance(given, bool):
+            raise InputError(f"{flag} must be True or False", field=flag, value=given,
+                             remedy=f"pass {flag}=True or False")
     check_count(repeats, "repeats", "time at least one decode per engine (repeats >= 1)")
     check_count(max_new_tokens, "max_new_tokens", "ask for one or more new tokens")
     check_count(warmup, "warmup", "give 0 or more warm-up decodes (1 is the default)", minimum=0)
@@ -212,7 +219,7 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
         w = check_width(spec, width if width is not None or sp is None else sp.max_width)
         targets.append(BenchTarget(package, ids, w, f"{sp.kind}/w{w}"))
     return BenchPlan(tuple(entries.items()), tuple(targets), mode, repeats, warmup,
-                     max_new_tokens, base_name, ignore_eos, warmup_steps)
+                     max_new_tokens, base_name, ignore_eos, warmup_steps, pipelined)
 
 
 # -- the floor -------------------------------------------------------------------------------
@@ -323,12 +330,13 @@ def synchronize(engine: Engine) -> None:
 
 
 def timed_decode(engine: Engine, prompt: Sequence[int], max_new_tokens: int,
-                 width: int | None, ignore_eos: bool = False):
+                 width: int | None, ignore_eos: bool = False, pipelined: bool = False):
     """One decode between two synchronisations; returns (result, wall seconds)."""
     engine.synchronize()
     start = time.perf_counter()
     if width is None:
-        result = greedy_decode(engine, prompt, max_new_tokens, ignore_eos=ignore_eos)
+        result = greedy_decode(engine, prompt, max_new_tokens, ignore_eos=ignore_eos,
+                               pipelined=pipelined)
     else:
         result = speculative_decode(engine, prompt, max_new_tokens, width,
                                     ignore_eos=ignore_eos)
@@ -480,7 +488,7 @@ def run_bench(plan: BenchPlan, on_decode: Callable[[int, str], None] | None = No
                 engine = cls(target.package)
                 for _ in range(plan.warmup):
                     timed_decode(engine, target.prompt, plan.max_new_tokens, None,
-                                 plan.ignore_eos)
+                                 plan.ignore_eos, plan.pipelined)
                     done += 1
                     tell(1, f"{name} · {engine_name} · warm-up")
                 if target.width is not None:
@@ -502,7 +510,7 @@ def run_bench(plan: BenchPlan, on_decode: Callable[[int, str], None] | None = No
                     continue
                 try:
                     result, wall = timed_decode(engine, target.prompt, plan.max_new_tokens,
-                                                target.width, plan.ignore_eos)
+                                                target.width, plan.ignore_eos, plan.pipelined)
                 except Exception as exc:
                     row.status, row.reason = _failure(exc, cls, plan)
                     tell(plan.repeats - r, f"{name} · {engine_name}: {row.status}")
@@ -558,7 +566,7 @@ def write_json(rows: Sequence[BenchRow], path: Path, plan: BenchPlan | None = No
         "settings": None if plan is None else {
             "mode": plan.mode, "repeats": plan.repeats, "warmup": plan.warmup,
             "max_new_tokens": plan.max_new_tokens, "ignore_eos": plan.ignore_eos,
-            "warmup_steps": plan.warmup_steps, "baseline": plan.baseline,
+            "pipelined": plan.pipelined, "warmup_steps": plan.warmup_steps, "baseline": plan.baseline,
             "engines": [n for n, _ in plan.engines],
             "packages": [t.package.spec.name for t in plan.targets]},
         "bandwidth": bandwidths_of(rows),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # native-cuda speed evidence beyond the dtype bench (issue 12): the dynamic cache beside the
 # static one, a 512-token prefill and verification-shaped forwards (M = 1..5) beside
-# ort-cuda, and self-speculation at every width against greedy, all timed side by side.
+# ort-cuda, the plain greedy loop beside the pipelined one (bench --pipelined), and
+# self-speculation at every width against greedy, all timed side by side.
 # Usage (repo root, on a CUDA machine, after scripts/gpu_real_dtypes.sh, whose converted
 # packages under /tmp/lockstep-dtypes it reuses): OUT=DIR scripts/gpu_speed.sh CHECKPOINT
 # Environment: PY (default python3), ENGINES (default native-cuda,ort-cuda), BENCH_TOKENS
@@ -46,6 +47,13 @@ for dtype in float32 float16; do
   "$PY" -m harness.cli bench-forward --engines "$ENGINES" \
     --packages "$PKG/smollm2-static-$dtype" --prefill 512 --rows 1,2,3,4,5 --prefix 64 \
     --repeats 10 --warmup 2 --json "$JS/forward-$dtype.json" >> "$LOG" 2>&1 || status=1
+done
+for loop in plain pipelined; do  # the greedy loop as parity runs it, and the pipelined one
+  step "greedy loop $loop, float16, native-cuda and ort-cuda"
+  "$PY" -m harness.cli bench --engines "$ENGINES" --baseline native-cuda \
+    --packages "$PKG/smollm2-static-float16" --ignore-eos --max-new-tokens "$BENCH_TOKENS" \
+    --repeats "$REPEATS" --warmup 2 $([ "$loop" = pipelined ] && echo --pipelined) \
+    --json "$JS/loop-$loop.json" >> "$LOG" 2>&1 || status=1
 done
 for width in 1 2 3 4; do
   step "self-speculation (24 of 30 blocks), float16, width $width"

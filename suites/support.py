@@ -21,17 +21,19 @@ def fixture_names() -> list[str]:
     return names()
 
 
-def device_greedy_matches_oracle(engine, package, prompt, new_tokens: int):
+def device_greedy_matches_oracle(engine, package, prompt, new_tokens: int,
+                                 pipelined: bool = False):
     """Greedy on a device engine under the transfer guard in ``disallow`` mode: the oracle's
     tokens, nothing staged (ledger and guard), exactly 4 bytes read back a token (ledger and
-    guard agree). Returns the decode result for engine-specific checks."""
+    guard agree). ``pipelined``: the loop that queues each next forward before the id is
+    read. Returns the decode result for engine-specific checks."""
     from engines.oracle import oracle_decode
     from engines.workflow import greedy_decode
     from harness.transfer_guard import transfer_guard
 
     oracle = oracle_decode(package, prompt, new_tokens)
     with transfer_guard("disallow") as guard:
-        result = greedy_decode(engine, prompt, new_tokens)
+        result = greedy_decode(engine, prompt, new_tokens, pipelined=pipelined)
     assert result.tokens == oracle.tokens
     ledger = result.ledger
     assert ledger.host_staging == 0 and guard.staging_count == 0, guard.staging_sites

@@ -37,6 +37,18 @@ def test_greedy_equals_oracle_with_zero_staging(packages, engine_cache, package_
         device_greedy_matches_oracle(engine, package, prompt, NEW_TOKENS)
 
 
+@pytest.mark.claim("token_identity", "zero_staging", "readback_budget")
+@pytest.mark.parametrize("package_name", fixture_names())
+def test_pipelined_greedy_equals_oracle_with_zero_staging(packages, engine_cache,
+                                                          package_name):
+    """The pipelined loop (each next replay queued before the id's pinned, asynchronous
+    4-byte copy is waited for): the oracle's tokens, nothing staged, 4 bytes a token."""
+    package = packages[package_name]
+    engine = engine_cache(ENGINE, package)
+    for prompt in package.spec.prompts:
+        device_greedy_matches_oracle(engine, package, prompt, NEW_TOKENS, pipelined=True)
+
+
 # The Hypothesis profile sets the example count (ci 12, nightly 200); LOCKSTEP_GPU_EXAMPLES
 # overrides it for this test alone.
 _EXAMPLES = os.environ.get("LOCKSTEP_GPU_EXAMPLES")

@@ -29,6 +29,7 @@ import numpy as np
 from engines.errors import InputError, NonFiniteLogits, ResidencyError
 from engines.ledger import Ledger
 from engines.residency import HOST, residency_of
+from engines.tensor_ops.pending import PendingToken, ReadyToken
 
 SUPPORTED_DTYPES: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
@@ -341,20 +342,32 @@ class TensorOps(abc.ABC):
         ``token_id`` on a device, the only crossing) and the same id as an int64 ``[1, 1]``
         value where the ops live, ready to be the next forward's ``tokens`` feed. Ties to
         the lowest index, NaN ignored; an all-NaN row is an ``InputError``."""
+        self._check_one_row(logits2d, "next_token_feed")
+        token, feed = self._argmax_feed(logits2d)
+        if token < 0:
+            raise NonFiniteLogits("row 0 is all NaN, so it has no argmax", field="logits2d",
+                                  value="row 0", remedy="the logits are corrupt upstream")
+        return token, feed
+
+    def next_token_async(self, logits2d: Any) -> tuple[PendingToken, Any]:
+        """``next_token_feed`` without waiting for the id: ``(pending, feed)``, the feed as
+        there, the 4-byte readback (counted now, as ``token_id``) queued behind the argmax;
+        ``pending.result()`` waits for it and refuses an all-NaN row. The pipelined greedy
+        loop queues the next forward on ``feed`` before it asks. Ops without an asynchronous
+        copy read the id at once."""
+        self._check_one_row(logits2d, "next_token_async")
+        return self._argmax_feed_async(logits2d)
+
+    def _check_one_row(self, logits2d: Any, what: str) -> None:
         self.check_resident(logits2d, "logits2d")
         if logits2d.ndim != 2 or logits2d.shape[0] != 1:
-            raise InputError("next_token_feed needs one [1, vocab] row", field="logits2d",
+            raise InputError(f"{what} needs one [1, vocab] row", field="logits2d",
                              value=tuple(logits2d.shape),
                              remedy="pass the last position's logits reshaped to [1, vocab]")
         dtype_name(logits2d.dtype)
         if logits2d.shape[1] == 0:
             raise InputError("rows of width 0 have no argmax", field="logits2d",
                              value=tuple(logits2d.shape))
-        token, feed = self._argmax_feed(logits2d)
-        if token < 0:
-            raise NonFiniteLogits("row 0 is all NaN, so it has no argmax", field="logits2d",
-                                  value="row 0", remedy="the logits are corrupt upstream")
-        return token, feed
 
     def advance_positions(self, positions: Any, step: Any = 1):
         """``positions[0, -1] + step`` (``positions``: int64 ``[1, M]``, M >= 1) as an int64
@@ -387,6 +400,12 @@ class TensorOps(abc.ABC):
         """(id or -1 for an all-NaN row, the id as int64 [1, 1] where the ops live)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no device feed "
                                   "(supports_device_feed is False)")
+
+    def _argmax_feed_async(self, logits2d: Any) -> tuple[PendingToken, Any]:
+        """(the id, already read: ``ReadyToken``; the feed): a backend with an asynchronous
+        copy overrides it."""
+        token, feed = self._argmax_feed(logits2d)
+        return ReadyToken(token), feed
 
     def _advance_positions(self, positions: Any, step: int):
         raise NotImplementedError(f"{type(self).__name__} keeps no device feed "

@@ -287,6 +287,23 @@ class CudaTensorOps(TensorOps):
         self.ledger.record_readback("token_id", host.nbytes)
         return int(host[0]), feed
 
+    def _argmax_feed_async(self, logits2d: Any):
+        """``_argmax_feed`` whose 4-byte copy goes into pinned memory without the host
+        waiting: an event recorded behind it is what ``DeviceToken.result()`` waits on."""
+        import cupyx
+
+        from engines.tensor_ops.pending import DeviceToken
+
+        best = self._row_argmax_on_device(logits2d, 1)
+        with self.on_stream():
+            feed = best.astype(self.cp.int64).reshape(1, 1)
+            host = cupyx.empty_pinned((1,), dtype=np.int32)
+            with sanctioned_readback("token_id"):
+                best.get(stream=self.stream, out=host, blocking=False)
+            event = self.stream.record()
+        self.ledger.record_readback("token_id", host.nbytes)
+        return DeviceToken(host, event), feed
+
     def _audit_row(self, logits2d: Any) -> np.ndarray:
         """One logits row read back for the audit decode, accounted as ``logits_audit``."""
         with self.on_stream():

@@ -7,7 +7,9 @@ row) on the way out, both counted in the engine's ledger. Where the tensor ops k
 device feed (``supports_device_feed``), a greedy step's token id and position are made
 where the engine lives (``next_token_feed``, ``advance_positions``): only the prompt
 crosses in. Every forward is told its phase (``Engine.run_component``'s ``phase``:
-native-cuda's graph slots replay ``decode``, ``propose`` and ``verify`` forwards).
+native-cuda's graph slots replay ``decode``, ``propose`` and ``verify`` forwards). The
+pipelined greedy loop (``pipelined=True``) queues each next forward before it waits for the
+last id (``TensorOps.next_token_async``).
 """
 from __future__ import annotations
 
@@ -28,8 +30,10 @@ class DecodeSession:
     owns its cells and position (``snapshot_cells``: recurrent cells verification restores)."""
 
     def __init__(self, engine, component: str = "target", snapshot_cells=(),
-                 snapshot_mode: str = "device"):
+                 snapshot_mode: str = "device", pipelined: bool = False):
         self.engine = engine
+        # greedy: queue each next forward before the last token is read (``_greedy_pipelined``)
+        self.pipelined = bool(pipelined)
         self.package = engine.package
         self.spec = self.package.spec
         self.component = component
@@ -138,6 +142,8 @@ class DecodeSession:
 
     def _greedy(self, ids: list[int], max_new_tokens: int, audit: bool,
                 tokens: list[int], ignore_eos: bool = False) -> DecodeResult:
+        if self.pipelined and self.ops.supports_device_feed and not audit:
+            return self._greedy_pipelined(ids, max_new_tokens, tokens, ignore_eos)
         eos = None if ignore_eos else self.spec.eos_id
         rows: list[np.ndarray] | None = [] if audit else None
         start = time.perf_counter()
@@ -160,13 +166,53 @@ class DecodeSession:
         wall = time.perf_counter() - start
         return DecodeResult(self.engine.name, ids, tokens, self.ledger, wall, steps, rows)
 
+    def _greedy_pipelined(self, ids: list[int], max_new_tokens: int, tokens: list[int],
+                          ignore_eos: bool) -> DecodeResult:
+        """The greedy loop with the host's work for step t+1 (its feeds, its launch) queued
+        while step t still runs: the forward on step t's device feed is queued before step
+        t's 4-byte id is waited for (``TensorOps.next_token_async``). The same tokens, the
+        same readbacks (one ``token_id`` a token); when a token is eos the forward queued
+        after it is undone (``rollback``; the ledger still counts it) and its logits never
+        read. Steps are the times between consecutive tokens."""
+        eos = None if ignore_eos else self.spec.eos_id
+        start = last = time.perf_counter()
+        steps = []
+        out = self.forward(ids, "prefill")
+        pending, feed = self._next_async(out["logits"])
+        while True:
+            ahead = len(tokens) + 1 < max_new_tokens  # a forward follows unless this is eos
+            if ahead:
+                committed = self.position
+                out = self.forward_fed(feed, "decode")
+            tokens.append(pending.result())
+            now = time.perf_counter()
+            steps.append(now - last)
+            last = now
+            if not ahead:
+                break
+            if tokens[-1] == eos:
+                self.rollback(committed)  # the forward queued past eos, never read
+                break
+            pending, feed = self._next_async(out["logits"])
+        wall = time.perf_counter() - start
+        return DecodeResult(self.engine.name, ids, tokens, self.ledger, wall, steps, None)
+
+    def _next_async(self, logits):
+        last = self.ops.last_along_axis(logits, 1)
+        return self.ops.next_token_async(last.reshape(1, last.shape[-1]))
+
 
 def greedy_decode(engine, prompt: Sequence[int], max_new_tokens: int,
-                  audit: bool = False, ignore_eos: bool = False) -> DecodeResult:
+                  audit: bool = False, ignore_eos: bool = False,
+                  pipelined: bool = False) -> DecodeResult:
     """Fresh ledger, fresh session, greedy decode; with ``audit`` each step's logits row
     comes back too (``DecodeResult.logits``). An engine that declares ``decodes_itself`` (a
     black box such as ``hf``, through transformers' ``generate``) is handed the validated
     request through ``Engine.generate`` instead.
+
+    ``pipelined`` (``lockstep bench --pipelined``) runs ``DecodeSession._greedy_pipelined``
+    where the engine's tensor ops keep a device feed (not with ``audit``): the same tokens
+    and readbacks, the next forward queued before each id is waited for.
 
     ``ignore_eos`` is for timing only (``lockstep bench --ignore-eos``): the loop goes on
     past eos and returns exactly ``max_new_tokens`` tokens. A parity run never sets it. A
@@ -179,8 +225,9 @@ def greedy_decode(engine, prompt: Sequence[int], max_new_tokens: int,
             return engine.generate(ids, max_new_tokens, audit=audit, ignore_eos=True)
         return engine.generate(ids, max_new_tokens, audit=audit)
     engine.reset_ledger()
-    return DecodeSession(engine).greedy(prompt, max_new_tokens, audit=audit,
-                                        ignore_eos=ignore_eos)
+    return DecodeSession(engine, pipelined=pipelined).greedy(prompt, max_new_tokens,
+                                                             audit=audit,
+                                                             ignore_eos=ignore_eos)
 
 
 __all__ = ["DecodeResult", "DecodeSession", "greedy_decode"]

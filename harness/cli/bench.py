@@ -59,6 +59,7 @@ def bench_table(rows, plan) -> Table:
     median tokens/s; reasons are printed below the table."""
     speculative = plan.mode == "speculative"
     eos = ", eos ignored" if plan.ignore_eos else ""
+    eos += ", pipelined" if plan.pipelined else ""
     steps = plan.warmup_steps
     table = Table(title=f"lockstep bench: {plan.mode}, {plan.max_new_tokens} new tokens{eos}, "
                         f"median of {plan.repeats}, steady decode after {steps} warm-up "
@@ -131,6 +132,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="for timing: every decode, greedy or speculative, goes on past eos "
                         "and produces exactly --max-new-tokens tokens (a decode that stops "
                         "short is an error row); parity runs never ignore eos")
+    p.add_argument("--pipelined", action="store_true",
+                   help="greedy decodes queue each next forward before the last token id is "
+                        "read back (the same tokens; where an engine's tensor ops keep a "
+                        "device feed), to time the host work hidden behind the device's")
     p.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS, metavar="K",
                    help=f"decode steps at the start of every timed decode left out of the "
                         f"steady decode median (default {WARMUP_STEPS})")
@@ -164,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_bench(engines, packages, mode=args.mode, width=width, repeats=args.repeats,
                       max_new_tokens=args.max_new_tokens, baseline=args.baseline,
                       warmup=args.warmup, ignore_eos=args.ignore_eos,
-                      warmup_steps=args.warmup_steps)
+                      warmup_steps=args.warmup_steps, pipelined=args.pipelined)
 
     from harness.cli.progress import CellProgress
 
