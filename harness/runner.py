@@ -24,6 +24,7 @@ from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, InputError, NonFiniteLogits
 from engines.oracle import Oracle, OracleTrace, oracle_for
 from engines.registry import REFERENCE_ENGINE, get_engine_class
+from engines.requests import check_count
 from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import speculative_decode
@@ -180,8 +181,6 @@ class _PackagePlan:
 def check_counts(max_prompts: int | None, max_new_tokens: int) -> None:
     """``max_prompts`` None (all) or >= 1 and ``max_new_tokens`` >= 1, else an ``InputError``
     naming the field: 0 prompts would otherwise mean all of them, -1 all but the last."""
-    from engines.requests import check_count
-
     if max_prompts is not None:
         check_count(max_prompts, "max_prompts",
                     "pass max_prompts=N with N >= 1, or None for all of a package's prompts")

@@ -15,6 +15,21 @@ def write_figure(evidence_dir, name: str, data) -> None:
     (figures / f"{name}.json").write_text(json.dumps(data, indent=1))
 
 
+def one_line_error(capsys, argv) -> str:
+    """``lockstep ARGV``'s error: exit status 2, no traceback, exactly one
+    ``lockstep: error: `` line on stderr and it comes last (after any progress lines)."""
+    from harness.cli import main
+
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("lockstep: error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], err
+    return errors[0]
+
+
 def fixture_names() -> list[str]:
     from harness.packages import fixture_names as names
 

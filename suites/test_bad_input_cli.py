@@ -8,21 +8,10 @@ import os
 import pytest
 
 from harness.cli import main
+from suites.support import one_line_error
 
 SMALL = ["--packages", "lookup_chained", "--engines", "native-host", "--max-new-tokens", "2",
          "--max-prompts", "1"]
-
-
-def one_line_error(capsys, argv) -> str:
-    """The error, one line on stderr (after any progress lines there), exit status 2."""
-    status = main(argv)
-    err = capsys.readouterr().err
-    assert status == 2, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("lockstep: error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0], err
-    return errors[0]
 
 
 # -- option values that today mean something else ---------------------------------------------

@@ -14,7 +14,8 @@ import pytest
 
 from engines.native import batched_copy
 from engines.native.graph_slots import GraphSlot
-from suites.test_graph_slots_host import FakeDevice, Harness, toy, toy_feeds, zeros_state
+from suites.test_graph_slots_host import (FakeDevice, Harness, replay_fed_its_static_input,
+                                         toy, toy_feeds, zeros_state)
 
 
 class BatchingDevice(FakeDevice):
@@ -51,18 +52,13 @@ def test_a_replay_copies_its_feeds_in_one_batch_before_the_launch():
 
 def test_a_feed_that_is_the_static_input_is_left_out_of_the_batch():
     h = Harness(device=BatchingDevice())
-    h.run(GraphSlot.PRIMARY, toy_feeds([1], 0, zeros_state()))
-    slot = h.slots[GraphSlot.PRIMARY]
-    feeds = toy_feeds([2], 1, zeros_state())
-    feeds["state_in"] = slot.inputs["state_in"]
-    slot.inputs["state_in"][...] = 3.0
-    h.device.events.clear()
-    out = h.run(GraphSlot.PRIMARY, feeds)
+    out, want = replay_fed_its_static_input(h)
     assert h.device.events == ["copy_many", "launch"]
     (batch,) = h.device.batches
+    slot = h.slots[GraphSlot.PRIMARY]
     assert [dst is slot.inputs[name] for (dst, _), name in zip(batch, ("tokens", "positions"))] \
         == [True, True] and len(batch) == 2
-    np.testing.assert_array_equal(out["state_out"], np.full((1, 4), 3.0 + 2 + 1, np.float32))
+    np.testing.assert_array_equal(out["state_out"], want)
 
 
 def test_poison_still_follows_the_batched_copy():

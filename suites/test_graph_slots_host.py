@@ -251,18 +251,24 @@ def test_a_state_cell_fed_back_from_a_static_output_reads_the_value_it_saw():
     assert h.counters(GraphSlot.PRIMARY).replays == 11
 
 
-@pytest.mark.claim("graph_replay")
-def test_a_feed_that_is_the_static_input_is_not_copied():
-    h = Harness()
+def replay_fed_its_static_input(h: Harness):
+    """A PRIMARY replay whose ``state_in`` feed is the slot's own static input (holding 3.0),
+    the device's events cleared just before it: its outputs, and what it should compute."""
     h.run(GraphSlot.PRIMARY, toy_feeds([1], 0, zeros_state()))
     slot = h.slots[GraphSlot.PRIMARY]
     feeds = toy_feeds([2], 1, zeros_state())
     feeds["state_in"] = slot.inputs["state_in"]
     slot.inputs["state_in"][...] = 3.0
     h.device.events.clear()
-    out = h.run(GraphSlot.PRIMARY, feeds)
+    return h.run(GraphSlot.PRIMARY, feeds), np.full((1, 4), 3.0 + 2 + 1, np.float32)
+
+
+@pytest.mark.claim("graph_replay")
+def test_a_feed_that_is_the_static_input_is_not_copied():
+    h = Harness()
+    out, want = replay_fed_its_static_input(h)
     assert h.device.events == ["copy", "copy", "launch"]  # tokens, positions; not state_in
-    np.testing.assert_array_equal(out["state_out"], np.full((1, 4), 3.0 + 2 + 1, np.float32))
+    np.testing.assert_array_equal(out["state_out"], want)
 
 
 @pytest.mark.claim("graph_replay")

@@ -19,18 +19,7 @@ from onnx import TensorProto, helper
 
 from harness.cli import main
 from suites.genai_support import build, smollm2  # noqa: F401 - shared fixtures
-
-
-def one_line_error(capsys, argv) -> str:
-    """The error: one line on stderr (after any progress lines), exit status 2."""
-    status = main(argv)
-    err = capsys.readouterr().err
-    assert status == 2, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert lines and lines[-1].startswith("lockstep: error: "), err
-    assert sum(line.startswith("lockstep: error: ") for line in lines) == 1, err
-    return lines[-1]
+from suites.support import one_line_error
 
 
 def quiet_main(argv) -> tuple[int, str, str]:

@@ -607,27 +607,18 @@ class FusedKernels:
 
     def kv_write(self, old, new, positions, *, stream):
         """A copy of the cache old [B, H, C, D] with slot positions[m] = new[:, :, m]."""
-        self._check(old, "old")
-        self._check(new, "new")
-        b, h, c, d = old.shape
-        if new.ndim != 4 or (new.shape[0], new.shape[1], new.shape[3]) != (b, h, d) \
-                or new.dtype != old.dtype:
-            raise ExecutionError("new rows do not fit the cache", field="new",
-                                 value=(tuple(new.shape), new.dtype.name),
-                                 remedy=f"[{b}, {h}, M, {d}] rows in {old.dtype.name}")
+        old, out, (total, h, d, *strides) = self._kv_operands(old, new, stream)
         m = new.shape[2]
         pos = self._positions(positions, m, stream)
-        name = f"kv_write_{_suffix(old.dtype, 'old')}"
-        old = self._contiguous(old, stream)
-        out = self._empty(old.shape, old.dtype, stream)
         if out.size:
-            strides = [s // new.itemsize for s in new.strides]
-            self._launch(name, _blocks(out.size, BLOCK), BLOCK,
-                         (old, new, pos, out, _i64(out.size), _i64(h), _i64(c), _i64(d),
-                          _i64(m), *map(_i64, strides)), stream)
+            self._launch(f"kv_write_{_suffix(old.dtype, 'old')}", _blocks(out.size, BLOCK),
+                         BLOCK, (old, new, pos, out, total, h, _i64(old.shape[2]), d, _i64(m),
+                                 *strides), stream)
         return out
 
     def _kv_operands(self, old, new, stream):
+        """The checked operands of one cache write: old (C-contiguous), a fresh output, and
+        the launch's (total, H, D, new's four element strides)."""
         self._check(old, "old")
         self._check(new, "new")
         b, h, c, d = old.shape

@@ -344,10 +344,7 @@ class TensorOps(abc.ABC):
         the lowest index, NaN ignored; an all-NaN row is an ``InputError``."""
         self._check_one_row(logits2d, "next_token_feed")
         token, feed = self._argmax_feed(logits2d)
-        if token < 0:
-            raise NonFiniteLogits("row 0 is all NaN, so it has no argmax", field="logits2d",
-                                  value="row 0", remedy="the logits are corrupt upstream")
-        return token, feed
+        return ReadyToken(token).result(), feed  # result() refuses an all-NaN row (-1)
 
     def next_token_async(self, logits2d: Any) -> tuple[PendingToken, Any]:
         """``next_token_feed`` without waiting for the id: ``(pending, feed)``, the feed as

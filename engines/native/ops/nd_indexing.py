@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from .base import Kernel, norm_axis
+from .scatter import REDUCTIONS, one_hot_reduce
 
 
 def _wrap(xp, idx, extent):
@@ -66,7 +67,7 @@ class GatherND(Kernel):
 class ScatterND(Kernel):
     def setup(self) -> None:
         self.reduction = self.attr("reduction", "none")
-        if self.reduction not in ("none", "add", "mul", "max", "min"):
+        if self.reduction not in REDUCTIONS:
             raise self.fail("unknown ScatterND reduction", field="reduction",
                             value=self.reduction, remedy="use none, add, mul, max or min")
 
@@ -87,20 +88,5 @@ class ScatterND(Kernel):
         hit = hit.reshape((n, slots) + (1,) * len(rest))
         upd = updates.reshape((n, 1) + rest)
         target = out.reshape((slots,) + rest)
-        dtype = data.dtype
-        if self.reduction == "add":
-            picked = xp.moveaxis(xp.where(hit, upd, dtype.type(0)), 0, -1)  # updates last
-            result = target + be.sum(xp.ascontiguousarray(picked), picked.ndim - 1)
-        elif self.reduction == "mul":
-            result = target * xp.prod(xp.where(hit, upd, dtype.type(1)), axis=0)
-        else:
-            largest = self.reduction == "max"
-            if dtype.kind == "f":
-                neutral = dtype.type(-np.inf if largest else np.inf)
-            else:
-                info = np.iinfo(dtype)
-                neutral = dtype.type(info.min if largest else info.max)
-            best = (xp.max if largest else xp.min)(xp.where(hit, upd, neutral), axis=0)
-            pick = xp.maximum if largest else xp.minimum
-            result = xp.where(xp.any(hit, axis=0), pick(target, best), target)
+        result = one_hot_reduce(be, self.reduction, target, hit, upd, axis=0)
         return (result.reshape(data.shape),)

@@ -17,6 +17,29 @@ from .base import Kernel, norm_axis
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 
 
+def one_hot_reduce(be, reduction: str, target, hit, updates, axis: int):
+    """``target`` with every update whose ``hit`` is set combined into its slot by
+    ``reduction`` (add, mul, max or min); ``hit`` and ``updates`` broadcast against each
+    other and hold the updates along ``axis``. Sums go through ``be.sum`` in update order; a
+    slot no update hits keeps its value. ScatterElements and ScatterND share it."""
+    xp = be.xp
+    dtype = target.dtype
+    if reduction == "add":
+        picked = xp.moveaxis(xp.where(hit, updates, dtype.type(0)), axis, -1)  # updates last
+        return target + be.sum(xp.ascontiguousarray(picked), picked.ndim - 1)
+    if reduction == "mul":
+        return target * xp.prod(xp.where(hit, updates, dtype.type(1)), axis=axis)
+    largest = reduction == "max"
+    if dtype.kind == "f":
+        neutral = dtype.type(-np.inf if largest else np.inf)
+    else:
+        info = np.iinfo(dtype)
+        neutral = dtype.type(info.min if largest else info.max)
+    best = (xp.max if largest else xp.min)(xp.where(hit, updates, neutral), axis=axis)
+    pick = xp.maximum if largest else xp.minimum
+    return xp.where(xp.any(hit, axis=axis), pick(target, best), target)
+
+
 class ScatterElements(Kernel):
     def setup(self) -> None:
         self.axis = int(self.attr("axis", 0))
@@ -49,22 +72,6 @@ class ScatterElements(Kernel):
         idx_l = xp.moveaxis(idx, axis, -1)[..., None]  # [..., m, 1]
         upd_l = xp.moveaxis(updates, axis, -1)[..., None]
         hit = idx_l == xp.arange(extent, dtype=np.int64)  # [..., m, extent]
-        dtype = data.dtype
-        if self.reduction == "add":
-            picked = xp.where(hit, upd_l, dtype.type(0))
-            moved = picked.swapaxes(-1, -2)  # [..., extent, m]: sum the m updates in order
-            result = target + be.sum(xp.ascontiguousarray(moved), moved.ndim - 1)
-        elif self.reduction == "mul":
-            result = target * xp.prod(xp.where(hit, upd_l, dtype.type(1)), axis=-2)
-        else:
-            largest = self.reduction == "max"
-            if dtype.kind == "f":
-                neutral = dtype.type(-np.inf if largest else np.inf)
-            else:
-                info = np.iinfo(dtype)
-                neutral = dtype.type(info.min if largest else info.max)
-            best = (xp.max if largest else xp.min)(xp.where(hit, upd_l, neutral), axis=-2)
-            pick = xp.maximum if largest else xp.minimum
-            result = xp.where(xp.any(hit, axis=-2), pick(target, best), target)
+        result = one_hot_reduce(be, self.reduction, target, hit, upd_l, axis=-2)
         out[block] = xp.moveaxis(result, -1, axis)
         return (out,)
