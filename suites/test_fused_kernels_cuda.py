@@ -45,8 +45,10 @@ CONFIGS["bfloat16-mixed-halves"] = LlamaConfig(cache="static", dtype="bfloat16",
 CONFIGS["bfloat16-mixed-d64"] = LlamaConfig(cache="static", heads=6, kv_heads=2, head_dim=64,
                                             dtype="bfloat16", precision="mixed")
 ROWS = 5  # the recorded forward's M
+# the kinds a plan without the GEMV prologues records, then those a default plan adds
 KINDS = ("RMSNorm", "AddRMSNorm", "Rotary2", "SwiGLU", "Attention", "KVWrite2", "MatMulN")
-ROW_KINDS = [k for k in KINDS if k != "KVWrite2"] + ["Rotary"]
+PROLOGUE_KINDS = ("NormMatMul", "SwiGLUMatMul")
+ROW_KINDS = [k for k in KINDS if k != "KVWrite2"] + ["Rotary", *PROLOGUE_KINDS]
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +78,10 @@ def _feeds(config: LlamaConfig, tokens, start: int, cache=None) -> dict:
     return feeds
 
 
-@functools.lru_cache(maxsize=None)
-def recorded_calls(name: str) -> dict:
+def _record(config: LlamaConfig, plan) -> dict:
     """Op kind -> (bound kernel, host inputs) of its last call in the second of two
-    ROWS-row forwards of ``CONFIGS[name]`` on native-host (a filled cache, positions
+    ROWS-row forwards of ``plan`` on native-host (a filled cache, positions
     ROWS..2*ROWS-1)."""
-    config = CONFIGS[name]
-    plan = plan_module.Plan(llama_model(config), NumpyArrayBackend())
     calls: dict = {}
     for step in plan.steps:
         if step.node.domain != FUSED_DOMAIN:
@@ -96,7 +95,27 @@ def recorded_calls(name: str) -> dict:
         step.kernel = record
     first = plan.run(_feeds(config, [1, 17, 42, 5, 9], 0))
     plan.run(_feeds(config, [3, 8, 13, 21, 34], ROWS, first))
+    return calls
+
+
+@functools.lru_cache(maxsize=None)
+def recorded_calls(name: str) -> dict:
+    """Every fused kind's last call (``_record``): the norms, SwiGLU and MatMulN from a
+    plan without the GEMV prologues (so each kernel is tested alone), the prologue kinds
+    from the default plan."""
+    from engines.native.fusion import driver
+
+    config = CONFIGS[name]
+    model = llama_model(config)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(driver, "RECOGNISERS", tuple(
+            r for r in driver.RECOGNISERS
+            if r not in (driver.norm_matmul.match, driver.swiglu_matmul.match)))
+        calls = _record(config, plan_module.Plan(model, NumpyArrayBackend()))
     assert set(calls) == set(KINDS), sorted(calls)
+    prologues = _record(config, plan_module.Plan(model, NumpyArrayBackend()))
+    assert set(PROLOGUE_KINDS) <= set(prologues), sorted(prologues)
+    calls.update({kind: prologues[kind] for kind in PROLOGUE_KINDS})
     pair, (old_k, new_k, _, _, positions) = calls["KVWrite2"]
     calls["KVWrite"] = (KVWrite(pair.node, pair.opset), [old_k, new_k, positions])  # unpaired
     pair, (x_q, _, cos, sin) = calls["Rotary2"]
@@ -113,12 +132,14 @@ def _device(args, backend):
         return [backend.adopt(a) for a in args]
 
 
-def _rows(kind: str, args, a: int, b: int):
+def _rows(kind: str, args, a: int, b: int, kernel=None):
     """The inputs of rows [a, b) of a row-structured fused node."""
+    if kind == "NormMatMul":
+        kind = "AddRMSNorm" if kernel.add else "RMSNorm"
     if kind in ("RMSNorm", "MatMulN"):
         return [args[0][:, a:b]] + list(args[1:])
-    if kind in ("SwiGLU", "AddRMSNorm"):
-        return [args[0][:, a:b], args[1][:, a:b]] + args[2:]
+    if kind in ("SwiGLU", "AddRMSNorm", "SwiGLUMatMul"):
+        return [args[0][:, a:b], args[1][:, a:b]] + list(args[2:])
     if kind in ("Rotary", "Rotary2"):
         return [x[:, :, a:b] for x in args]
     if kind == "Attention":
@@ -134,7 +155,7 @@ def _out_row(kind: str, out, r: int):
 
 @pytest.mark.claim("batch_invariance")
 @pytest.mark.parametrize("name", list(CONFIGS))
-@pytest.mark.parametrize("kind", KINDS + ("KVWrite", "Rotary"))
+@pytest.mark.parametrize("kind", KINDS + ("KVWrite", "Rotary") + PROLOGUE_KINDS)
 def test_kernel_matches_host(cp, stream, backend, name, kind):
     kernel, args = recorded_calls(name)[kind]
     wants = kernel(NumpyArrayBackend(), *args)
@@ -159,9 +180,10 @@ def test_kernel_rows_are_batch_invariant(cp, stream, backend, name, kind):
     kernel, args = recorded_calls(name)[kind]
     dev = _device(args, backend)
     for m in (1, 2, ROWS):
-        batched = [to_host(y, stream) for y in kernel(backend, *_rows(kind, dev, 0, m))]
+        batched = [to_host(y, stream)
+                   for y in kernel(backend, *_rows(kind, dev, 0, m, kernel))]
         for r in range(m):
-            singles = kernel(backend, *_rows(kind, dev, r, r + 1))
+            singles = kernel(backend, *_rows(kind, dev, r, r + 1, kernel))
             for i, (full, single) in enumerate(zip(batched, singles)):
                 row = _out_row(kind, full, r)
                 assert row.tobytes() == to_host(single, stream).tobytes(), (kind, name, m, r, i)
@@ -204,6 +226,37 @@ def test_one_launch_matmuls_equal_their_own_matmuls(cp, stream, backend, name):
     assert launches == [1]
     for out, w in zip(together, weights):
         assert to_host(out, stream).tobytes() == to_host(backend.matmul(a, w), stream).tobytes()
+
+
+@pytest.mark.claim("batch_invariance")
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("kind", PROLOGUE_KINDS)
+def test_gemv_prologue_is_one_launch_with_the_two_launches_bits(cp, stream, backend, name,
+                                                                 kind):
+    """A GEMV with a norm or SwiGLU prologue (one launch) gives every output bit for bit
+    what the norm's or SwiGLU's kernel and then the GEMV give (the path prefills take, and
+    the one forced here by hiding the weights' cached transposes), at M = 1, 2, 5; and it
+    really is the one launch."""
+    kernel, args = recorded_calls(name)[kind]
+    dev = _device(args, backend)
+    device = backend.fused_kernels().kernels
+    launcher = "norm_gemv" if kind == "NormMatMul" else "swiglu_gemv"
+    for m in (1, 2, ROWS):
+        rows = _rows(kind, dev, 0, m, kernel)
+        launched = []
+        real = getattr(device, launcher)
+        setattr(device, launcher, lambda *a, **k: launched.append(real(*a, **k)) or launched[-1])
+        try:
+            one = [to_host(y, stream) for y in kernel(backend, *rows)]
+        finally:
+            delattr(device, launcher)  # the class's method again
+        assert len(launched) == 1 and launched[0] is not None, (kind, name, m)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(backend, "cached_transposes", lambda *a: None)
+            two = [to_host(y, stream) for y in kernel(backend, *rows)]
+        assert len(one) == len(two)
+        for i, (a, b) in enumerate(zip(one, two)):
+            assert a.shape == b.shape and a.tobytes() == b.tobytes(), (kind, name, m, i)
 
 
 def test_attention_reads_no_slot_past_the_position(cp, stream, backend):

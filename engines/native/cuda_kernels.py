@@ -239,6 +239,10 @@ __device__ __forceinline__ void lk_gemv_vec_chunk_$S(
 
 // Block `blk` of out[m, n] = sum_k x[m, k] * w(k, n), w(k, n) = w[n * w_nstep + k * w_kstep]
 // (W^T [N, K]: w_nstep K, w_kstep 1; W [K, N]: 1 and N); LK_GEMV_WARPS / team columns a block.
+// MAXR: the most rows a chunk of this instance takes (M <= MAXR unless MAXR is
+// LK_GEMV_ROWS); SCALAR: whether it has the element-wise loads. Both only trim what is
+// compiled: a row's arithmetic is the same in every instance.
+template <int MAXR, bool SCALAR>
 __device__ __forceinline__ void lk_gemv_vec_block_$S(const $T* __restrict__ x,
                                                      const $T* __restrict__ w,
                                                      $T* __restrict__ out, long long M,
@@ -255,11 +259,11 @@ __device__ __forceinline__ void lk_gemv_vec_block_$S(const $T* __restrict__ x,
     for (long long m0 = 0; m0 < M; m0 += LK_GEMV_ROWS) {
         const long long rows = (M - m0) < LK_GEMV_ROWS ? (M - m0) : LK_GEMV_ROWS;
         const $T* xr = x + m0 * K;
-        if (vec) {
+        if (vec || !SCALAR) {
             switch (rows) {
 $vcases
             }
-        } else {
+        } else if (SCALAR) {
             switch (rows) {
 $scases
             }
@@ -267,12 +271,36 @@ $scases
     }
 }
 
+
+// This block's share of up to three GEMVs over one x (gemv_vec3's split of the blocks).
+template <int MAXR>
+__device__ __forceinline__ void lk_gemv3_$S(const $T* __restrict__ x, const $T* __restrict__ w0,
+                                            const $T* __restrict__ w1,
+                                            const $T* __restrict__ w2, $T* __restrict__ out0,
+                                            $T* __restrict__ out1, $T* __restrict__ out2,
+                                            long long M, long long K, long long N0,
+                                            long long N1, long long N2, int team0, int team1,
+                                            int team2, long long blocks0, long long blocks1,
+                                            float* part) {
+    const long long blk = blockIdx.x;
+    const bool first = blk < blocks0, second = !first && blk < blocks0 + blocks1;
+    const $T* w = first ? w0 : (second ? w1 : w2);
+    $T* out = first ? out0 : (second ? out1 : out2);
+    const long long N = first ? N0 : (second ? N1 : N2);
+    const int team = first ? team0 : (second ? team1 : team2);
+    const long long b = first ? blk : (second ? blk - blocks0 : blk - blocks0 - blocks1);
+    lk_gemv_vec_block_$S<MAXR, false>(x, w, out, M, K, N, K, 1, 1, team, b, part);
+}
+"""
+
+_GEMV_VEC_KERNELS = r"""
 extern "C" __global__ void gemv_vec_$S(const $T* __restrict__ x, const $T* __restrict__ w,
                                        $T* __restrict__ out, long long M, long long K,
                                        long long N, long long w_nstep, long long w_kstep,
                                        int vec, int team) {
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
-    lk_gemv_vec_block_$S(x, w, out, M, K, N, w_nstep, w_kstep, vec, team, blockIdx.x, part);
+    lk_gemv_vec_block_$S<LK_GEMV_ROWS, true>(x, w, out, M, K, N, w_nstep, w_kstep, vec, team,
+                                              blockIdx.x, part);
 }
 
 // Up to three weights sharing x (a layer's q/k/v, or gate/up) in one launch: the first
@@ -286,15 +314,8 @@ extern "C" __global__ void gemv_vec3_$S(const $T* __restrict__ x, const $T* __re
                                         int team1, int team2, long long blocks0,
                                         long long blocks1) {
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
-    const long long blk = blockIdx.x;
-    if (blk < blocks0) {
-        lk_gemv_vec_block_$S(x, w0, out0, M, K, N0, K, 1, 1, team0, blk, part);
-    } else if (blk < blocks0 + blocks1) {
-        lk_gemv_vec_block_$S(x, w1, out1, M, K, N1, K, 1, 1, team1, blk - blocks0, part);
-    } else {
-        lk_gemv_vec_block_$S(x, w2, out2, M, K, N2, K, 1, 1, team2, blk - blocks0 - blocks1,
-                             part);
-    }
+    lk_gemv3_$S<LK_GEMV_ROWS>(x, w0, w1, w2, out0, out1, out2, M, K, N0, N1, N2, team0,
+                              team1, team2, blocks0, blocks1, part);
 }
 
 // Many rows (a prefill): block (bx, by) stages rows [by * tile_rows, ...) of x in shared
@@ -390,11 +411,31 @@ def prelude() -> str:
     return Template(_PRELUDE).substitute(rows=GEMV_ROWS_PER_CHUNK)
 
 
+def gemv_vec_device_source(dtype: str) -> str:
+    """``gemv_vec``'s device functions for one dtype (a column chunk, a block's columns),
+    without the kernels: the fused module's GEMVs with a prologue run the same functions, so
+    their columns are this module's bit for bit."""
+    suffix, storage, acc = _TYPES[dtype]
+    vcases, scases = (
+        "\n".join(f"            case {r}: if constexpr ({r} <= MAXR) "
+                  f"lk_gemv_vec_chunk_{suffix}<{r}, {vec}, "
+                  f"LK_GEMV_WARPS>(xr, wr, out, K, N, w_kstep, n, m0, valid, tt, "
+                  f"team * 32, warp, team, lane, part); break;"
+                  for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
+        for vec in ("true", "false"))
+    return Template(_GEMV_VEC).substitute(S=suffix, T=storage, A=acc, vcases=vcases,
+                                          scases=scases)
+
+
+def gemv_vec_defines() -> str:
+    """What ``gemv_vec_device_source`` needs ahead of it, after the prelude."""
+    return "\n".join([f"#define LK_GEMV_WARPS {GEMV_WARPS_PER_BLOCK}",
+                      "struct alignas(16) lk_vec16 { unsigned int words[4]; };  // one 16-byte load"])
+
+
 def kernel_source() -> str:
     """The whole CUDA source: one module, every kernel for every dtype it supports."""
-    parts = [prelude(), f"#define LK_GEMV_WARPS {GEMV_WARPS_PER_BLOCK}",
-             f"#define LK_TILE_WARPS {GEMV_TILE_WARPS}",
-             "struct alignas(16) lk_vec16 { unsigned int words[4]; };  // one 16-byte load"]
+    parts = [prelude(), gemv_vec_defines(), f"#define LK_TILE_WARPS {GEMV_TILE_WARPS}"]
     for dtype, (suffix, storage, acc) in _TYPES.items():
         fields = {"S": suffix, "T": storage, "A": acc}
         if dtype in GEMV_DTYPES:
@@ -402,18 +443,12 @@ def kernel_source() -> str:
                 f"            case {r}: lk_gemv_chunk_{suffix}<{r}>(xr, w, out, K, N, n, w_base, "
                 f"w_step, m0, lane); break;" for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
             parts.append(Template(_GEMV).substitute(fields, cases=cases))
-            vcases, scases = (
-                "\n".join(f"            case {r}: lk_gemv_vec_chunk_{suffix}<{r}, {vec}, "
-                          f"LK_GEMV_WARPS>(xr, wr, out, K, N, w_kstep, n, m0, valid, tt, "
-                          f"team * 32, warp, team, lane, part); break;"
-                          for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
-                for vec in ("true", "false"))
             tcases = "\n".join(
                 f"            case {r}: lk_gemv_vec_chunk_{suffix}<{r}, true, LK_TILE_WARPS>("
                 f"xr, wr, out, K, N, 1, n, mr, valid, tt, team * 32, warp, team, lane, part); "
                 f"break;" for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
-            parts.append(Template(_GEMV_VEC).substitute(fields, vcases=vcases, scases=scases,
-                                                        tcases=tcases))
+            parts.append(gemv_vec_device_source(dtype))
+            parts.append(Template(_GEMV_VEC_KERNELS).substitute(fields, tcases=tcases))
         parts.append(Template(_BMM).substitute(fields))
         parts.append(Template(_SUM).substitute(fields))
     return "\n".join(parts)

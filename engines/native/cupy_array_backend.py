@@ -249,6 +249,15 @@ class CupyArrayBackend:
                 return [o.reshape(lead + (t.shape[0],)) for o, t in zip(outs, ts)]
         return [self.matmul(a, w) for w in weights]
 
+    def cached_transposes(self, weights, dtype):
+        """Each weight's cached [N, K] copy when every one is an adopted 2-D weight of
+        ``dtype`` that has one (what a GEMV with a prologue reads), else None."""
+        cached = [self._transposed.get(id(w)) for w in weights]
+        if all(c is not None and c[0] is w and w.dtype == dtype
+               for c, w in zip(cached, weights)):
+            return [c[1] for c in cached]
+        return None
+
     def fused_kernels(self):
         """The ``lockstep.fused`` nodes' kernels, bound to this backend's stream; compiled
         once per device, the first time a plan with fused nodes builds (never mid-forward:

@@ -7,9 +7,14 @@ the unfused graph stores a value in a narrower dtype, so a float16 graph's chain
 float16 ops keeps its roundings; only reduction orders differ from the host.
 
 Every kernel is batch-invariant (a row's arithmetic depends on its own operands only: one
-block per row or per (head, query) pair, fixed strides and a fixed tree over the block's
-threads) and capture-safe (shapes from metadata, positions read on the device, outputs and
+warp per norm row, one block per (head, query) pair, fixed strides and fixed trees) and
+capture-safe (shapes from metadata, positions read on the device, outputs and
 scratch from the current allocator on the backend's stream, no host synchronisation).
+
+The GEMVs with a prologue (``norm_gemv``, ``swiglu_gemv``) stage a norm's or SwiGLU's rows in
+shared memory with the standalone kernels' own device functions, then run ``gemv_vec``'s
+column code (``cuda_kernels.gemv_vec_device_source``) over them: one launch where there were
+two, every bit the same.
 Attention reads key slots 0..p for the query at position p and no others; its order over
 keys depends only on the key index, so a verify row and a decode at the same position do
 the same arithmetic.
@@ -23,10 +28,19 @@ from string import Template
 import numpy as np
 
 from engines.errors import ExecutionError, ResidencyError
-from engines.native.cuda_kernels import _TYPES, COMPILE_OPTIONS, prelude
+from engines.native.cuda_kernels import (_TYPES, COMPILE_OPTIONS, GEMV_WARPS_PER_BLOCK, gemv_team, gemv_vec_defines,
+                                         gemv_vec_device_source, prelude)
 
 FUSED_DTYPES = tuple(d for d in ("float32", "float16", "bfloat16") if d in _TYPES)
-BLOCK = 256  # threads for the one-block-per-row and elementwise kernels
+BLOCK = 256  # threads for the elementwise kernels
+NORM_ROWS_PER_BLOCK = 4  # a norm kernel's block: one warp a row (lk_norm_row)
+PROLOGUE_BLOCK = 32 * GEMV_WARPS_PER_BLOCK  # threads of a GEMV block with a prologue
+PROLOGUE_BYTES = 40 * 1024  # shared memory for the rows a GEMV's prologue stages
+PROLOGUE_ROWS = 8  # rows a GEMV with a prologue takes (decode, verification up to width 7)
+# (wide, narrow): a GEMV with a prologue in dtype `narrow` whose norm keeps its residual
+# stream (or whose SwiGLU computes) in `wide`: uniform graphs, and mixed ones over float32
+PROLOGUE_PAIRS = tuple(sorted({(d, d) for d in FUSED_DTYPES}
+                              | {("float32", d) for d in FUSED_DTYPES}))
 ATTENTION_BLOCK = 256  # threads per (head, query) block: a key each, for up to 256 keys
 ATTENTION_MAX_HEAD_DIM = 512
 ATTENTION_SMEM_KEYS = 4096  # caches of up to this many slots keep their scores in shared memory
@@ -83,56 +97,94 @@ __device__ __forceinline__ float lk_round(const $T*, float v) {
 }
 """
 
-_RMS_NORM = r"""
-// One block per row of n: y = x * (1 / sqrt(mean(x * x) + eps)) * gain, rounded to $TI
-// after each op as the unfused graph stores it, then stored as $TO (the folded Cast).
-extern "C" __global__ void rms_norm_${SI}_${SO}(const $TI* __restrict__ x,
-                                                const $TI* __restrict__ gain,
-                                                $TO* __restrict__ out, long long n, float eps) {
-    __shared__ float smem[33];
+_NORM_ROW = r"""
+// One row of n, by one warp (lane l takes i = l, l + 32, ...; a fixed butterfly adds the
+// lanes): s = res (+ delta read as $TD, the folded Cast up, the sum rounded to $TI when
+// delta is given), stored to sum_out when given; then y = s * (1 / sqrt(mean(s * s) + eps))
+// * gain, rounded to $TI after each op as the unfused graph stores it, stored as $TO (the
+// folded Cast) to out, in global or shared memory. The second pass recomputes s exactly as
+// the first stored it. rms_norm, add_rms_norm and the GEMVs with a norm prologue all run
+// this, so a row's bits never depend on which of them ran it or on how many rows there are.
+__device__ __forceinline__ void lk_norm_row_${SI}_${SD}_${SO}(
+        const $TI* __restrict__ res, const $TD* __restrict__ delta,
+        const $TI* __restrict__ gain, $TI* __restrict__ sum_out, $TO* out, long long n,
+        float eps, int lane) {
     const $TI* R = 0;
-    const long long row = blockIdx.x;
-    const long long base = row * n;
     float acc = 0.0f;
-    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = lk_load(x, base + i);
-        acc += lk_round(R, v * v);
+    for (long long i = lane; i < n; i += 32) {
+        float s = lk_load(res, i);
+        if (delta) s = lk_round(R, s + lk_round(R, lk_load(delta, i)));
+        if (sum_out) lk_store(sum_out, i, s);
+        acc += lk_round(R, s * s);
     }
-    const float total = lk_round(R, lk_block_sum(acc, smem));
+    acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 8);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    const float total = lk_round(R, acc);
     const float mean = lk_round(R, total / (float)n);
     const float inv = lk_round(R, 1.0f / lk_round(R, sqrtf(lk_round(R, mean + eps))));
-    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-        const float y = lk_round(R, lk_load(x, base + i) * inv);
-        lk_store(out, base + i, lk_round(R, y * lk_load(gain, i)));
+    for (long long i = lane; i < n; i += 32) {
+        float s = lk_load(res, i);
+        if (delta) s = lk_round(R, s + lk_round(R, lk_load(delta, i)));
+        const float y = lk_round(R, s * inv);
+        lk_store(out, i, lk_round(R, y * lk_load(gain, i)));
     }
 }
-"""
 
-_ADD_RMS_NORM = r"""
-// One block per row of n: s = residual + delta (delta read as $TD, the folded Cast up, the
-// sum rounded to $TI), stored as the first output; then RMSNorm of s as rms_norm does,
-// stored as $TO. The second pass recomputes s exactly as the first stored it.
+// One warp per row of n (NORM_ROWS_PER_BLOCK rows a block): s = residual + delta stored as
+// the first output, RMSNorm of s as the second (lk_norm_row).
 extern "C" __global__ void add_rms_norm_${SI}_${SD}_${SO}(
         const $TI* __restrict__ res, const $TD* __restrict__ delta,
         const $TI* __restrict__ gain, $TI* __restrict__ sum_out, $TO* __restrict__ out,
-        long long n, float eps) {
-    __shared__ float smem[33];
-    const $TI* R = 0;
-    const long long base = (long long)blockIdx.x * n;
-    float acc = 0.0f;
-    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-        const float s = lk_round(R, lk_load(res, base + i) + lk_round(R, lk_load(delta, base + i)));
-        lk_store(sum_out, base + i, s);
-        acc += lk_round(R, s * s);
+        long long rows, long long n, float eps) {
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;  // whole warps only: no barrier follows
+    const long long base = row * n;
+    lk_norm_row_${SI}_${SD}_${SO}(res + base, delta + base, gain, sum_out + base, out + base, n,
+                                  eps, threadIdx.x & 31);
+}
+"""
+
+_RMS_NORM = r"""
+// One warp per row of n: RMSNorm of x (lk_norm_row without a delta or a sum).
+extern "C" __global__ void rms_norm_${SI}_${SO}(const $TI* __restrict__ x,
+                                                const $TI* __restrict__ gain,
+                                                $TO* __restrict__ out, long long rows,
+                                                long long n, float eps) {
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;  // whole warps only: no barrier follows
+    const long long base = row * n;
+    lk_norm_row_${SI}_${SI}_${SO}(x + base, (const $TI*)0, gain, ($TI*)0, out + base, n, eps,
+                                  threadIdx.x & 31);
+}
+"""
+
+_NORM_GEMV = r"""
+// RMSNorm (after the residual add when delta is given) of M <= LK_PROLOGUE_ROWS rows of K,
+// staged as $TO in shared memory by every block (warp w normalises rows w, w + warps, ...;
+// block 0 also stores the sums), then up to three GEMVs over the staged rows exactly as
+// gemv_vec3 runs them (lk_gemv3): one launch where the norm and the q/k/v (or gate/up, or
+// the head) were two, the same bits.
+extern "C" __global__ void norm_gemv_${SI}_${SD}_${SO}(
+        const $TI* __restrict__ res, const $TD* __restrict__ delta,
+        const $TI* __restrict__ gain, $TI* __restrict__ sum_out, float eps,
+        const $TO* __restrict__ w0, const $TO* __restrict__ w1, const $TO* __restrict__ w2,
+        $TO* __restrict__ out0, $TO* __restrict__ out1, $TO* __restrict__ out2, long long M,
+        long long K, long long N0, long long N1, long long N2, int team0, int team1,
+        int team2, long long blocks0, long long blocks1) {
+    extern __shared__ __align__(16) unsigned char lk_prologue_smem[];
+    __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
+    $TO* xs = reinterpret_cast<$TO*>(lk_prologue_smem);
+    for (long long m = threadIdx.x >> 5; m < M; m += blockDim.x >> 5) {
+        lk_norm_row_${SI}_${SD}_${SO}(res + m * K, delta ? delta + m * K : delta, gain,
+                                      (sum_out && blockIdx.x == 0) ? sum_out + m * K : ($TI*)0,
+                                      xs + m * K, K, eps, threadIdx.x & 31);
     }
-    const float total = lk_round(R, lk_block_sum(acc, smem));
-    const float mean = lk_round(R, total / (float)n);
-    const float inv = lk_round(R, 1.0f / lk_round(R, sqrtf(lk_round(R, mean + eps))));
-    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-        const float s = lk_round(R, lk_load(res, base + i) + lk_round(R, lk_load(delta, base + i)));
-        const float y = lk_round(R, s * inv);
-        lk_store(out, base + i, lk_round(R, y * lk_load(gain, i)));
-    }
+    __syncthreads();
+    lk_gemv3_${SO}<LK_PROLOGUE_ROWS>(xs, w0, w1, w2, out0, out1, out2, M, K, N0, N1, N2,
+                                     team0, team1, team2, blocks0, blocks1, part);
 }
 """
 
@@ -208,19 +260,45 @@ extern "C" __global__ void rotary2_${SX}_${SC}_${SO}(
 """
 
 _SWIGLU = r"""
-// One thread per element: g * sigmoid(g) * up in $TC (sigmoid split by sign), stored as $TO.
-extern "C" __global__ void swiglu_${SG}_${SC}_${SO}(const $TG* __restrict__ gate,
-                                                   const $TG* __restrict__ up,
-                                                   $TO* __restrict__ out, long long n) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+// Element i: g * sigmoid(g) * up in $TC (sigmoid split by sign), as $TO would store it.
+__device__ __forceinline__ float lk_swiglu_${SG}_${SC}_${SO}(const $TG* __restrict__ gate,
+                                                            const $TG* __restrict__ up,
+                                                            long long i) {
     const $TC* C = 0;
     const float g = lk_round(C, lk_load(gate, i));
     const float u = lk_round(C, lk_load(up, i));
     const float e = lk_round(C, expf(-fabsf(g)));
     const float denom = lk_round(C, 1.0f + e);
     const float sig = g >= 0.0f ? lk_round(C, 1.0f / denom) : lk_round(C, e / denom);
-    lk_store(out, i, lk_round(C, lk_round(C, g * sig) * u));
+    return lk_round(C, lk_round(C, g * sig) * u);
+}
+
+// One thread per element.
+extern "C" __global__ void swiglu_${SG}_${SC}_${SO}(const $TG* __restrict__ gate,
+                                                   const $TG* __restrict__ up,
+                                                   $TO* __restrict__ out, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    lk_store(out, i, lk_swiglu_${SG}_${SC}_${SO}(gate, up, i));
+}
+"""
+
+_SWIGLU_GEMV = r"""
+// SwiGLU of M <= LK_PROLOGUE_ROWS rows of K staged as $TO in shared memory by every block
+// (lk_swiglu, the swiglu kernel's element), then the down projection's GEMV over the staged
+// rows exactly as gemv_vec runs it: one launch where SwiGLU and the MatMul were two.
+extern "C" __global__ void swiglu_gemv_${SG}_${SC}_${SO}(
+        const $TG* __restrict__ gate, const $TG* __restrict__ up, const $TO* __restrict__ w,
+        $TO* __restrict__ out, long long M, long long K, long long N, int team) {
+    extern __shared__ __align__(16) unsigned char lk_prologue_smem[];
+    __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
+    $TO* xs = reinterpret_cast<$TO*>(lk_prologue_smem);
+    for (long long i = threadIdx.x; i < M * K; i += blockDim.x) {
+        lk_store(xs, i, lk_swiglu_${SG}_${SC}_${SO}(gate, up, i));
+    }
+    __syncthreads();
+    lk_gemv_vec_block_${SO}<LK_PROLOGUE_ROWS, false>(xs, w, out, M, K, N, K, 1, 1, team,
+                                                     blockIdx.x, part);
 }
 """
 
@@ -287,8 +365,11 @@ _ATTENTION = r"""
 // (KVEC: the key row loaded 16 bytes at a time, the same arithmetic); rounded to $T (the
 // MatMul's output), then either scaled in $T (uniform) or taken as float32 ($TC, mixed).
 // Softmax in $TC: max, exp, a sum whose order depends on j only (thread j % blockDim, then
-// the block tree); probabilities rounded to $TC then to $T. Output: thread group g adds keys
-// j = g, g + G, ... ascending, groups then added in order; stored to out[0, m, h * D + d] as
+// the block tree); probabilities rounded to $TC then to $T. Output (KVEC): a value row is
+// D / V runs of V channels; thread t takes run t % (D / V) of keys j = g, g + G, ...
+// ascending (g = t / (D / V), G = blockDim / (D / V)), 16-byte loads; the groups' partials
+// are then added in group order. Otherwise thread group g of G = blockDim / D adds keys
+// j = g, g + G, ... one channel at a time, the same way. Stored to out[0, m, h * D + d] as
 // $T. Every order depends on (p, D) alone: a verify row is the decode at its position.
 extern "C" __global__ void attention_${S}_${SC}(
         const $T* __restrict__ q, const $T* __restrict__ k, const $T* __restrict__ v,
@@ -297,7 +378,7 @@ extern "C" __global__ void attention_${S}_${SC}(
         long long qh, long long qm, long long qd, int has_scale, float scale, int G,
         int kvec) {
     __shared__ float qs[LK_ATT_MAX_D];
-    __shared__ float part[LK_ATT_BLOCK];
+    __shared__ float part[LK_ATT_BLOCK * (16 / sizeof($T))];  // groups x D partial sums
     __shared__ float smem[33];
     __shared__ float s_keys[LK_ATT_SMEM_KEYS];  // the scores, where T fits (else scratch)
     const $T* S = 0;
@@ -319,6 +400,7 @@ extern "C" __global__ void attention_${S}_${SC}(
         const $T* kr = kh + j * D;
         float acc = 0.0f;
         if (kvec) {
+#pragma unroll 4
             for (long long c = 0; c < D; c += V) {
                 const lk_att_vec16 kv = *reinterpret_cast<const lk_att_vec16*>(kr + c);
                 const $T* kp = reinterpret_cast<const $T*>(&kv);
@@ -343,7 +425,34 @@ extern "C" __global__ void attention_${S}_${SC}(
     const float total = lk_round(C, lk_block_sum(acc, smem));
     for (long long j = tid; j < L; j += blockDim.x) s[j] = lk_round(S, lk_round(C, s[j] / total));
     __syncthreads();
-    if (G > 1) {
+    if (kvec) {
+        const int runs = (int)(D / V);
+        const int groups = blockDim.x / runs;
+        const int c = tid % runs;
+        const int g = tid / runs;
+        if (g < groups) {
+            float o[V];
+#pragma unroll
+            for (int e = 0; e < V; ++e) o[e] = 0.0f;
+#pragma unroll 2
+            for (long long j = g; j < L; j += groups) {
+                const lk_att_vec16 vv =
+                    *reinterpret_cast<const lk_att_vec16*>(vh + j * D + c * V);
+                const $T* vp = reinterpret_cast<const $T*>(&vv);
+                const float pj = s[j];
+#pragma unroll
+                for (int e = 0; e < V; ++e) o[e] = o[e] + pj * lk_load(vp, e);
+            }
+#pragma unroll
+            for (int e = 0; e < V; ++e) part[g * D + c * V + e] = o[e];
+        }
+        __syncthreads();
+        for (long long d = tid; d < D; d += blockDim.x) {
+            float r = 0.0f;
+            for (int i = 0; i < groups; ++i) r = r + part[i * D + d];
+            lk_store(out, (m * H + h) * D + d, r);
+        }
+    } else if (G > 1) {
         const long long d = tid % D;
         const int g = tid / D;
         float o = 0.0f;
@@ -386,18 +495,23 @@ def fused_source() -> str:
              f"#define LK_ATT_BLOCK {ATTENTION_BLOCK}",
              f"#define LK_ATT_SMEM_KEYS {ATTENTION_SMEM_KEYS}",
              "struct alignas(16) lk_att_vec16 { unsigned int words[4]; };  // one 16-byte load",
-             _COMMON]
+             gemv_vec_defines(), f"#define LK_PROLOGUE_ROWS {PROLOGUE_ROWS}", _COMMON]
     for dtype in FUSED_DTYPES:
         parts.append(Template(_ROUND).substitute(T=_TYPES[dtype][1]))
-    for a, b in itertools.product(FUSED_DTYPES, repeat=2):
-        f = _fields(I=a, O=b)
-        parts.append(Template(_RMS_NORM).substitute(f))
-        parts.append(Template(_ATTENTION).substitute(_fields(C=b), S=_TYPES[a][0],
-                                                      T=_TYPES[a][1]))
+        parts.append(gemv_vec_device_source(dtype))
     for a, b, c in itertools.product(FUSED_DTYPES, repeat=3):
-        parts.append(Template(_ADD_RMS_NORM).substitute(_fields(I=a, D=b, O=c)))
+        parts.append(Template(_NORM_ROW).substitute(_fields(I=a, D=b, O=c)))
         parts.append(Template(_ROTARY).substitute(_fields(X=a, C=b, O=c)))
         parts.append(Template(_SWIGLU).substitute(_fields(G=a, C=b, O=c)))
+    for wide, narrow in PROLOGUE_PAIRS:
+        # the graphs' own combinations only (each GEMV is large): the residual stream in the
+        # GEMV's dtype or in float32 (a mixed graph), the delta and the output in the GEMV's
+        parts.append(Template(_NORM_GEMV).substitute(_fields(I=wide, D=narrow, O=narrow)))
+        parts.append(Template(_SWIGLU_GEMV).substitute(_fields(G=narrow, C=wide, O=narrow)))
+    for a, b in itertools.product(FUSED_DTYPES, repeat=2):
+        parts.append(Template(_RMS_NORM).substitute(_fields(I=a, O=b)))
+        parts.append(Template(_ATTENTION).substitute(_fields(C=b), S=_TYPES[a][0],
+                                                      T=_TYPES[a][1]))
     for dtype in FUSED_DTYPES:
         parts.append(Template(_KV_WRITE).substitute(S=_TYPES[dtype][0], T=_TYPES[dtype][1]))
     return "\n".join(parts)
@@ -485,8 +599,9 @@ class FusedKernels:
         out = self._empty(x.shape, out_dtype, stream)
         rows = x.size // n if n else 0
         if rows:
-            self._launch(name, rows, BLOCK, (x, self._contiguous(gain, stream), out, _i64(n),
-                                             np.float32(eps)), stream)
+            self._launch(name, _blocks(rows, NORM_ROWS_PER_BLOCK), 32 * NORM_ROWS_PER_BLOCK,
+                         (x, self._contiguous(gain, stream), out, _i64(rows), _i64(n),
+                          np.float32(eps)), stream)
         return out
 
     def add_rms_norm(self, residual, delta, gain, eps: float, out_dtype, *, stream):
@@ -509,9 +624,87 @@ class FusedKernels:
         out = self._empty(residual.shape, out_dtype, stream)
         rows = residual.size // n if n else 0
         if rows:
-            self._launch(name, rows, BLOCK, (residual, delta, self._contiguous(gain, stream),
-                                             total, out, _i64(n), np.float32(eps)), stream)
+            self._launch(name, _blocks(rows, NORM_ROWS_PER_BLOCK), 32 * NORM_ROWS_PER_BLOCK,
+                         (residual, delta, self._contiguous(gain, stream), total, out,
+                          _i64(rows), _i64(n), np.float32(eps)), stream)
         return total, out
+
+    def _prologue_fits(self, rows: int, k: int, dtype, weights) -> bool:
+        """Whether a GEMV with a prologue takes these operands: decode or verify rows (at most
+        PROLOGUE_ROWS), their staged copy within ``PROLOGUE_BYTES``, every weight a C-contiguous
+        [N, K] of the staged dtype with 16-byte aligned rows."""
+        itemsize = np.dtype(dtype).itemsize
+        return (0 < rows <= PROLOGUE_ROWS and rows * k * itemsize <= PROLOGUE_BYTES
+                and (k * itemsize) % 16 == 0
+                and all(w.ndim == 2 and w.shape[1] == k and w.dtype == dtype
+                        and w.flags.c_contiguous and w.data.ptr % 16 == 0 for w in weights))
+
+    def norm_gemv(self, residual, delta, gain, eps: float, out_dtype, weights, *, stream):
+        """RMSNorm of residual (+ delta) [..., K] followed by ``x @ W_i^T`` for each cached
+        [N_i, K] weight (one to three) in one launch: (the sum when delta is given, then)
+        each product [..., N_i], bit for bit ``add_rms_norm``/``rms_norm`` then
+        ``gemv_many``/``gemv_rows``. None where the launch cannot take the operands (the
+        caller runs the two steps)."""
+        for value, what in ((residual, "residual"), (gain, "gain")):
+            self._check(value, what)
+        k = residual.shape[-1]
+        rows = residual.size // k if k else 0
+        if delta is not None:
+            self._check(delta, "delta")
+        if not 1 <= len(weights) <= 3 or gain.shape != (k,) or gain.dtype != residual.dtype                 or (delta is not None and delta.shape != residual.shape)                 or not self._prologue_fits(rows, k, out_dtype, weights):
+            return None
+        if delta is not None and delta.dtype != out_dtype:
+            return None
+        narrow = _suffix(out_dtype, "out")
+        name = f"norm_gemv_{_suffix(residual.dtype, 'residual')}_{narrow}_{narrow}"
+        if name not in self._functions:
+            return None
+        residual = self._contiguous(residual, stream)
+        lead = tuple(residual.shape[:-1])
+        total = None
+        if delta is not None:
+            delta = self._contiguous(delta, stream)
+            total = self._empty(residual.shape, residual.dtype, stream)
+        outs = [self._empty(lead + (w.shape[0],), out_dtype, stream) for w in weights]
+        itemsize = np.dtype(out_dtype).itemsize
+        ws = list(weights) + [weights[-1]] * (3 - len(weights))
+        os_ = outs + [outs[-1]] * (3 - len(outs))
+        ns = [w.shape[0] for w in weights] + [0] * (3 - len(weights))
+        teams = [gemv_team(n, k, itemsize) if n else 1 for n in ns]
+        blocks = [-(-n // (GEMV_WARPS_PER_BLOCK // t)) for n, t in zip(ns, teams)]
+        null = np.uint64(0)
+        self._functions[name](
+            (sum(blocks),), (PROLOGUE_BLOCK,),
+            (residual, null if delta is None else delta, self._contiguous(gain, stream),
+             null if total is None else total, np.float32(eps), *ws, *os_, _i64(rows),
+             _i64(k), *map(_i64, ns), *map(np.int32, teams), _i64(blocks[0]),
+             _i64(blocks[1])),
+            stream=stream, shared_mem=rows * k * itemsize)
+        return ((total,) if total is not None else ()) + tuple(outs)
+
+    def swiglu_gemv(self, gate, up, compute_dtype, out_dtype, weight, *, stream):
+        """``swiglu(gate, up) @ W^T`` for a cached [N, K] weight in one launch, bit for bit
+        ``swiglu`` then ``gemv_rows``; None where the launch cannot take the operands."""
+        self._check(gate, "gate")
+        self._check(up, "up")
+        k = gate.shape[-1]
+        rows = gate.size // k if k else 0
+        if up.shape != gate.shape or up.dtype != gate.dtype                 or not self._prologue_fits(rows, k, out_dtype, [weight]):
+            return None
+        name = (f"swiglu_gemv_{_suffix(gate.dtype, 'gate')}_"
+                f"{_suffix(compute_dtype, 'compute')}_{_suffix(out_dtype, 'out')}")
+        if name not in self._functions:
+            return None
+        gate, up = self._contiguous(gate, stream), self._contiguous(up, stream)
+        n = weight.shape[0]
+        out = self._empty(tuple(gate.shape[:-1]) + (n,), out_dtype, stream)
+        itemsize = np.dtype(out_dtype).itemsize
+        team = gemv_team(n, k, itemsize)
+        self._functions[name](
+            (-(-n // (GEMV_WARPS_PER_BLOCK // team)),), (PROLOGUE_BLOCK,),
+            (gate, up, weight, out, _i64(rows), _i64(k), _i64(n), np.int32(team)),
+            stream=stream, shared_mem=rows * k * itemsize)
+        return out
 
     def rotary(self, x, cos, sin, layout: str, compute_dtype, scale, out_dtype, *, stream):
         """x [B, H, M, D] (any strides) rotated with cos/sin broadcast to it."""
@@ -683,8 +876,9 @@ class FusedKernels:
                               np.float32, stream)
         groups = ATTENTION_BLOCK // d if d <= ATTENTION_BLOCK else 1
         qs = [s // q.itemsize for s in q.strides[1:]]
-        # key rows in 16-byte loads where each row is whole vectors and both caches aligned
-        kvec = (d * k.itemsize) % 16 == 0 and k.data.ptr % 16 == 0
+        # key and value rows in 16-byte loads where each row is whole vectors and both caches
+        # are aligned
+        kvec = (d * k.itemsize) % 16 == 0 and k.data.ptr % 16 == 0 and v.data.ptr % 16 == 0
         self._launch(name, heads * m, ATTENTION_BLOCK,
                      (q, k, v, pos, out, scratch, _i64(heads), _i64(m), _i64(t), _i64(d),
                       _i64(group), *map(_i64, qs), np.int32(scale is not None),
@@ -706,6 +900,14 @@ class StreamKernels:
     def add_rms_norm(self, residual, delta, gain, eps, out_dtype):
         return self.kernels.add_rms_norm(residual, delta, gain, eps, out_dtype,
                                          stream=self.stream)
+
+    def norm_gemv(self, residual, delta, gain, eps, out_dtype, weights):
+        return self.kernels.norm_gemv(residual, delta, gain, eps, out_dtype, weights,
+                                      stream=self.stream)
+
+    def swiglu_gemv(self, gate, up, compute_dtype, out_dtype, weight):
+        return self.kernels.swiglu_gemv(gate, up, compute_dtype, out_dtype, weight,
+                                        stream=self.stream)
 
     def rotary(self, x, cos, sin, layout, compute_dtype, scale, out_dtype):
         return self.kernels.rotary(x, cos, sin, layout, compute_dtype, scale, out_dtype,

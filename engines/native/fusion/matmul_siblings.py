@@ -9,7 +9,7 @@ from .graph_view import Fusion, GraphView, make_fused
 MAX_WEIGHTS = 3
 
 
-def _weight(view: GraphView, node):
+def initializer_weight(view: GraphView, node):
     """The node's weight initializer if it is a MatMul by a 2-D float initializer."""
     if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
         return None
@@ -20,7 +20,7 @@ def _weight(view: GraphView, node):
 
 
 def match(view: GraphView, node) -> Fusion | None:
-    first = _weight(view, node)
+    first = initializer_weight(view, node)
     if first is None:
         return None
     order = {id(n): i for i, n in enumerate(view.nodes)}
@@ -29,7 +29,7 @@ def match(view: GraphView, node) -> Fusion | None:
                 and n.input[0] == node.input[0]]
     group = [node]
     for n in sorted(siblings, key=lambda n: order[id(n)]):
-        w = _weight(view, n)
+        w = initializer_weight(view, n)
         if w is not None and w.dims[0] == first.dims[0] and w.data_type == first.data_type:
             group.append(n)
         if len(group) == MAX_WEIGHTS:

@@ -104,6 +104,43 @@ class AddRMSNorm(RMSNorm):
         return (total,) + super().__call__(be, total, gain)
 
 
+class NormMatMul(AddRMSNorm):
+    """An RMSNorm (after a residual add when ``add``) whose normed row is read only by
+    MatMuls of 2-D weights (q/k/v, gate/up, the head): outputs the sum (when ``add``), then
+    each weight's product, each bit for bit what the norm's and the MatMuls' own nodes give.
+    On the device decode and verify rows are one launch (the norm as the GEMV's prologue);
+    elsewhere the norm runs, then the MatMuls."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.add = int(self.attr("add", 0))
+
+    def __call__(self, be, *inputs):
+        lead = 3 if self.add else 2
+        norm_in, weights = inputs[:lead], list(inputs[lead:])
+        residual, gain = norm_in[0], norm_in[-1]
+        delta = norm_in[1] if self.add else None
+        device = _device(be, *norm_in)
+        summed = _np(self.up) if self.up else (delta.dtype if self.add else residual.dtype)
+        out = _np(self.to) if self.to else residual.dtype
+        if device is not None and summed == residual.dtype:
+            cached = be.cached_transposes(weights, out)
+            if cached is not None:
+                got = device.norm_gemv(residual, delta, gain, float(self.eps), out, cached)
+                if got is not None:
+                    return got
+        normed = (AddRMSNorm.__call__(self, be, *norm_in) if self.add
+                  else RMSNorm.__call__(self, be, *norm_in))
+        return normed[:-1] + _products(be, normed[-1], weights)
+
+
+def _products(be, a, weights) -> tuple:
+    """MatMulN's arithmetic: each ``a @ w``, in one launch on the device where it can."""
+    if len(weights) > 1 and _device(be, a, *weights) is not None:
+        return tuple(be.matmul_many(a, weights))
+    return tuple(be.matmul(a, w) for w in weights)
+
+
 class Rotary(_Fused):
     """x * cos + rotate(x) * sin on [B, heads, M, 2 * half] (after the folded Cast up),
     then the folded scale and Cast down; ``rotate`` maps a pair (a, b) to (-b, a)."""
@@ -207,6 +244,25 @@ class SwiGLU(_Fused):
         return (self.cast(be, xp.multiply(xp.multiply(g, sig), u), self.to),)
 
 
+class SwiGLUMatMul(SwiGLU):
+    """SwiGLU whose product only the MatMul by a 2-D weight (the down projection) reads: its
+    output bit for bit the two nodes'. On the device decode and verify rows are one launch
+    (SwiGLU as the GEMV's prologue); elsewhere SwiGLU runs, then the MatMul."""
+
+    def __call__(self, be, gate, up, weight):
+        device = _device(be, gate, up)
+        if device is not None and gate.dtype == up.dtype and gate.shape == up.shape:
+            compute = _np(self.up) if self.up else gate.dtype
+            out = _np(self.to) if self.to else compute
+            cached = be.cached_transposes([weight], out)
+            if cached is not None:
+                got = device.swiglu_gemv(gate, up, compute, out, cached[0])
+                if got is not None:
+                    return (got,)
+        (product,) = super().__call__(be, gate, up)
+        return (be.matmul(product, weight),)
+
+
 class KVWrite(_Fused):
     """A copy of the cache ``old`` [B, kv_heads, C, head_dim] whose slot p holds the row of
     ``new`` [B, kv_heads, M, head_dim] written at position p (p in [0, C); others are
@@ -255,9 +311,7 @@ class MatMulN(_Fused):
     its own MatMul's; one launch on the device where the backend can."""
 
     def __call__(self, be, a, *weights):
-        if _device(be, a, *weights) is not None:
-            return tuple(be.matmul_many(a, list(weights)))
-        return tuple(be.matmul(a, w) for w in weights)
+        return _products(be, a, list(weights))
 
 
 class Attention(_Fused):
