@@ -5,7 +5,7 @@
 # (scripts/gpu_profile_decode.py) and timed: the plain and the pipelined greedy loop, a
 # 512-token prefill and verification-shaped forwards. Diagnostic: the evidence issue 12 is
 # judged on is scripts/gpu_evidence.sh speed, on the real checkpoint beside its peers.
-# Usage (repo root, on a CUDA machine): OUT=DIR scripts/gpu_probe.sh
+# Usage (repo root, on a CUDA machine, the small wheels in .whl/): OUT=DIR scripts/gpu_probe.sh
 # Writes $OUT/probe.txt (every log, in order).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -13,7 +13,11 @@ PY=${PY:-python3}
 PKG=/tmp/lockstep-probe/smollm2-shape-float16
 LOG="$OUT/probe.txt"
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then  # pydantic and the like (scripts/fetch_gpu_wheels.sh)
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    $(ls .whl/*.whl | grep -v onnxruntime_genai) >> "$LOG" 2>&1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 status=0
 step() { echo "== $* ($(date -u +%T))" | tee -a "$LOG"; }
 
