@@ -8,7 +8,8 @@ to back and timed with CUDA events (the device time of one forward), and, where 
 importable, one replay under torch's CUPTI profiler (every kernel's device time, by name).
 
 Usage (repo root, on a CUDA machine): python scripts/gpu_profile_decode.py PACKAGE [...]
-Environment: TOKENS (default 128), REPLAYS (default 200).
+Environment: TOKENS (default 128), REPLAYS (default 200), PREFILL (tokens of a prefill whose
+kernels are profiled too; default 0, none).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import time
 
 TOKENS = int(os.environ.get("TOKENS", "128"))
 REPLAYS = int(os.environ.get("REPLAYS", "200"))
+PREFILL = int(os.environ.get("PREFILL", "0"))  # tokens of a profiled prefill (0: none)
 
 
 def decode_steps(engine, prompt):
@@ -80,6 +82,28 @@ def kernel_table(engine) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
 
 
+def prefill_table(engine) -> str:
+    """One eager prefill of PREFILL tokens (after one untimed) under torch's profiler, by
+    kernel name: what bounds the prefill target."""
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except Exception as exc:  # noqa: BLE001 - diagnostic: say why and go on
+        return f"(no prefill table: torch unavailable: {exc})"
+    from engines.workflow.session import DecodeSession
+
+    vocab = engine.package.spec.vocab_size
+    tokens = [(7 * i + 3) % vocab for i in range(PREFILL)]
+    DecodeSession(engine).forward(tokens, "prefill")
+    engine.synchronize()
+    torch.cuda.init()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        DecodeSession(engine).forward(tokens, "prefill")
+        engine.synchronize()
+    return (f"prefill of {PREFILL} tokens, one eager forward:\n"
+            + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+
+
 def main(paths: list[str]) -> int:
     from engines.cuda_support import import_cupy
     from engines.package import load_package
@@ -107,6 +131,8 @@ def main(paths: list[str]) -> int:
         print(f"host share of a step: {statistics.median(walls) - device:.3f} ms")
         print(profile_host(engine, prompt))
         print(kernel_table(engine))
+        if PREFILL:
+            print(prefill_table(engine))
         engine.close()
     return 0
 

@@ -47,8 +47,11 @@ CONFIGS["bfloat16-mixed-d64"] = LlamaConfig(cache="static", heads=6, kv_heads=2,
 ROWS = 5  # the recorded forward's M
 # the kinds a plan without the GEMV prologues records, then those a default plan adds
 KINDS = ("RMSNorm", "AddRMSNorm", "Rotary2", "SwiGLU", "Attention", "KVWrite2", "MatMulN")
-PROLOGUE_KINDS = ("NormMatMul", "SwiGLUMatMul")
-ROW_KINDS = [k for k in KINDS if k != "KVWrite2"] + ["Rotary", *PROLOGUE_KINDS]
+PROLOGUE_KINDS = ("NormMatMul", "SwiGLUMatMul", "RotaryKVWrite")
+# each one-launch kind -> its launcher (FusedKernels), which answers None when it cannot
+LAUNCHERS = {"NormMatMul": "norm_gemv", "SwiGLUMatMul": "swiglu_gemv",
+             "RotaryKVWrite": "rotary_kv"}
+ROW_KINDS = [k for k in KINDS if k != "KVWrite2"] + ["Rotary", "NormMatMul", "SwiGLUMatMul"]
 
 
 @pytest.fixture(scope="module")
@@ -100,17 +103,17 @@ def _record(config: LlamaConfig, plan) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def recorded_calls(name: str) -> dict:
-    """Every fused kind's last call (``_record``): the norms, SwiGLU and MatMulN from a
-    plan without the GEMV prologues (so each kernel is tested alone), the prologue kinds
-    from the default plan."""
+    """Every fused kind's last call (``_record``): the norms, SwiGLU, MatMulN, Rotary2 and
+    KVWrite2 from a plan without the one-launch pairs (so each kernel is tested alone), the
+    pairs from the default plan."""
     from engines.native.fusion import driver
 
     config = CONFIGS[name]
     model = llama_model(config)
+    pairs = (driver.norm_matmul.match, driver.swiglu_matmul.match, driver.rotary_kv.match)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(driver, "RECOGNISERS", tuple(
-            r for r in driver.RECOGNISERS
-            if r not in (driver.norm_matmul.match, driver.swiglu_matmul.match)))
+        mp.setattr(driver, "RECOGNISERS", tuple(r for r in driver.RECOGNISERS
+                                                if r not in pairs))
         calls = _record(config, plan_module.Plan(model, NumpyArrayBackend()))
     assert set(calls) == set(KINDS), sorted(calls)
     prologues = _record(config, plan_module.Plan(model, NumpyArrayBackend()))
@@ -142,6 +145,9 @@ def _rows(kind: str, args, a: int, b: int, kernel=None):
         return [args[0][:, a:b], args[1][:, a:b]] + list(args[2:])
     if kind in ("Rotary", "Rotary2"):
         return [x[:, :, a:b] for x in args]
+    if kind == "RotaryKVWrite":  # x_keep, x_cache, cos, sin, old caches, new rows, positions
+        return ([x[:, :, a:b] for x in args[:4]] + list(args[4:6])
+                + [args[6][:, :, a:b], args[7][:, a:b]])
     if kind == "Attention":
         return [args[0][:, :, a:b], args[1], args[2], args[3][:, a:b]]
     raise AssertionError(kind)
@@ -231,16 +237,15 @@ def test_one_launch_matmuls_equal_their_own_matmuls(cp, stream, backend, name):
 @pytest.mark.claim("batch_invariance")
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("kind", PROLOGUE_KINDS)
-def test_gemv_prologue_is_one_launch_with_the_two_launches_bits(cp, stream, backend, name,
-                                                                 kind):
-    """A GEMV with a norm or SwiGLU prologue (one launch) gives every output bit for bit
-    what the norm's or SwiGLU's kernel and then the GEMV give (the path prefills take, and
-    the one forced here by hiding the weights' cached transposes), at M = 1, 2, 5; and it
-    really is the one launch."""
+def test_one_launch_pair_has_the_two_launches_bits(cp, stream, backend, name, kind):
+    """A GEMV with a norm or SwiGLU prologue, and a rotation fused into its cache write (one
+    launch each), give every output bit for bit what the two kernels give (the path prefills
+    take, forced here by the launcher declining), at M = 1, 2, 5; and the one launch really
+    ran."""
     kernel, args = recorded_calls(name)[kind]
     dev = _device(args, backend)
     device = backend.fused_kernels().kernels
-    launcher = "norm_gemv" if kind == "NormMatMul" else "swiglu_gemv"
+    launcher = LAUNCHERS[kind]
     for m in (1, 2, ROWS):
         rows = _rows(kind, dev, 0, m, kernel)
         launched = []
@@ -252,7 +257,7 @@ def test_gemv_prologue_is_one_launch_with_the_two_launches_bits(cp, stream, back
             delattr(device, launcher)  # the class's method again
         assert len(launched) == 1 and launched[0] is not None, (kind, name, m)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(backend, "cached_transposes", lambda *a: None)
+            mp.setattr(device, launcher, lambda *a, **k: None)
             two = [to_host(y, stream) for y in kernel(backend, *rows)]
         assert len(one) == len(two)
         for i, (a, b) in enumerate(zip(one, two)):

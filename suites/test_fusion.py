@@ -101,8 +101,8 @@ def test_builtin_fixtures_fused_equal_unfused_bitwise(packages, name):
         # reads the embedding); the head reads the last, and every SwiGLU the down GEMV's
         want = {"Attention": layers, "Rotary2": layers, "SwiGLUMatMul": layers,
                 "NormMatMul": 2 * layers, "AddRMSNorm": 1}
-        if static:
-            want["KVWrite2"] = layers  # a layer's key and value writes, one node
+        if static:  # a layer's rotation and its key and value writes, one node
+            want["RotaryKVWrite"] = want.pop("Rotary2")
         assert dict(fused.fusions) == want, component
 
 
@@ -175,7 +175,8 @@ def _kinds(plan) -> dict:
     """The plan's fusions, with RMSNorm and AddRMSNorm counted together as ``norms`` (which
     norm reads a residual add depends on the placement and the biases), and the GEMVs with
     a prologue counted as what they fold: a NormMatMul as a norm (and a MatMulN when it has
-    two or three weights), a SwiGLUMatMul as a SwiGLU."""
+    two or three weights), a SwiGLUMatMul as a SwiGLU, a RotaryKVWrite as a Rotary2 and a
+    KVWrite2."""
     kinds = dict(plan.fusions)
     folded = [s.node for s in plan.steps if s.node.domain == FUSED_DOMAIN
               and s.node.op_type == "NormMatMul"]
@@ -186,6 +187,9 @@ def _kinds(plan) -> dict:
     swiglus = kinds.pop("SwiGLUMatMul", 0)
     if swiglus:
         kinds["SwiGLU"] = kinds.get("SwiGLU", 0) + swiglus
+    writes = kinds.pop("RotaryKVWrite", 0)  # a Rotary2 and a KVWrite2
+    for kind in ("Rotary2", "KVWrite2") if writes else ():
+        kinds[kind] = kinds.get(kind, 0) + writes
     norms = kinds.pop("RMSNorm", 0) + kinds.pop("AddRMSNorm", 0) + len(folded)
     return {**kinds, "norms": norms} if norms else kinds
 
@@ -225,9 +229,9 @@ def test_each_precision_and_layout_fuses_everything(dtype, precision, layout):
     # every norm but the head's is its GEMV's prologue, every SwiGLU the down GEMV's
     assert fused.fusions["NormMatMul"] == 2 * c.layers and fused.fusions["AddRMSNorm"] == 1
     assert fused.fusions["SwiGLUMatMul"] == c.layers
+    assert fused.fusions["RotaryKVWrite"] == c.layers  # the static cache's writes rotate
     kinds = {s.node.op_type for s in fused.steps if s.node.domain == FUSED_DOMAIN}
-    assert kinds == {"Attention", "Rotary2", "SwiGLUMatMul", "NormMatMul", "AddRMSNorm",
-                     "KVWrite2"}
+    assert kinds == {"Attention", "RotaryKVWrite", "SwiGLUMatMul", "NormMatMul", "AddRMSNorm"}
     # nothing the fused nodes replaced is left: no Softmax, Sigmoid, Sqrt, Neg, Where or Add
     left = {s.node.op_type for s in fused.steps}
     assert not left & {"Softmax", "Sigmoid", "Sqrt", "Reciprocal", "Neg", "Where", "Equal",
@@ -294,7 +298,7 @@ def test_profile_wraps_every_step_of_the_fused_plan_and_changes_nothing():
 
     _same_bits(fused.run(feeds, profile=profile), fused.run(feeds))
     assert seen == [s.node.op_type for s in fused.steps]
-    assert {"Attention", "Rotary2", "NormMatMul", "SwiGLUMatMul", "AddRMSNorm"} <= set(seen)
+    assert {"Attention", "RotaryKVWrite", "NormMatMul", "SwiGLUMatMul", "AddRMSNorm"} <= set(seen)
 
 
 def test_a_fused_node_given_a_shape_it_cannot_take_names_the_field():

@@ -272,6 +272,36 @@ $scases
 }
 
 
+// Ask L2 for the weight rows block `blk` of lk_gemv_vec_block will read (W^T [N, K]), each
+// thread its own 16-byte runs: a kernel with a prologue issues this first, so the rows
+// travel from memory while the prologue computes. A hint only: nothing is computed.
+__device__ __forceinline__ void lk_gemv_prefetch_$S(const $T* __restrict__ w, long long K,
+                                                    long long N, int team, long long blk) {
+    constexpr int V = 16 / sizeof($T);
+    const int warp = threadIdx.x >> 5;
+    const long long n = blk * (LK_GEMV_WARPS / team) + warp / team;
+    if (n >= N) return;
+    const int tt = (warp % team) * 32 + (threadIdx.x & 31);
+    const $T* wr = w + n * K;
+    for (long long c = tt; c < K / V; c += 32 * team) {
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(wr + c * V));
+    }
+}
+
+// lk_gemv_prefetch for this block's weight of gemv_vec3's split.
+__device__ __forceinline__ void lk_gemv3_prefetch_$S(const $T* __restrict__ w0,
+                                                     const $T* __restrict__ w1,
+                                                     const $T* __restrict__ w2, long long K,
+                                                     long long N0, long long N1, long long N2,
+                                                     int team0, int team1, int team2,
+                                                     long long blocks0, long long blocks1) {
+    const long long blk = blockIdx.x;
+    const bool first = blk < blocks0, second = !first && blk < blocks0 + blocks1;
+    lk_gemv_prefetch_$S(first ? w0 : (second ? w1 : w2), K, first ? N0 : (second ? N1 : N2),
+                        first ? team0 : (second ? team1 : team2),
+                        first ? blk : (second ? blk - blocks0 : blk - blocks0 - blocks1));
+}
+
 // This block's share of up to three GEMVs over one x (gemv_vec3's split of the blocks).
 template <int MAXR>
 __device__ __forceinline__ void lk_gemv3_$S(const $T* __restrict__ x, const $T* __restrict__ w0,

@@ -111,7 +111,8 @@ __device__ __forceinline__ void lk_norm_row_${SI}_${SD}_${SO}(
         float eps, int lane) {
     const $TI* R = 0;
     float acc = 0.0f;
-    for (long long i = lane; i < n; i += 32) {
+#pragma unroll 6
+    for (long long i = lane; i < n; i += 32) {  // loads run ahead; the adds stay in order
         float s = lk_load(res, i);
         if (delta) s = lk_round(R, s + lk_round(R, lk_load(delta, i)));
         if (sum_out) lk_store(sum_out, i, s);
@@ -125,6 +126,7 @@ __device__ __forceinline__ void lk_norm_row_${SI}_${SD}_${SO}(
     const float total = lk_round(R, acc);
     const float mean = lk_round(R, total / (float)n);
     const float inv = lk_round(R, 1.0f / lk_round(R, sqrtf(lk_round(R, mean + eps))));
+#pragma unroll 6
     for (long long i = lane; i < n; i += 32) {
         float s = lk_load(res, i);
         if (delta) s = lk_round(R, s + lk_round(R, lk_load(delta, i)));
@@ -166,7 +168,8 @@ _NORM_GEMV = r"""
 // staged as $TO in shared memory by every block (warp w normalises rows w, w + warps, ...;
 // block 0 also stores the sums), then up to three GEMVs over the staged rows exactly as
 // gemv_vec3 runs them (lk_gemv3): one launch where the norm and the q/k/v (or gate/up, or
-// the head) were two, the same bits.
+// the head) were two, the same bits. The block's weight rows are asked into L2 first, so
+// their reads from memory overlap the norm.
 extern "C" __global__ void norm_gemv_${SI}_${SD}_${SO}(
         const $TI* __restrict__ res, const $TD* __restrict__ delta,
         const $TI* __restrict__ gain, $TI* __restrict__ sum_out, float eps,
@@ -177,6 +180,7 @@ extern "C" __global__ void norm_gemv_${SI}_${SD}_${SO}(
     extern __shared__ __align__(16) unsigned char lk_prologue_smem[];
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
     $TO* xs = reinterpret_cast<$TO*>(lk_prologue_smem);
+    lk_gemv3_prefetch_${SO}(w0, w1, w2, K, N0, N1, N2, team0, team1, team2, blocks0, blocks1);
     for (long long m = threadIdx.x >> 5; m < M; m += blockDim.x >> 5) {
         lk_norm_row_${SI}_${SD}_${SO}(res + m * K, delta ? delta + m * K : delta, gain,
                                       (sum_out && blockIdx.x == 0) ? sum_out + m * K : ($TI*)0,
@@ -192,9 +196,10 @@ _ROTARY = r"""
 // One output element of [B, H, M, D] (C order). x is read through its strides (a
 // transposed view is fine) as $TX and computed in $TC (cos/sin's type: the folded Cast
 // up); a channel's partner is d +- D/2 (halves) or d ^ 1 (pairs), negated when first.
-__device__ __forceinline__ void lk_rotary_${SX}_${SC}_${SO}(
+// The value lk_rotary stores at idx (computed in $TC, not yet rounded to $TO).
+__device__ __forceinline__ float lk_rotary_val_${SX}_${SC}_${SO}(
         const $TX* __restrict__ x, const $TC* __restrict__ cosv, const $TC* __restrict__ sinv,
-        $TO* __restrict__ out, long long idx, long long H, long long M, long long D,
+        long long idx, long long H, long long M, long long D,
         long long xb, long long xh, long long xm, long long xd,
         long long cb, long long ch, long long cm, long long cd,
         long long sb, long long sh, long long sm, long long sd,
@@ -220,7 +225,19 @@ __device__ __forceinline__ void lk_rotary_${SX}_${SC}_${SO}(
     const float s = lk_load(sinv, b * sb + h * sh + m * sm + d * sd);
     float y = lk_round(C, lk_round(C, xv * c) + lk_round(C, rv * s));
     if (has_scale) y = lk_round(C, y * scale);
-    lk_store(out, idx, y);
+    return y;
+}
+
+__device__ __forceinline__ void lk_rotary_${SX}_${SC}_${SO}(
+        const $TX* __restrict__ x, const $TC* __restrict__ cosv, const $TC* __restrict__ sinv,
+        $TO* __restrict__ out, long long idx, long long H, long long M, long long D,
+        long long xb, long long xh, long long xm, long long xd,
+        long long cb, long long ch, long long cm, long long cd,
+        long long sb, long long sh, long long sm, long long sd,
+        int pairs, int has_scale, float scale) {
+    lk_store(out, idx, lk_rotary_val_${SX}_${SC}_${SO}(x, cosv, sinv, idx, H, M, D, xb, xh, xm,
+                                                       xd, cb, ch, cm, cd, sb, sh, sm, sd,
+                                                       pairs, has_scale, scale));
 }
 
 // One thread per output element.
@@ -259,6 +276,65 @@ extern "C" __global__ void rotary2_${SX}_${SC}_${SO}(
 }
 """
 
+_ROTARY_KV = r"""
+// A layer's rotation of queries and keys and its static-cache write in one launch: threads
+// [0, total_q) rotate xq into out_q as rotary2 does (lk_rotary); the next runs_k threads
+// write the key cache in 16-byte runs as kv_write2v does, a written slot taking the key row
+// rotated in place (lk_rotary_val at that row, rounded to $TO as the rotated keys were
+// stored, then + 0 as the write stores it); the rest write the value cache (lk_kv_write_vec).
+// Every element is the bits of rotary2 then kv_write2; one launch where there were two.
+extern "C" __global__ void rotary_kv_${SX}_${SC}_${SO}(
+        const $TX* __restrict__ xq, $TO* __restrict__ out_q, long long total_q, long long Hq,
+        long long qb, long long qh, long long qm, long long qd, int scaled_q, float scale_q,
+        const $TX* __restrict__ xk, long long Hk, long long kb, long long kh, long long km,
+        long long kd, int scaled_k, float scale_k,
+        const $TC* __restrict__ cosv, const $TC* __restrict__ sinv, long long M, long long D,
+        long long cb, long long ch, long long cm, long long cd,
+        long long sb, long long sh, long long sm, long long sd, int pairs,
+        const $TO* __restrict__ old_k, $TO* __restrict__ cache_k, long long runs_k,
+        const $TO* __restrict__ old_v, const $TO* __restrict__ new_v, $TO* __restrict__ cache_v,
+        long long runs_v, long long Hv, long long vb, long long vh, long long vm,
+        const long long* __restrict__ pos, long long C) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < total_q) {
+        lk_rotary_${SX}_${SC}_${SO}(xq, cosv, sinv, out_q, idx, Hq, M, D, qb, qh, qm, qd, cb,
+                                    ch, cm, cd, sb, sh, sm, sd, pairs, scaled_q, scale_q);
+        return;
+    }
+    const long long v = idx - total_q;
+    if (v >= runs_k) {
+        if (v - runs_k < runs_v) {
+            lk_kv_write_vec_${SO}(old_v, new_v, pos, cache_v, v - runs_k, Hv, C, D, M, vb, vh,
+                                  vm);
+        }
+        return;
+    }
+    constexpr int V = 16 / sizeof($TO);
+    const $TO* O = 0;
+    const long long e0 = v * V;
+    const long long d = e0 % D;
+    long long t = e0 / D;
+    const long long c = t % C;
+    t /= C;
+    const long long h = t % Hk;
+    const long long b = t / Hk;
+    long long hit = -1;
+    for (long long m = 0; m < M; ++m) if (pos[m] == c) hit = m;
+    if (hit < 0) {
+        reinterpret_cast<lk_vec16*>(cache_k)[v] = reinterpret_cast<const lk_vec16*>(old_k)[v];
+        return;
+    }
+    const long long row = ((b * Hk + h) * M + hit) * D;  // the rotated keys' C-order index
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+        const float y = lk_rotary_val_${SX}_${SC}_${SO}(xk, cosv, sinv, row + d + e, Hk, M, D,
+                                                         kb, kh, km, kd, cb, ch, cm, cd, sb,
+                                                         sh, sm, sd, pairs, scaled_k, scale_k);
+        lk_store(cache_k, e0 + e, lk_round(O, y) + 0.0f);
+    }
+}
+"""
+
 _SWIGLU = r"""
 // Element i: g * sigmoid(g) * up in $TC (sigmoid split by sign), as $TO would store it.
 __device__ __forceinline__ float lk_swiglu_${SG}_${SC}_${SO}(const $TG* __restrict__ gate,
@@ -285,16 +361,33 @@ extern "C" __global__ void swiglu_${SG}_${SC}_${SO}(const $TG* __restrict__ gate
 
 _SWIGLU_GEMV = r"""
 // SwiGLU of M <= LK_PROLOGUE_ROWS rows of K staged as $TO in shared memory by every block
-// (lk_swiglu, the swiglu kernel's element), then the down projection's GEMV over the staged
-// rows exactly as gemv_vec runs it: one launch where SwiGLU and the MatMul were two.
+// (lk_swiglu, the swiglu kernel's element; gate and up read 16 bytes at a time when GVEC),
+// then the down projection's GEMV over the staged rows exactly as gemv_vec runs it: one
+// launch where SwiGLU and the MatMul were two. The weight rows are asked into L2 first.
 extern "C" __global__ void swiglu_gemv_${SG}_${SC}_${SO}(
         const $TG* __restrict__ gate, const $TG* __restrict__ up, const $TO* __restrict__ w,
-        $TO* __restrict__ out, long long M, long long K, long long N, int team) {
+        $TO* __restrict__ out, long long M, long long K, long long N, int team, int gvec) {
     extern __shared__ __align__(16) unsigned char lk_prologue_smem[];
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
+    constexpr int VG = 16 / sizeof($TG);
     $TO* xs = reinterpret_cast<$TO*>(lk_prologue_smem);
-    for (long long i = threadIdx.x; i < M * K; i += blockDim.x) {
-        lk_store(xs, i, lk_swiglu_${SG}_${SC}_${SO}(gate, up, i));
+    lk_gemv_prefetch_${SO}(w, K, N, team, blockIdx.x);
+    if (gvec) {
+#pragma unroll 2
+        for (long long c = threadIdx.x; c < M * K / VG; c += blockDim.x) {
+            const lk_vec16 gv = *reinterpret_cast<const lk_vec16*>(gate + c * VG);
+            const lk_vec16 uv = *reinterpret_cast<const lk_vec16*>(up + c * VG);
+            const $TG* gp = reinterpret_cast<const $TG*>(&gv);
+            const $TG* upp = reinterpret_cast<const $TG*>(&uv);
+#pragma unroll
+            for (int e = 0; e < VG; ++e) {
+                lk_store(xs, c * VG + e, lk_swiglu_${SG}_${SC}_${SO}(gp, upp, e));
+            }
+        }
+    } else {
+        for (long long i = threadIdx.x; i < M * K; i += blockDim.x) {
+            lk_store(xs, i, lk_swiglu_${SG}_${SC}_${SO}(gate, up, i));
+        }
     }
     __syncthreads();
     lk_gemv_vec_block_${SO}<LK_PROLOGUE_ROWS, false>(xs, w, out, M, K, N, K, 1, 1, team,
@@ -323,6 +416,54 @@ __device__ __forceinline__ void lk_kv_write_${S}(const $T* __restrict__ old,
     for (long long m = 0; m < M; ++m) if (pos[m] == c) hit = m;
     if (hit < 0) { out[idx] = old[idx]; return; }
     lk_store(out, idx, lk_load(nw, b * nb + h * nh + hit * nm + d * nd) + 0.0f);
+}
+
+// The same for the 16-byte run v of the cache (V elements along D, which V divides): a copy
+// of the run, or the new row's run (its D axis contiguous, its start 16-byte aligned), each
+// element stored as row + 0 as lk_kv_write stores it.
+__device__ __forceinline__ void lk_kv_write_vec_${S}(const $T* __restrict__ old,
+                                                     const $T* __restrict__ nw,
+                                                     const long long* __restrict__ pos,
+                                                     $T* __restrict__ out, long long v,
+                                                     long long H, long long C, long long D,
+                                                     long long M, long long nb, long long nh,
+                                                     long long nm) {
+    constexpr int V = 16 / sizeof($T);
+    const long long idx = v * V;
+    const long long d = idx % D;
+    long long t = idx / D;
+    const long long c = t % C;
+    t /= C;
+    const long long h = t % H;
+    const long long b = t / H;
+    long long hit = -1;
+    for (long long m = 0; m < M; ++m) if (pos[m] == c) hit = m;
+    if (hit < 0) {
+        reinterpret_cast<lk_vec16*>(out)[v] = reinterpret_cast<const lk_vec16*>(old)[v];
+        return;
+    }
+    const lk_vec16 src = *reinterpret_cast<const lk_vec16*>(nw + b * nb + h * nh + hit * nm + d);
+    const $T* sp = reinterpret_cast<const $T*>(&src);
+#pragma unroll
+    for (int e = 0; e < V; ++e) lk_store(out, idx + e, lk_load(sp, e) + 0.0f);
+}
+
+// Two caches as kv_write2 writes them, one thread per 16-byte run (lk_kv_write_vec):
+// threads [0, runs_a) write cache a, the rest cache b.
+extern "C" __global__ void kv_write2v_${S}(
+        const $T* __restrict__ old_a, const $T* __restrict__ new_a, $T* __restrict__ out_a,
+        long long runs_a, long long H_a, long long D_a, long long ab, long long ah,
+        long long am,
+        const $T* __restrict__ old_b, const $T* __restrict__ new_b, $T* __restrict__ out_b,
+        long long runs_b, long long H_b, long long D_b, long long bb, long long bh,
+        long long bm,
+        const long long* __restrict__ pos, long long C, long long M) {
+    const long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (v < runs_a) {
+        lk_kv_write_vec_${S}(old_a, new_a, pos, out_a, v, H_a, C, D_a, M, ab, ah, am);
+    } else if (v - runs_a < runs_b) {
+        lk_kv_write_vec_${S}(old_b, new_b, pos, out_b, v - runs_a, H_b, C, D_b, M, bb, bh, bm);
+    }
 }
 
 // One thread per element of one cache.
@@ -514,6 +655,8 @@ def fused_source() -> str:
                                                       T=_TYPES[a][1]))
     for dtype in FUSED_DTYPES:
         parts.append(Template(_KV_WRITE).substitute(S=_TYPES[dtype][0], T=_TYPES[dtype][1]))
+    for a, b, c in itertools.product(FUSED_DTYPES, repeat=3):
+        parts.append(Template(_ROTARY_KV).substitute(_fields(X=a, C=b, O=c)))
     return "\n".join(parts)
 
 
@@ -533,6 +676,14 @@ def _suffix(dtype, what: str) -> str:
                              remedy=f"use one of {', '.join(FUSED_DTYPES)}, or build the plan "
                                     "with fuse=False")
     return _TYPES[name][0]
+
+
+def _runs_fit(x, per: int) -> bool:
+    """Whether a cache or its new rows [B, H, *, D] can move in runs of ``per`` elements
+    (16 bytes): D a whole number of runs, contiguous along D, every row start aligned."""
+    strides = [st // x.itemsize for st in x.strides]
+    return (x.shape[3] % per == 0 and (x.shape[3] == 1 or strides[3] == 1)
+            and all(st % per == 0 for st in strides[:3]) and x.data.ptr % 16 == 0)
 
 
 def _blocks(count: int, threads: int) -> int:
@@ -700,10 +851,13 @@ class FusedKernels:
         out = self._empty(tuple(gate.shape[:-1]) + (n,), out_dtype, stream)
         itemsize = np.dtype(out_dtype).itemsize
         team = gemv_team(n, k, itemsize)
+        # gate and up in 16-byte loads where both are aligned and whole vectors
+        gvec = (gate.size * gate.itemsize) % 16 == 0 and gate.data.ptr % 16 == 0 \
+            and up.data.ptr % 16 == 0
         self._functions[name](
             (-(-n // (GEMV_WARPS_PER_BLOCK // team)),), (PROLOGUE_BLOCK,),
-            (gate, up, weight, out, _i64(rows), _i64(k), _i64(n), np.int32(team)),
-            stream=stream, shared_mem=rows * k * itemsize)
+            (gate, up, weight, out, _i64(rows), _i64(k), _i64(n), np.int32(team),
+             np.int32(gvec)), stream=stream, shared_mem=rows * k * itemsize)
         return out
 
     def rotary(self, x, cos, sin, layout: str, compute_dtype, scale, out_dtype, *, stream):
@@ -777,6 +931,63 @@ class FusedKernels:
                           np.int32(layout == "pairs")), stream)
         return out_a, out_b
 
+    def rotary_kv(self, xq, xk, cos, sin, layout: str, compute_dtype, scale_q, scale_k,
+                  out_dtype, old_k, old_v, new_v, positions, *, stream):
+        """``rotary2(xq, xk, ...)`` then ``kv_write2(old_k, rotated keys, old_v, new_v,
+        positions)`` in one launch: (rotated queries, key cache, value cache), bit for bit
+        the two launches'. None where one launch cannot take the operands (the caller runs
+        the two)."""
+        for value, what in ((xq, "xq"), (xk, "xk"), (cos, "cos"), (sin, "sin"),
+                            (old_k, "old_k"), (old_v, "old_v"), (new_v, "new_v")):
+            self._check(value, what)
+        shape_q, shape_k = tuple(xq.shape), tuple(xk.shape)
+        tables = (self._broadcast_strides(cos, shape_q, "cos")
+                  + self._broadcast_strides(sin, shape_q, "sin"))
+        if xq.dtype != xk.dtype or shape_q[0] != shape_k[0] or shape_q[2:] != shape_k[2:] \
+                or tables != (self._broadcast_strides(cos, shape_k, "cos")
+                              + self._broadcast_strides(sin, shape_k, "sin")):
+            return None
+        b, hk, m, d = shape_k
+        dtype = np.dtype(out_dtype)
+        if old_k.ndim != 4 or old_v.ndim != 4 or new_v.ndim != 4 \
+                or (old_k.shape[0], old_k.shape[1], old_k.shape[3]) != (b, hk, d) \
+                or old_v.shape[2] != old_k.shape[2] \
+                or (new_v.shape[0], new_v.shape[1], new_v.shape[2], new_v.shape[3]) \
+                != (old_v.shape[0], old_v.shape[1], m, old_v.shape[3]) or old_v.shape[3] != d \
+                or not (old_k.dtype == old_v.dtype == new_v.dtype == dtype):
+            return None
+        old_k, old_v = self._contiguous(old_k, stream), self._contiguous(old_v, stream)
+        per = 16 // dtype.itemsize
+        if not all(_runs_fit(x, per) for x in (old_k, old_v, new_v)):
+            return None
+        name = (f"rotary_kv_{_suffix(xq.dtype, 'x')}_{_suffix(compute_dtype, 'cos')}_"
+                f"{_suffix(dtype, 'out')}")
+        pos = self._positions(positions, m, stream)
+        out_q = self._empty(shape_q, dtype, stream)
+        cache_k = self._empty(old_k.shape, dtype, stream)
+        cache_v = self._empty(old_v.shape, dtype, stream)
+        runs_k, runs_v = cache_k.size // per, cache_v.size // per
+        total = out_q.size + runs_k + runs_v
+        if total:
+            def strides(x):
+                return [st // x.itemsize for st in x.strides]
+
+            vb, vh, vm, _ = strides(new_v)
+            self._launch(name, _blocks(total, BLOCK), BLOCK,
+                         (xq, out_q, _i64(out_q.size), _i64(shape_q[1]),
+                          *map(_i64, strides(xq)), np.int32(scale_q is not None),
+                          np.float32(0.0 if scale_q is None else scale_q),
+                          xk, _i64(hk), *map(_i64, strides(xk)),
+                          np.int32(scale_k is not None),
+                          np.float32(0.0 if scale_k is None else scale_k),
+                          self._cupy.broadcast_to(cos, shape_q),
+                          self._cupy.broadcast_to(sin, shape_q), _i64(m), _i64(d),
+                          *map(_i64, tables), np.int32(layout == "pairs"),
+                          old_k, cache_k, _i64(runs_k), old_v, new_v, cache_v, _i64(runs_v),
+                          _i64(old_v.shape[1]), _i64(vb), _i64(vh), _i64(vm), pos,
+                          _i64(old_k.shape[2])), stream)
+        return out_q, cache_k, cache_v
+
     def swiglu(self, gate, up, compute_dtype, out_dtype, *, stream):
         self._check(gate, "gate")
         self._check(up, "up")
@@ -836,8 +1047,18 @@ class FusedKernels:
         old_b, out_b, args_b = self._kv_operands(old_b, new_b, stream)
         m = new_a.shape[2]
         pos = self._positions(positions, m, stream)
-        name = f"kv_write2_{_suffix(old_a.dtype, 'old')}"
         total = out_a.size + out_b.size
+        per = 16 // old_a.itemsize
+        if total and all(_runs_fit(x, per) for x in (old_a, new_a, old_b, new_b)):
+            # 16-byte runs: caches and rows aligned, D whole runs, rows contiguous along D
+            runs_a, runs_b = out_a.size // per, out_b.size // per
+            self._launch(f"kv_write2v_{_suffix(old_a.dtype, 'old')}",
+                         _blocks(runs_a + runs_b, BLOCK), BLOCK,
+                         (old_a, new_a, out_a, _i64(runs_a), *args_a[1:6], old_b, new_b,
+                          out_b, _i64(runs_b), *args_b[1:6], pos, _i64(old_a.shape[2]),
+                          _i64(m)), stream)
+            return out_a, out_b
+        name = f"kv_write2_{_suffix(old_a.dtype, 'old')}"
         if total:
             self._launch(name, _blocks(total, BLOCK), BLOCK,
                          (old_a, new_a, out_a, *args_a, old_b, new_b, out_b, *args_b, pos,
@@ -916,6 +1137,12 @@ class StreamKernels:
     def rotary2(self, xa, xb, cos, sin, layout, compute_dtype, scale_a, scale_b, out_dtype):
         return self.kernels.rotary2(xa, xb, cos, sin, layout, compute_dtype, scale_a, scale_b,
                                     out_dtype, stream=self.stream)
+
+    def rotary_kv(self, xq, xk, cos, sin, layout, compute_dtype, scale_q, scale_k, out_dtype,
+                  old_k, old_v, new_v, positions):
+        return self.kernels.rotary_kv(xq, xk, cos, sin, layout, compute_dtype, scale_q,
+                                      scale_k, out_dtype, old_k, old_v, new_v, positions,
+                                      stream=self.stream)
 
     def swiglu(self, gate, up, compute_dtype, out_dtype):
         return self.kernels.swiglu(gate, up, compute_dtype, out_dtype, stream=self.stream)

@@ -219,6 +219,37 @@ class Rotary2(Rotary):
                 self.rotate(be, xb, cos, sin, self.scale_b))
 
 
+class RotaryKVWrite(Rotary2):
+    """A layer's Rotary2 whose rotated keys only its static-cache KVWrite2 reads: inputs
+    (x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain, positions), outputs (the
+    kept rotation, the cache of the rotated rows, the other cache), each bit for bit the two
+    nodes'. One launch on the device where it can take the operands; else the rotation,
+    then the write."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.max_context = int(self.attr("max_context"))
+
+    def __call__(self, be, x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain,
+                 positions):
+        self.check(x_keep)
+        self.check(x_cache)
+        device = _device(be, x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain)
+        if device is not None and x_keep.dtype == x_cache.dtype \
+                and old_rot.ndim == 4 and old_rot.shape[2] == self.max_context \
+                and self.on_device(x_keep, cos, sin, self.scale_a) \
+                and self.on_device(x_cache, cos, sin, self.scale_b):
+            compute, out = self.dtypes(x_keep)
+            got = device.rotary_kv(x_keep, x_cache, cos, sin, self.layout, compute,
+                                   _float(self.scale_a), _float(self.scale_b), out, old_rot,
+                                   old_plain, new_plain, positions)
+            if got is not None:
+                return got
+        kept, rotated = Rotary2.__call__(self, be, x_keep, x_cache, cos, sin)
+        return (kept,) + KVWrite2.write(self, be, old_rot, rotated, old_plain, new_plain,
+                                        positions)
+
+
 def _float(value) -> float | None:
     return None if value is None else float(value)
 
@@ -296,14 +327,18 @@ class KVWrite2(KVWrite):
     exactly ``KVWrite``'s."""
 
     def __call__(self, be, old_a, new_a, old_b, new_b, positions):
+        return self.write(be, old_a, new_a, old_b, new_b, positions)
+
+    def write(self, be, old_a, new_a, old_b, new_b, positions):
+        """The two writes (``RotaryKVWrite`` runs this too, on its own attributes)."""
         for value, what in ((old_a, "old_a"), (new_a, "new_a"), (old_b, "old_b"),
                             (new_b, "new_b")):
             self.need_rank(value, 4, what)
         device = _device(be, old_a, old_b)
         if device is not None and old_a.shape[2] == old_b.shape[2] == self.max_context:
             return device.kv_write2(old_a, new_a, old_b, new_b, positions)
-        return (super().__call__(be, old_a, new_a, positions)
-                + super().__call__(be, old_b, new_b, positions))
+        return (KVWrite.__call__(self, be, old_a, new_a, positions)
+                + KVWrite.__call__(self, be, old_b, new_b, positions))
 
 
 class MatMulN(_Fused):
