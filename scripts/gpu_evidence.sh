@@ -4,8 +4,10 @@
 #     SmolLM2 conversions made beside it on the CPU; then SmolLM2 parity in
 #     float32/float16/bfloat16 on native-cuda, ort-cuda and hf-cuda.
 #   speed CHECKPOINT: everything timed, alone on the GPU: the dtype bench (native-cuda,
-#     ort-cuda, hf-cuda), scripts/gpu_speed.sh, scripts/gpu_genai.sh's bench, then
-#     scripts/gpu_profile_decode.py.
+#     ort-cuda, hf-cuda; float16 with the plain and the pipelined greedy loop), the caches and
+#     single forwards of scripts/gpu_speed.sh (SPEED_PARTS adds its loop and selfspec parts),
+#     scripts/gpu_genai.sh's bench when SPEED_GENAI is set, then
+#     scripts/gpu_profile_decode.py (a prefill of 512 profiled too).
 #   coverage CHECKPOINT: side by side on the GPU, nothing timed: the tiny architecture
 #     checkpoints (scripts/gpu_architectures.sh), the long contexts
 #     (scripts/gpu_long_context.sh), and onnxruntime-genai's parity (scripts/gpu_genai.sh, its
@@ -105,21 +107,30 @@ elif [ "$PHASE" = coverage ]; then  # correctness only, side by side on the GPU
 else
   OUT="$W/convert" timeout 200 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
     > "$W/convert.txt" 2>&1 || status=1
-  # float16 is timed beside every peer (ort-genai-cuda included) by gpu_genai.sh below
+  # every dtype beside its peers, each table one process: float32; float16 and bfloat16;
+  # float16 again with the pipelined greedy loop (transformers' generate runs its own loop)
   bench_dtypes() {
     "$PY" -m harness.cli bench --engines native-cuda,ort-cuda,hf-cuda --baseline hf-cuda \
       --packages "$PKG/smollm2-static-float32" --ignore-eos --max-new-tokens 128 --repeats 3 \
       --warmup 2 --json "$OUT/bench-float32.json" || return 1
-    "$PY" -m harness.cli bench --engines native-cuda,hf-cuda --baseline hf-cuda \
-      --packages "$PKG/smollm2-static-bfloat16,$PKG/smollm2-static-float16" --ignore-eos \
-      --max-new-tokens 128 --repeats 3 --warmup 2 --json "$OUT/bench-bfloat16.json"
+    "$PY" -m harness.cli bench --engines native-cuda,ort-cuda,hf-cuda --baseline hf-cuda \
+      --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" --ignore-eos \
+      --max-new-tokens 128 --repeats 3 --warmup 2 --json "$OUT/bench-float16.json" || return 1
+    "$PY" -m harness.cli bench --engines native-cuda,ort-cuda,hf-cuda --baseline hf-cuda \
+      --packages "$PKG/smollm2-static-float16" --ignore-eos --max-new-tokens 128 --repeats 3 \
+      --warmup 2 --pipelined --json "$OUT/bench-float16-pipelined.json"
   }
-  step bench 160 bash -c "$(declare -f bench_dtypes); PY=$PY PKG=$PKG OUT=\$OUT bench_dtypes"
-  step speed 190 env REPEATS=2 bash scripts/gpu_speed.sh "$GGUF"
-  step genai 150 env PARTS=bench REPEATS=2 bash scripts/gpu_genai.sh "$GGUF"
+  step bench 220 bash -c "$(declare -f bench_dtypes); PY=$PY PKG=$PKG OUT=\$OUT bench_dtypes"
+  # the caches (float16, captured, both loops) and the single forwards; the pipelined loop
+  # is in the bench above; self-speculation with SPEED_PARTS="... selfspec"
+  step speed 200 env REPEATS=3 PARTS="${SPEED_PARTS:-cache forward}" CACHE_DTYPES=float16 \
+    GRAPHS=on LOOPS="plain pipelined" bash scripts/gpu_speed.sh "$GGUF"
+  if [ -n "${SPEED_GENAI:-}" ]; then
+    step genai 150 env PARTS=bench REPEATS=2 bash scripts/gpu_genai.sh "$GGUF"
+  fi
   # where a native-cuda decode step's time goes (diagnostic: docs/PERFORMANCE.md's bounds)
-  step profile 40 "$PY" scripts/gpu_profile_decode.py "$PKG/smollm2-static-float16" \
-    "$PKG/smollm2-static-float32"
+  step profile 60 env PREFILL=512 "$PY" scripts/gpu_profile_decode.py \
+    "$PKG/smollm2-static-float16" "$PKG/smollm2-static-float32"
 fi
 pack
 echo "gpu_evidence $PHASE status $status" >> "$SUMMARY"

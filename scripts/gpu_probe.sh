@@ -10,7 +10,7 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 PY=${PY:-python3}
-PKG=/tmp/lockstep-probe/smollm2-shape-float16  # -static and -dynamic
+PKG=/tmp/lockstep-probe/smollm2-shape-float16  # -static and -append
 LOG="$OUT/probe.txt"
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then  # pydantic and the like (scripts/fetch_gpu_wheels.sh)
@@ -27,7 +27,7 @@ timeout 330 "$PY" -m pytest -q -p no:randomly -p no:cacheprovider -s \
   suites/test_fused_kernels_cuda.py suites/test_ops_cuda.py suites/test_native_cuda_decode.py \
   >> "$LOG" 2>&1 || status=1
 step "a random package of SmolLM2's shape"
-for cache in static dynamic; do
+for cache in static append; do
   [ -f "$PKG-$cache/package.yaml" ] || "$PY" - "$PKG-$cache" "$cache" >> "$LOG" 2>&1 <<'PYEOF' || status=1
 import sys
 from pathlib import Path
@@ -44,9 +44,9 @@ step "where a decode step goes"
 TOKENS=128 PREFILL=512 timeout 120 "$PY" scripts/gpu_profile_decode.py "$PKG-static" \
   >> "$LOG" 2>&1 || status=1
 for loop in plain pipelined; do
-  step "greedy loop $loop, 128 tokens, static and dynamic cache (graphs on)"
+  step "greedy loop $loop, 128 tokens, static and append (dynamic) cache, graphs on"
   LOCKSTEP_NATIVE_CUDA_GRAPHS=on timeout 120 "$PY" -m harness.cli bench --engines native-cuda \
-    --baseline native-cuda --packages "$PKG-static,$PKG-dynamic" --ignore-eos \
+    --baseline native-cuda --packages "$PKG-static,$PKG-append" --ignore-eos \
     --max-new-tokens 128 --repeats 3 --warmup 2 \
     $([ "$loop" = pipelined ] && echo --pipelined) >> "$LOG" 2>&1 || status=1
 done

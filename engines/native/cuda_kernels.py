@@ -22,7 +22,7 @@ appended to a reduction leave its result unchanged.
   ``gemv_vec3`` runs two or three such GEMVs over one x in one launch (the fusion pass's
   q/k/v and gate/up), each weight's blocks exactly as its own launch would run them.
   ``gemv_tile`` takes over for more rows than one chunk (a prefill, ``gemv_tile_rows``): a
-  block stages up to 16 rows of x in shared memory once and its 16 warps' columns read them
+  block stages up to 16 rows of x in shared memory once and its warps' columns read them
   there (each column otherwise reads x from memory again); the per-column code is
   ``gemv_vec``'s, so the bits are too.
 - ``batched_matmul``: activation x activation ([..., M, K] @ [..., K, N], broadcasting up
@@ -50,7 +50,9 @@ from engines.errors import ExecutionError, ResidencyError
 
 GEMV_ROWS_PER_CHUNK = 16  # rows that share one pass over the weights
 GEMV_WARPS_PER_BLOCK = 4  # output columns per block of 128 threads
-GEMV_TILE_WARPS = 16  # warps of a gemv_tile block (many rows): they share one x tile
+# warps of a gemv_tile block (many rows): they share one x tile. 8 (not 16) so that an SM
+# holds several blocks and one block's staging of x overlaps another's multiply-adds
+GEMV_TILE_WARPS = 8
 GEMV_TILE_BYTES = 45 * 1024  # shared memory for a gemv_tile block's rows of x
 LINEAR_BLOCK = 256  # threads per block for the one-thread-per-output kernels
 MAX_BATCH_AXES = 4  # batched_matmul broadcasts over at most this many batch axes

@@ -196,21 +196,15 @@ _ROTARY = r"""
 // One output element of [B, H, M, D] (C order). x is read through its strides (a
 // transposed view is fine) as $TX and computed in $TC (cos/sin's type: the folded Cast
 // up); a channel's partner is d +- D/2 (halves) or d ^ 1 (pairs), negated when first.
-// The value lk_rotary stores at idx (computed in $TC, not yet rounded to $TO).
-__device__ __forceinline__ float lk_rotary_val_${SX}_${SC}_${SO}(
+// The value lk_rotary stores at (b, h, m, d) (computed in $TC, not yet rounded to $TO).
+__device__ __forceinline__ float lk_rotary_at_${SX}_${SC}_${SO}(
         const $TX* __restrict__ x, const $TC* __restrict__ cosv, const $TC* __restrict__ sinv,
-        long long idx, long long H, long long M, long long D,
+        long long b, long long h, long long m, long long d, long long D,
         long long xb, long long xh, long long xm, long long xd,
         long long cb, long long ch, long long cm, long long cd,
         long long sb, long long sh, long long sm, long long sd,
         int pairs, int has_scale, float scale) {
     const $TC* C = 0;
-    const long long d = idx % D;
-    long long t = idx / D;
-    const long long m = t % M;
-    t /= M;
-    const long long h = t % H;
-    const long long b = t / H;
     const long long half = D / 2;
     long long partner;
     bool negate;
@@ -226,6 +220,23 @@ __device__ __forceinline__ float lk_rotary_val_${SX}_${SC}_${SO}(
     float y = lk_round(C, lk_round(C, xv * c) + lk_round(C, rv * s));
     if (has_scale) y = lk_round(C, y * scale);
     return y;
+}
+
+// The same at the C-order index idx of [B, H, M, D].
+__device__ __forceinline__ float lk_rotary_val_${SX}_${SC}_${SO}(
+        const $TX* __restrict__ x, const $TC* __restrict__ cosv, const $TC* __restrict__ sinv,
+        long long idx, long long H, long long M, long long D,
+        long long xb, long long xh, long long xm, long long xd,
+        long long cb, long long ch, long long cm, long long cd,
+        long long sb, long long sh, long long sm, long long sd,
+        int pairs, int has_scale, float scale) {
+    const long long d = idx % D;
+    long long t = idx / D;
+    const long long m = t % M;
+    t /= M;
+    const long long h = t % H;
+    return lk_rotary_at_${SX}_${SC}_${SO}(x, cosv, sinv, t / H, h, m, d, D, xb, xh, xm, xd, cb,
+                                          ch, cm, cd, sb, sh, sm, sd, pairs, has_scale, scale);
 }
 
 __device__ __forceinline__ void lk_rotary_${SX}_${SC}_${SO}(
@@ -324,12 +335,11 @@ extern "C" __global__ void rotary_kv_${SX}_${SC}_${SO}(
         reinterpret_cast<lk_vec16*>(cache_k)[v] = reinterpret_cast<const lk_vec16*>(old_k)[v];
         return;
     }
-    const long long row = ((b * Hk + h) * M + hit) * D;  // the rotated keys' C-order index
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-        const float y = lk_rotary_val_${SX}_${SC}_${SO}(xk, cosv, sinv, row + d + e, Hk, M, D,
-                                                         kb, kh, km, kd, cb, ch, cm, cd, sb,
-                                                         sh, sm, sd, pairs, scaled_k, scale_k);
+    for (int e = 0; e < V; ++e) {  // the rotated key row `hit`, channel d + e
+        const float y = lk_rotary_at_${SX}_${SC}_${SO}(xk, cosv, sinv, b, h, hit, d + e, D, kb,
+                                                        kh, km, kd, cb, ch, cm, cd, sb, sh, sm,
+                                                        sd, pairs, scaled_k, scale_k);
         lk_store(cache_k, e0 + e, lk_round(O, y) + 0.0f);
     }
 }
@@ -886,13 +896,17 @@ class FusedKernels:
         return out
 
     def _broadcast_strides(self, table, shape, what: str) -> list[int]:
+        """The table's element strides broadcast to ``shape``; 0 along every axis of extent
+        1 (only index 0 is read there), so tables broadcast to shapes that differ only in
+        such axes (queries and a single KV head) compare equal."""
         try:
             view = self._cupy.broadcast_to(table, shape)
         except ValueError:
             raise ExecutionError(f"{what} does not broadcast to x", field=what,
                                  value=(tuple(table.shape), shape),
                                  remedy="feed tables of shape [1, 1, M, head_dim]") from None
-        return [st // view.itemsize for st in view.strides]
+        return [0 if extent == 1 else st // view.itemsize
+                for extent, st in zip(shape, view.strides)]
 
     def rotary2(self, xa, xb, cos, sin, layout: str, compute_dtype, scale_a, scale_b,
                 out_dtype, *, stream):
