@@ -733,14 +733,19 @@ def render_report(records: Sequence[EvidenceRecord],
                   generated: datetime | None = None,
                   manifests: Sequence[RunManifest] | None = None,
                   catch_matrix: Mapping | str | os.PathLike | None = None,
-                  explanations: Mapping | None = None) -> str:
+                  explanations: Mapping | None = None,
+                  bench: Sequence[str | os.PathLike] = ()) -> str:
     """The whole report as one HTML string (UTF-8 text, no external reference).
 
     ``manifests`` (``harness.manifest.read_manifests``) make completeness visible: planned
     cells without a record show as ``missing`` and an unfinished run as INCOMPLETE.
     ``catch_matrix`` (the parsed JSON, or a path to it) adds the planted-bug section.
     ``explanations`` (``harness.forensics.load_explanations``) put each explained finding's
-    first bad node, layer curve and repro-pack link into its article."""
+    first bad node, layer curve and repro-pack link into its article. ``bench`` (paths of
+    ``lockstep bench --json`` files) adds the speed section, a table a file."""
+    from reports.bench_tables import load_bench
+
+    bench_tables = [load_bench(path) for path in bench]  # a bad file fails before rendering
     records = sorted(records, key=lambda r: (r.package.name, _mode_sort(r.mode.label),
                                              r.engine, r.prompt.name, r.created))
     statuses = {id(r): record_status(r) for r in records}
@@ -817,6 +822,7 @@ def render_report(records: Sequence[EvidenceRecord],
         "prompts": _prompts(records),
         "provenances": _provenances(records),
         "catch": _catch_view(catch_matrix) if catch_matrix is not None else None,
+        "bench": bench_tables,
         "failing": FAILING,
     }
     return _env().get_template("report.html.j2").render(**context)

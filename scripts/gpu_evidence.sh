@@ -131,6 +131,17 @@ else
   # where a native-cuda decode step's time goes (diagnostic: docs/PERFORMANCE.md's bounds)
   step profile 60 env PREFILL=512 "$PY" scripts/gpu_profile_decode.py \
     "$PKG/smollm2-static-float16" "$PKG/smollm2-static-float32"
+  # one report of the run: the correctness phase's SmolLM2 parity (when it ran on this
+  # machine) with every bench table of this phase as its speed section
+  parity=/tmp/lockstep-session/correctness/dtypes/evidence
+  if [ -d "$parity" ]; then
+    tables=("$W"/bench/bench-*.json)
+    [ -e "${tables[0]}" ] && tables=(--bench "${tables[@]}") || tables=()
+    "$PY" -m harness.cli report "$parity" --no-catch-matrix -o "$W/report.html" \
+      --title "lockstep H200 ${LOCKSTEP_COMMIT:-}: SmolLM2 parity and speed" \
+      "${tables[@]}" >> "$SUMMARY" 2>&1 || status=1
+    pack
+  fi
 fi
 pack
 echo "gpu_evidence $PHASE status $status" >> "$SUMMARY"

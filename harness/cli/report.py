@@ -1,5 +1,5 @@
-"""``lockstep report EVIDENCE_DIR [--baseline DIR] [--catch-matrix PATH] -o report.html``:
-render the parity report."""
+"""``lockstep report EVIDENCE_DIR [--baseline DIR] [--catch-matrix PATH] [--bench JSON ...]
+-o report.html``: render the parity report."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +20,9 @@ def register(subparsers) -> None:
     parser.add_argument("-o", "--output", metavar="PATH", type=Path, default=Path("report.html"),
                         help="where to write the HTML (default: report.html)")
     parser.add_argument("--title", default="lockstep parity report", help="report heading")
+    parser.add_argument("--bench", metavar="JSON", type=Path, nargs="+", action="extend",
+                        default=[], help="lockstep bench --json files to show as the speed "
+                                         "section (a table each)")
     catch = parser.add_mutually_exclusive_group()
     catch.add_argument("--catch-matrix", metavar="PATH", type=Path, default=None,
                        help="planted-bug catch matrix JSON to render (default: "
@@ -77,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
     html = render_report(records, baseline, title=args.title, manifests=manifests,
                          catch_matrix=catch_matrix,
-                         explanations=load_explanations(args.evidence_dir))
+                         explanations=load_explanations(args.evidence_dir),
+                         bench=args.bench)
     output: Path = args.output
     write_output(output, html)
     failing = sum(not r.ok for r in records)
