@@ -78,14 +78,17 @@ class _Stepper:
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_the_capacity_plan_is_the_append_plan_bit_for_bit(name):
     s = _Stepper(*_decoder(**CONFIGS[name]))
+    cells = len(s.names)
     s.step([1, 5, 9, 20, 3])
+    assert s.cells.recognised == 0             # the empty first pasts were never handed out
     s.step([7])
     s.step([8])
     s.step([4, 4, 4])                          # a verification's W+1 positions
     assert s.cells.copies == 0                 # every later past was the last buffer's prefix
+    assert s.cells.recognised == 3 * cells     # ... known by identity, nothing read again
     s.rollback(7)                              # truncated views: still the buffer's prefix
     s.step([11])
-    assert s.cells.copies == 0
+    assert s.cells.copies == 0 and s.cells.recognised == 3 * cells  # new views: looked at
     s.rollback(3, copy={"past_key_0", "past_value_1"})  # truncated copies: copied in once
     s.step([2, 3])
     assert s.cells.copies == 2

@@ -235,9 +235,15 @@ class NativeCudaEngine(Engine):
         """Drop one graph slot's graph and buffers (``GraphSlot`` or its name); the other
         slot keeps replaying."""
         self.slots.reset(slot)
+        self._forget_views()
 
     def reset_graphs(self) -> None:
         self.slots.reset()
+        self._forget_views()
+
+    def _forget_views(self) -> None:
+        for cells in getattr(self, "_capacity", {}).values():
+            cells.forget()
 
     def publish_memory(self) -> None:
         """Live allocations into the ledger: the engine's pool and the graph slots' pools."""
@@ -268,5 +274,6 @@ class NativeCudaEngine(Engine):
             self.stream.synchronize()
             if getattr(self, "slots", None) is not None:
                 self.slots.close()
+            self._forget_views()
             self.backend.release()
         self._plans = {}

@@ -159,6 +159,10 @@ class CapacityCells:
         self._zeros = zeros or (lambda shape, dtype: xp.zeros(shape, dtype=dtype))
         self._copy_into = copy_into or _assign
         self.copies = 0  # pasts copied into a fresh buffer (not a prefix of one)
+        self.recognised = 0  # pasts fed back as handed out, known by identity
+        # id -> (view, its buffer, its length) for each present the last forward handed out:
+        # fed back as a past, it is recognised by identity, with nothing of it read again
+        self._handed: dict[int, tuple[Any, Any, int]] = {}
 
     def feeds(self, feeds: Mapping[str, Any], positions: int = 0
               ) -> tuple[dict[str, Any], dict[str, int]]:
@@ -167,8 +171,17 @@ class CapacityCells:
         out = dict(feeds)
         lengths: dict[str, int] = {}
         c = self.plan.max_context
+        handed = self._handed
         for cell in self.plan.cells:
             past = feeds[cell.input]
+            hit = handed.get(id(past))
+            if hit is not None and hit[0] is past:
+                p = hit[2]
+                if p + positions <= c:
+                    lengths[cell.output] = p
+                    out[cell.input] = hit[1]
+                    self.recognised += 1
+                    continue
             p = int(past.shape[SEQ_AXIS])
             if p + positions > c:
                 raise InputError(f"cell {cell.name} holds {p} positions; {positions} more "
@@ -194,11 +207,23 @@ class CapacityCells:
 
     def outputs(self, outputs: Mapping[str, Any], lengths: Mapping[str, int],
                 positions: int) -> dict[str, Any]:
-        """Each present as the view of its first P + M slots."""
+        """Each present as the view of its first P + M slots (remembered for ``feeds``)."""
         out = dict(outputs)
+        handed: dict[int, tuple[Any, Any, int]] = {}
+        c = self.plan.max_context
         for cell in self.plan.cells:
-            out[cell.output] = outputs[cell.output][:, :, :lengths[cell.output] + positions, :]
+            buffer = outputs[cell.output]
+            length = lengths[cell.output] + positions
+            view = buffer[:, :, :length, :]
+            out[cell.output] = view
+            if buffer.shape[SEQ_AXIS] == c and view.base is buffer:
+                handed[id(view)] = (view, buffer, length)
+        self._handed = handed
         return out
+
+    def forget(self) -> None:
+        """Drop the views handed out last (a reset or close: no dropped buffer is held)."""
+        self._handed = {}
 
 
 def _assign(dst, src) -> None:
