@@ -181,6 +181,32 @@ $cases
 }
 """
 
+_UNPACK = r"""
+// The 16 / sizeof(T) values of a 16-byte run of storage type T (the last argument's type, a
+// tag) as floats, element 0 the lowest bytes: exactly lk_load's values (every conversion is
+// exact), in fewer instructions for bfloat16 (a pair is one shift and one mask of a word,
+// not two 16-bit extractions).
+template <int V>
+__device__ __forceinline__ void lk_unpack16_words(const lk_vec16& v, float (&f)[V], float) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(v.words[i]);
+}
+template <int V>
+__device__ __forceinline__ void lk_unpack16_words(const lk_vec16& v, float (&f)[V], lk_half) {
+    const lk_half* h = reinterpret_cast<const lk_half*>(&v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = lk_load(h, i);
+}
+template <int V>
+__device__ __forceinline__ void lk_unpack16_words(const lk_vec16& v, float (&f)[V], lk_bf16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(v.words[i] << 16);
+        f[2 * i + 1] = __uint_as_float(v.words[i] & 0xffff0000u);
+    }
+}
+"""
+
 _GEMV_VEC = r"""
 // The K-vector GEMV order (K a multiple of V = 16 bytes' worth of $T). A team of `team`
 // warps (1, 2 or 4, chosen from N alone) owns a column: team thread t takes the runs of V
@@ -205,10 +231,7 @@ __device__ __forceinline__ void lk_gemv_vec_chunk_$S(
         for (long long c = tt; c < chunks; c += team_threads) {
             float wf[V];
             if (VEC) {
-                const lk_vec16 wv = *reinterpret_cast<const lk_vec16*>(wr + c * V);
-                const $T* wp = reinterpret_cast<const $T*>(&wv);
-#pragma unroll
-                for (int v = 0; v < V; ++v) wf[v] = lk_load(wp, v);
+                lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(wr + c * V), wf, $T());
             } else {
 #pragma unroll
                 for (int v = 0; v < V; ++v) wf[v] = lk_load(wr, (c * V + v) * w_kstep);
@@ -217,10 +240,8 @@ __device__ __forceinline__ void lk_gemv_vec_chunk_$S(
             for (int i = 0; i < R; ++i) {
                 float xf[V];
                 if (VEC) {
-                    const lk_vec16 xv = *reinterpret_cast<const lk_vec16*>(xr + i * K + c * V);
-                    const $T* xp = reinterpret_cast<const $T*>(&xv);
-#pragma unroll
-                    for (int v = 0; v < V; ++v) xf[v] = lk_load(xp, v);
+                    lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(xr + i * K + c * V), xf,
+                                      $T());
                 } else {
 #pragma unroll
                     for (int v = 0; v < V; ++v) xf[v] = lk_load(xr, i * K + c * V + v);
@@ -477,7 +498,8 @@ def gemv_vec_device_source(dtype: str) -> str:
 def gemv_vec_defines() -> str:
     """What ``gemv_vec_device_source`` needs ahead of it, after the prelude."""
     return "\n".join([f"#define LK_GEMV_WARPS {GEMV_WARPS_PER_BLOCK}",
-                      "struct alignas(16) lk_vec16 { unsigned int words[4]; };  // one 16-byte load"])
+                      "struct alignas(16) lk_vec16 { unsigned int words[4]; };  // one 16-byte load",
+                      _UNPACK])
 
 
 def kernel_source() -> str:

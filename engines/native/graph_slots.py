@@ -350,11 +350,8 @@ class CupyGraphDevice:
         self.stream = stream
         self.device_id = int(device_id)
         self._device = self.cp.cuda.Device(self.device_id)
-        # copy_many's sorting of the pair lists it saw last (both slots' feeds), by the ids
-        # of their arrays, with the arrays held so no id is reused while it is kept
-        self._sorted_pairs: dict[tuple[int, ...], tuple[list, list, list]] = {}
-
-    KEEP_PAIR_LISTS = 4
+        # copy_many's pairs of its last call: (id(dst), id(src)) -> (dst, src, entry or None)
+        self._last_pairs: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
 
     def accepts(self, value: Any) -> bool:
         """Only non-empty arrays on this device can be copied into a static buffer."""
@@ -390,25 +387,27 @@ class CupyGraphDevice:
     def copy_many(self, pairs: list[tuple[Any, Any]]) -> None:
         """Every ``dst[...] = src`` of ``pairs``, queued on the stream: the C-contiguous
         ones in one kernel launch (``batched_copy``: its arguments are cached while the
-        pointers stay the same), any other one by ``copy``. Which pairs are which is
-        remembered for the same array objects (a decode feeds back the same buffers every
-        step; an array's pointer and layout never change), so a step reads no flags."""
-        key = tuple(id(a) for pair in pairs for a in pair)
-        held = self._sorted_pairs.get(key)
-        if held is None or any(a is not b for pair, kept in zip(pairs, held[0])
-                               for a, b in zip(pair, kept)):
-            entries, others = [], []
-            for dst, src in pairs:
+        pointers stay the same), any other one by ``copy``. What each pair is, is
+        remembered from the last call for the same two array objects (a decode feeds back
+        the same buffers every step; an array's pointer and layout never change), so a step
+        reads the flags of its new feeds only."""
+        last, seen = self._last_pairs, {}
+        entries, others = [], []
+        for dst, src in pairs:
+            key = (id(dst), id(src))
+            hit = last.get(key)
+            if hit is None or hit[0] is not dst or hit[1] is not src:
+                entry = None
                 if (src.flags.c_contiguous and dst.flags.c_contiguous
                         and src.nbytes == dst.nbytes):
-                    entries.append((int(dst.data.ptr), int(src.data.ptr), int(src.nbytes)))
-                else:
-                    others.append((dst, src))
-            held = (list(pairs), entries, others)
-            while len(self._sorted_pairs) >= self.KEEP_PAIR_LISTS:
-                self._sorted_pairs.pop(next(iter(self._sorted_pairs)))
-            self._sorted_pairs[key] = held
-        _pairs, entries, others = held
+                    entry = (int(dst.data.ptr), int(src.data.ptr), int(src.nbytes))
+                hit = (dst, src, entry)
+            seen[key] = hit
+            if hit[2] is not None:
+                entries.append(hit[2])
+            else:
+                others.append((dst, src))
+        self._last_pairs = seen  # held, so no id of them is reused while it is remembered
         for dst, src in others:
             self.copy(dst, src)
         if entries:
@@ -484,6 +483,6 @@ class CupyGraphDevice:
     def release(self, allocator: Any) -> None:
         """Give the pool's free blocks back to the driver (blocks still held by live
         arrays, a cell holding a dropped graph's output, stay until they are released)."""
-        self._sorted_pairs.clear()  # no kept pair may hold a dropped graph's buffers
+        self._last_pairs = {}  # no remembered pair may hold a dropped graph's buffers
         with self._device:
             allocator.pool.free_all_blocks()
