@@ -31,18 +31,8 @@ timeout 360 "$PY" -m pytest -q -p no:randomly -p no:cacheprovider -s \
   suites/test_graph_slots.py >> "$LOG" 2>&1 || status=1
 step "random packages of SmolLM2's shape"
 for variant in float16-static float16-append bfloat16-static; do
-  [ -f "$PKG-$variant/package.yaml" ] || "$PY" - "$PKG-$variant" "$variant" >> "$LOG" 2>&1 <<'PYEOF' || status=1
-import sys
-from pathlib import Path
-from fixtures.llama_config import LlamaConfig
-from fixtures.llama_graph import build_llama
-dtype, cache = sys.argv[2].split("-")
-shape = dict(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152,
-             tied=True, cache=cache, max_context=512, dtype=dtype, precision="mixed")
-prompt = [[(7 * i + 3) % 49152 for i in range(16)]]
-build_llama(Path(sys.argv[1]), LlamaConfig(**shape), prompt,
-            name=f"smollm2_shape_{dtype}_{cache}")
-PYEOF
+  [ -f "$PKG-$variant/package.yaml" ] || "$PY" scripts/build_smollm2_shape.py "$PKG-$variant" \
+    "$variant" >> "$LOG" 2>&1 || status=1
 done
 step "where a decode step goes (float16 and bfloat16, static cache)"
 TOKENS=128 PREFILL=${PREFILL:-0} timeout 150 "$PY" scripts/gpu_profile_decode.py \

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Two trees of lockstep timed side by side in one device call: whether a change moved a
+# figure, or the machine did (each machine differs; only a same-machine pair says). Builds the
+# random SmolLM2-shaped float16 package (scripts/build_smollm2_shape.py), then in each tree:
+# single forwards (a 512-token prefill, M = 1 and 5 after 64 positions) and the pipelined
+# greedy bench, both eager and graph replay figures of the same package.
+# Usage (repo root of the new tree, the small wheels in .whl/):
+#   OUT=DIR scripts/gpu_compare_trees.sh OLD_TREE_DIR [EXTRA_PYTEST_ARGS...]
+# EXTRA_PYTEST_ARGS (optional) run first, in this tree. Writes $OUT/compare.txt.
+set -uo pipefail
+OLD=$(cd "$1" && pwd); shift
+NEW=$PWD
+OUT=${OUT:-$PWD/out}
+PY=${PY:-python3}
+PKG=/tmp/lockstep-compare/smollm2-shape-float16-static
+LOG="$OUT/compare.txt"
+mkdir -p "$OUT"
+"$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+  $(ls .whl/*.whl | grep -v onnxruntime_genai) >> "$LOG" 2>&1
+status=0
+step() { echo "== $* ($(date -u +%T))" | tee -a "$LOG"; }
+{ nvidia-smi -L; echo "new ${LOCKSTEP_COMMIT:-unknown}, old $(cat "$OLD/.commit" 2>/dev/null)"; } >> "$LOG"
+if [ $# -gt 0 ]; then
+  step "pytest $*"
+  PYTHONPATH=/tmp/site:$NEW timeout 240 "$PY" -m pytest -q -p no:randomly -p no:cacheprovider \
+    "$@" >> "$LOG" 2>&1 || status=1
+fi
+PYTHONPATH=/tmp/site:$NEW "$PY" scripts/build_smollm2_shape.py "$PKG" float16-static \
+  >> "$LOG" 2>&1 || status=1
+for tree in "$OLD" "$NEW"; do
+  step "tree $tree"
+  ( cd "$tree" && export PYTHONPATH=/tmp/site:$tree PYTHONUNBUFFERED=1
+    timeout 150 "$PY" -m harness.cli bench-forward --engines native-cuda --packages "$PKG" \
+      --prefill 512 --rows 1,5 --prefix 64 --repeats 10 --warmup 2
+    LOCKSTEP_NATIVE_CUDA_GRAPHS=on timeout 90 "$PY" -m harness.cli bench --engines native-cuda \
+      --baseline native-cuda --packages "$PKG" --ignore-eos --max-new-tokens 128 --repeats 3 \
+      --warmup 2 --pipelined ) >> "$LOG" 2>&1 || status=1
+done
+step "compare status $status"
+exit $status
