@@ -6,8 +6,6 @@
 # prefill's kernels) and timed: the plain and the pipelined greedy loop, a 512-token
 # prefill and verification-shaped forwards. Diagnostic: the evidence issue 12 is
 # judged on is scripts/gpu_evidence.sh speed, on the real checkpoint beside its peers.
-# Each bench runs with programmatic dependent launch on and off (LOCKSTEP_NATIVE_CUDA_PDL), so
-# its effect is measured in one call.
 # Usage (repo root, on a CUDA machine, the small wheels in .whl/): OUT=DIR scripts/gpu_probe.sh
 # Writes $OUT/probe.txt (every log, in order).
 set -uo pipefail
@@ -37,15 +35,13 @@ done
 step "where a decode step goes (float16 and bfloat16, static cache)"
 TOKENS=128 PREFILL=${PREFILL:-0} timeout 150 "$PY" scripts/gpu_profile_decode.py \
   "$PKG-float16-static" "$PKG-bfloat16-static" >> "$LOG" 2>&1 || status=1
-for pdl in on off; do
-  for loop in plain pipelined; do
-    step "greedy loop $loop, PDL $pdl, 128 tokens: float16 static and append, bfloat16 static"
-    LOCKSTEP_NATIVE_CUDA_PDL=$pdl LOCKSTEP_NATIVE_CUDA_GRAPHS=on timeout 120 "$PY" -m harness.cli \
-      bench --engines native-cuda --baseline native-cuda --ignore-eos \
-      --packages "$PKG-float16-static,$PKG-float16-append,$PKG-bfloat16-static" \
-      --max-new-tokens 128 --repeats 3 --warmup 2 \
-      $([ "$loop" = pipelined ] && echo --pipelined) >> "$LOG" 2>&1 || status=1
-  done
+for loop in plain pipelined; do
+  step "greedy loop $loop, 128 tokens: float16 static and append, bfloat16 static"
+  LOCKSTEP_NATIVE_CUDA_GRAPHS=on timeout 120 "$PY" -m harness.cli bench --engines native-cuda \
+    --baseline native-cuda --ignore-eos \
+    --packages "$PKG-float16-static,$PKG-float16-append,$PKG-bfloat16-static" \
+    --max-new-tokens 128 --repeats 3 --warmup 2 \
+    $([ "$loop" = pipelined ] && echo --pipelined) >> "$LOG" 2>&1 || status=1
 done
 step "single forwards: prefill 512, M = 1..5 after 64 positions"
 timeout 120 "$PY" -m harness.cli bench-forward --engines native-cuda --packages "$PKG-float16-static" \

@@ -103,38 +103,6 @@ def test_greedy_captures_primary_once_and_replays_every_later_step(cp, packages,
         eager.close()
 
 
-@pytest.mark.claim("graph_replay", "token_identity")
-@pytest.mark.parametrize("package_name", STATIC)
-def test_dependent_launches_in_a_capture_change_no_bit(cp, packages, package_name, monkeypatch):
-    """Programmatic dependent launch (``engines/native/dependent_launch.py``): a capture
-    launches our kernels with it (counted, so it cannot be off unnoticed) unless
-    ``LOCKSTEP_NATIVE_CUDA_PDL=off``, and every replayed step's logits are the same bytes
-    either way."""
-    from engines.native.dependent_launch import ENV, Launcher
-
-    package = packages[package_name]
-    prompt = package.spec.prompts[0]
-    runs = {}
-    for setting in ("on", "off"):
-        monkeypatch.setenv(ENV, setting)
-        engine = make_engine(package)
-        before = Launcher.dependent_launches
-        try:
-            session = DecodeSession(engine)
-            out = session.forward(prompt, "prefill")
-            token, logits = session.last_token(out["logits"]), []
-            for _ in range(8):
-                out = session.forward([token], "decode")
-                logits.append(host(engine, out["logits"]).tobytes())
-                token = session.last_token(out["logits"])
-            assert slot_counters(engine.ledger, GraphSlot.PRIMARY)[:3] == (1, 7, 0)
-            runs[setting] = (logits, Launcher.dependent_launches - before)
-        finally:
-            engine.close()
-    assert runs["off"][1] == 0 and runs["on"][1] > 0, runs
-    assert runs["on"][0] == runs["off"][0]
-
-
 # -- replay integrity ------------------------------------------------------------------------------
 
 @pytest.mark.claim("graph_replay", "token_identity")

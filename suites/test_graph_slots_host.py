@@ -21,7 +21,7 @@ from engines.errors import InputError
 from engines.ledger import Ledger
 from engines.native.array_backend import NumpyArrayBackend
 from engines.native.graph_slots import (
-    SLOT_FOR_PHASE, FeedFacts, GraphSlot, GraphSlots, Signature, SlotStatus, forward_positions,
+    SLOT_FOR_PHASE, GraphSlot, GraphSlots, Signature, SlotStatus, forward_positions,
     graphs_default, slot_for_phase)
 from engines.native.plan import HOST_VALUE_CACHE_PER_VALUE, Plan
 from engines.tensor_ops.host import HostTensorOps
@@ -163,31 +163,6 @@ def test_signature_is_component_plus_feed_shapes_and_dtypes():
     assert Signature.of("target", a) != Signature.of("target", toy_feeds([1, 2], 0, zeros_state()))
     c = dict(a, state_in=a["state_in"].astype(np.float64))
     assert Signature.of("target", a) != Signature.of("target", c)
-
-
-@pytest.mark.claim("graph_replay")
-def test_feed_facts_give_the_signature_and_look_only_at_new_arrays():
-    """A slot forward's per-step signature (``FeedFacts``): equal to ``Signature.of`` every
-    step, the device asked about each array object once, a new shape or dtype seen."""
-    asked = []
-    facts = FeedFacts(lambda v: asked.append(id(v)) or v.size > 0)
-    state = zeros_state()
-    first = toy_feeds([1], 0, state)
-    assert facts.of("target", first) == (Signature.of("target", first), True)
-    assert len(asked) == 3
-    second = toy_feeds([2], 1, state)  # the state fed back: the same array
-    assert facts.of("target", second) == (Signature.of("target", second), True)
-    assert len(asked) == 5 and id(state) not in asked[3:]
-    wider = toy_feeds([2, 3], 1, state)
-    assert facts.of("target", wider)[0] == Signature.of("target", wider) != Signature.of(
-        "target", second)
-    assert facts.of("drafter", wider)[0] == Signature.of("drafter", wider)
-    wide_state = dict(wider, state_in=state.astype(np.float64))
-    assert facts.of("target", wide_state)[0] == Signature.of("target", wide_state)
-    empty = dict(wider, state_in=np.zeros((1, 0), np.float32))
-    assert facts.of("target", empty)[1] is False  # the device refuses it: eager
-    facts.forget()
-    assert facts._last == {}
 
 
 @pytest.mark.claim("graph_replay")

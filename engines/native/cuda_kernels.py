@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 
 from engines.errors import ExecutionError, ResidencyError
-from engines.native.dependent_launch import launchers, with_waits
 
 GEMV_ROWS_PER_CHUNK = 16  # rows that share one pass over the weights
 GEMV_WARPS_PER_BLOCK = 4  # output columns per block of 128 threads
@@ -79,17 +78,6 @@ typedef unsigned short lk_half;  // float16 as raw bits; converted with PTX cvt 
 // the high half of a float32, so loading is a shift; storing rounds to nearest even.
 struct lk_bf16 { unsigned short bits; };  // size 2, alignment 2
 #define LK_GEMV_ROWS $rows
-
-// Programmatic dependent launch (dependent_launch.py): return once the kernel before this
-// one has finished and its writes are visible, then let the next kernel be scheduled. Every
-// kernel calls it before it reads anything another kernel writes; under a plain launch (or
-// before compute capability 9.0) it returns at once.
-__device__ __forceinline__ void lk_dependent_wait() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 __device__ __forceinline__ float lk_load(const float* p, long long i) { return p[i]; }
 __device__ __forceinline__ double lk_load(const double* p, long long i) { return p[i]; }
@@ -364,9 +352,6 @@ extern "C" __global__ void gemv_vec_$S(const $T* __restrict__ x, const $T* __res
                                        long long N, long long w_nstep, long long w_kstep,
                                        int vec, int team) {
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
-    // a W^T [N, K] weight's rows asked into L2 while the kernel before may still run
-    if (vec) lk_gemv_prefetch_$S(w, K, N, team, blockIdx.x);
-    lk_dependent_wait();
     lk_gemv_vec_block_$S<LK_GEMV_ROWS, true>(x, w, out, M, K, N, w_nstep, w_kstep, vec, team,
                                               blockIdx.x, part);
 }
@@ -523,7 +508,7 @@ def kernel_source() -> str:
     return "\n".join(parts)
 
 
-KERNEL_SOURCE = with_waits(kernel_source())
+KERNEL_SOURCE = kernel_source()
 KERNEL_NAMES = tuple(re.findall(r'extern "C" __global__ void (\w+)\(', KERNEL_SOURCE))
 
 
@@ -605,9 +590,7 @@ class CudaKernels:
         with cupy.cuda.Device(self.device_id):
             self._module = cupy.RawModule(code=KERNEL_SOURCE, options=COMPILE_OPTIONS)
             # Compile and load now: loading a module inside a stream capture is not allowed.
-            self._functions = launchers(
-                {name: self._module.get_function(name) for name in KERNEL_NAMES},
-                KERNEL_SOURCE, int(cupy.cuda.Device(self.device_id).compute_capability))
+            self._functions = {name: self._module.get_function(name) for name in KERNEL_NAMES}
 
     # -- checks ------------------------------------------------------------------------------
     def _on_device(self, array, what: str) -> None:

@@ -30,7 +30,6 @@ import numpy as np
 from engines.errors import ExecutionError, ResidencyError
 from engines.native.cuda_kernels import (_TYPES, COMPILE_OPTIONS, GEMV_WARPS_PER_BLOCK, gemv_team, gemv_vec_defines,
                                          gemv_vec_device_source, prelude)
-from engines.native.dependent_launch import launchers, with_waits
 
 FUSED_DTYPES = tuple(d for d in ("float32", "float16", "bfloat16") if d in _TYPES)
 BLOCK = 256  # threads for the elementwise kernels
@@ -182,7 +181,6 @@ extern "C" __global__ void norm_gemv_${SI}_${SD}_${SO}(
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
     $TO* xs = reinterpret_cast<$TO*>(lk_prologue_smem);
     lk_gemv3_prefetch_${SO}(w0, w1, w2, K, N0, N1, N2, team0, team1, team2, blocks0, blocks1);
-    lk_dependent_wait();
     for (long long m = threadIdx.x >> 5; m < M; m += blockDim.x >> 5) {
         lk_norm_row_${SI}_${SD}_${SO}(res + m * K, delta ? delta + m * K : delta, gain,
                                       (sum_out && blockIdx.x == 0) ? sum_out + m * K : ($TI*)0,
@@ -384,7 +382,6 @@ extern "C" __global__ void swiglu_gemv_${SG}_${SC}_${SO}(
     constexpr int VG = 16 / sizeof($TG);
     $TO* xs = reinterpret_cast<$TO*>(lk_prologue_smem);
     lk_gemv_prefetch_${SO}(w, K, N, team, blockIdx.x);
-    lk_dependent_wait();
     if (gvec) {
 #pragma unroll 2
         for (long long c = threadIdx.x; c < M * K / VG; c += blockDim.x) {
@@ -673,7 +670,7 @@ def fused_source() -> str:
     return "\n".join(parts)
 
 
-FUSED_SOURCE = with_waits(fused_source())
+FUSED_SOURCE = fused_source()
 FUSED_NAMES = tuple(re.findall(r'extern "C" __global__ void (\w+)\(', FUSED_SOURCE))
 
 
@@ -718,9 +715,7 @@ class FusedKernels:
         self.device_id = int(device_id)
         with cupy.cuda.Device(self.device_id):
             module = cupy.RawModule(code=FUSED_SOURCE, options=COMPILE_OPTIONS)
-            self._functions = launchers(
-                {name: module.get_function(name) for name in FUSED_NAMES}, FUSED_SOURCE,
-                int(cupy.cuda.Device(self.device_id).compute_capability))
+            self._functions = {name: module.get_function(name) for name in FUSED_NAMES}
 
     def on(self, stream) -> StreamKernels:
         """These kernels with every launch on ``stream`` (what a backend holds)."""

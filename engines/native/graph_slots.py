@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 
 from engines.ledger import GraphSlotCounters
-from engines.native.dependent_launch import capturing
 
 
 class GraphSlot(enum.Enum):
@@ -100,42 +99,6 @@ class Signature:
         # every decode step computes this over every feed (a kv cell each): kept lean
         return cls(component, tuple(sorted(
             (name, tuple(v.shape), np.dtype(v.dtype).str) for name, v in feeds.items())))
-
-
-class FeedFacts:
-    """What a slot forward needs to know of its feeds every step (the signature and whether
-    the device accepts each one), computed once per array object: a decode step feeds back
-    the same arrays (the static outputs, a capacity buffer) for every kv cell, so only the
-    new ones (the token, the positions) are looked at again. An array object's shape, dtype
-    and device never change; the last step's feeds are held so an id cannot be reused."""
-
-    def __init__(self, accepts: Callable[[Any], bool]):
-        self._accepts = accepts
-        self._last: dict[str, tuple[Any, tuple[str, tuple[int, ...], str], bool]] = {}
-        self._entries: tuple = ()
-        self._signature: Signature | None = None
-
-    def of(self, component: str, feeds: Mapping[str, Any]) -> tuple[Signature, bool]:
-        last, fresh, entries, accepted = self._last, {}, [], True
-        for name, value in feeds.items():
-            hit = last.get(name)
-            if hit is None or hit[0] is not value:
-                hit = (value, (name, tuple(value.shape), np.dtype(value.dtype).str),
-                       bool(self._accepts(value)))
-            fresh[name] = hit
-            entries.append(hit[1])
-            accepted = accepted and hit[2]
-        self._last = fresh
-        key = tuple(entries)
-        if (self._signature is None or key != self._entries
-                or self._signature.component != component):
-            self._signature = Signature(component, tuple(sorted(key)))
-            self._entries = key
-        return self._signature, accepted
-
-    def forget(self) -> None:
-        """Drop the held feeds (a reset or close: nothing of a dropped graph stays alive)."""
-        self._last, self._entries, self._signature = {}, (), None
 
 
 class SlotStatus(enum.Enum):
@@ -298,7 +261,6 @@ class GraphSlots:
                                        lambda name=slot.value: ledger().slot(name),
                                        poison_outputs=poison_outputs)
                        for slot in GraphSlot}
-        self.facts = {slot: FeedFacts(device.accepts) for slot in GraphSlot}
 
     def __getitem__(self, slot: GraphSlot | str) -> SlotState:
         return self.states[slot if isinstance(slot, GraphSlot) else GraphSlot(slot)]
@@ -309,23 +271,19 @@ class GraphSlots:
     def run(self, component: str, feeds: Mapping[str, Any], phase: str | None,
             eager: EagerRun, capture_body: CaptureBody, positions: int | None = None) -> Outputs:
         slot = slot_for_phase(phase, positions) if self.enabled else None
-        if slot is None:
+        if slot is None or not all(self.device.accepts(v) for v in feeds.values()):
             return eager(feeds)
-        signature, accepted = self.facts[slot].of(component, feeds)
-        if not accepted:
-            return eager(feeds)
-        return self.states[slot].run(signature, feeds, eager, capture_body)
+        return self.states[slot].run(Signature.of(component, feeds), feeds, eager,
+                                     capture_body)
 
     def reset(self, slot: GraphSlot | str | None = None) -> None:
         """Reset one slot (or both); the other keeps its graph."""
         for state in ([self[slot]] if slot is not None else self.states.values()):
             state.reset()
-            self.facts[state.slot].forget()
 
     def close(self) -> None:
         for state in self.states.values():
             state.close()
-            self.facts[state.slot].forget()
 
     def live(self) -> tuple[int, int]:
         pairs = [state.live() for state in self.states.values()]
@@ -350,8 +308,6 @@ class CupyGraphDevice:
         self.stream = stream
         self.device_id = int(device_id)
         self._device = self.cp.cuda.Device(self.device_id)
-        # copy_many's pairs of its last call: (id(dst), id(src)) -> (dst, src, entry or None)
-        self._last_pairs: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
 
     def accepts(self, value: Any) -> bool:
         """Only non-empty arrays on this device can be copied into a static buffer."""
@@ -387,29 +343,14 @@ class CupyGraphDevice:
     def copy_many(self, pairs: list[tuple[Any, Any]]) -> None:
         """Every ``dst[...] = src`` of ``pairs``, queued on the stream: the C-contiguous
         ones in one kernel launch (``batched_copy``: its arguments are cached while the
-        pointers stay the same), any other one by ``copy``. What each pair is, is
-        remembered from the last call for the same two array objects (a decode feeds back
-        the same buffers every step; an array's pointer and layout never change), so a step
-        reads the flags of its new feeds only."""
-        last, seen = self._last_pairs, {}
-        entries, others = [], []
+        pointers stay the same), any other one by ``copy``."""
+        entries = []
         for dst, src in pairs:
-            key = (id(dst), id(src))
-            hit = last.get(key)
-            if hit is None or hit[0] is not dst or hit[1] is not src:
-                entry = None
-                if (src.flags.c_contiguous and dst.flags.c_contiguous
-                        and src.nbytes == dst.nbytes):
-                    entry = (int(dst.data.ptr), int(src.data.ptr), int(src.nbytes))
-                hit = (dst, src, entry)
-            seen[key] = hit
-            if hit[2] is not None:
-                entries.append(hit[2])
+            if (src.flags.c_contiguous and dst.flags.c_contiguous
+                    and src.nbytes == dst.nbytes):
+                entries.append((int(dst.data.ptr), int(src.data.ptr), int(src.nbytes)))
             else:
-                others.append((dst, src))
-        self._last_pairs = seen  # held, so no id of them is reused while it is remembered
-        for dst, src in others:
-            self.copy(dst, src)
+                self.copy(dst, src)
         if entries:
             if getattr(self, "_batched", None) is None:
                 from engines.native.batched_copy import BatchedCopy
@@ -452,8 +393,7 @@ class CupyGraphDevice:
         with self._device, self.stream, cp.cuda.using_allocator(malloc):
             self.stream.begin_capture()
             try:
-                with capturing():  # our kernels with programmatic dependent launch
-                    outputs, keep = body()
+                outputs, keep = body()
                 fixed = {}
                 for name, value in outputs.items():
                     if not isinstance(value, cp.ndarray):
@@ -483,6 +423,5 @@ class CupyGraphDevice:
     def release(self, allocator: Any) -> None:
         """Give the pool's free blocks back to the driver (blocks still held by live
         arrays, a cell holding a dropped graph's output, stay until they are released)."""
-        self._last_pairs = {}  # no remembered pair may hold a dropped graph's buffers
         with self._device:
             allocator.pool.free_all_blocks()
