@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,11 +28,18 @@ from engines.ledger import Ledger
 
 
 class _Lease:
-    """Owner of one pooled block; its death is the allocation's release."""
-    __slots__ = ("pooled", "__weakref__")
+    """Owner of one pooled block; its death is the allocation's release (``__del__``, not a
+    ``weakref.finalize``: an eager 512-token prefill allocates about 500 times, and a
+    finalizer's registration cost as much as the pool's own malloc)."""
+    __slots__ = ("pooled", "size", "owner")
 
-    def __init__(self, pooled: Any):
+    def __init__(self, pooled: Any, size: int, owner: CountingAllocator):
         self.pooled = pooled
+        self.size = size
+        self.owner = owner
+
+    def __del__(self) -> None:
+        self.owner._release(self.size)
 
 
 class CountingAllocator:
@@ -61,13 +67,12 @@ class CountingAllocator:
         """CuPy allocator interface: ``size -> MemoryPointer``."""
         size = int(nbytes)
         pooled = self.pool.malloc(size)
-        lease = _Lease(pooled)
-        mem = self._memory.UnownedMemory(pooled.ptr, size, lease, self.device_id)
-        with self._lock:
+        with self._lock:  # counted before the lease exists: its death uncounts it
             self.live_allocations += 1
             self.live_bytes += size
             self.total_allocations += 1
-        weakref.finalize(lease, self._release, size)
+        mem = self._memory.UnownedMemory(pooled.ptr, size, _Lease(pooled, size, self),
+                                         self.device_id)
         return self._memory.MemoryPointer(mem, 0)
 
     __call__ = malloc

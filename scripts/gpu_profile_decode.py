@@ -9,7 +9,7 @@ importable, one replay under torch's CUPTI profiler (every kernel's device time,
 
 Usage (repo root, on a CUDA machine): python scripts/gpu_profile_decode.py PACKAGE [...]
 Environment: TOKENS (default 128), REPLAYS (default 200), PREFILL (tokens of a prefill whose
-kernels are profiled too; default 0, none).
+kernels and host work are profiled too; default 0, none).
 """
 from __future__ import annotations
 
@@ -104,6 +104,38 @@ def prefill_table(engine) -> str:
             + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
 
 
+def prefill_host(engine) -> str:
+    """Where a prefill's wall goes besides its kernels: each of 5 eager prefills of PREFILL
+    tokens timed to the forward's return (the host's enqueueing) and to the device's end,
+    then 3 more under cProfile (the host functions that cost most)."""
+    from engines.workflow.session import DecodeSession
+
+    vocab = engine.package.spec.vocab_size
+    tokens = [(7 * i + 3) % vocab for i in range(PREFILL)]
+    lines = []
+    for _ in range(5):
+        session = DecodeSession(engine)
+        engine.synchronize()
+        t0 = time.perf_counter()
+        session.forward(tokens, "prefill")
+        t1 = time.perf_counter()
+        engine.synchronize()
+        t2 = time.perf_counter()
+        lines.append(f"prefill of {PREFILL}: enqueued in {(t1 - t0) * 1e3:.3f} ms, "
+                     f"finished at {(t2 - t0) * 1e3:.3f} ms")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(3):
+        DecodeSession(engine).forward(tokens, "prefill")
+        engine.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(30)
+    return "\n".join(lines) + "\n" + text.getvalue()
+
+
 def main(paths: list[str]) -> int:
     from engines.cuda_support import import_cupy
     from engines.package import load_package
@@ -133,6 +165,7 @@ def main(paths: list[str]) -> int:
         print(kernel_table(engine))
         if PREFILL:
             print(prefill_table(engine))
+            print(prefill_host(engine))
         engine.close()
     return 0
 

@@ -28,6 +28,9 @@ from harness.compare import compare_tensors
 
 GEMV_SHAPES = [(1536, 576), (576, 1536), (2048, 64), (100, 77)]  # weights as N x K
 M_RANGE = range(1, 10)
+# [N, K] of the tile kernel's checks: SmolLM2's q, gate, down and head (teams of 2, 1, 2, 1
+# warps), and N = 203, K = 1536 (a team of 4; 203 is no multiple of a block's columns)
+TILE_SHAPES = [(960, 576), (3072, 576), (576, 1536), (49152, 576), (203, 1536)]
 
 
 # -- fixtures ------------------------------------------------------------------------------
@@ -160,12 +163,12 @@ def test_gemv_rows_are_bitwise_independent_of_m(cp, stream, kernels, shape, dtyp
 @pytest.mark.claim("batch_invariance")
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("shape", [(960, 576), (3072, 576), (576, 1536), (49152, 576)],
-                         ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("shape", TILE_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_prefill_rows_through_the_tile_kernel_equal_single_rows(cp, stream, kernels, shape,
                                                                 dtype):
-    """A prefill's M (more rows than a chunk) runs ``gemv_tile`` (x staged in shared memory,
-    a partial last tile: 7 rows a tile for K = 1536 in float32); each of its rows equals the
+    """A prefill's M (more rows than a chunk) runs ``gemv_tile`` (x staged in shared memory
+    as float32, a partial last tile: 7 rows a tile for K = 1536; teams of 1, 2 and 4 warps;
+    a last block with fewer columns than its teams compute); each of its rows equals the
     M = 1 GEMV's bit for bit. The launch is checked to be the tile kernel."""
     from engines.native.cuda_kernels import gemv_tile_rows, kernel_name
 

@@ -117,6 +117,41 @@ def test_gpu_bf16_gemv_rows_do_not_depend_on_m(backend, stream):
     assert (err <= 2.0 ** -7 * np.abs(exact) + 1e-4).all()  # one bfloat16 rounding
 
 
+@pytest.mark.claim("batch_invariance")
+@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (49152, 576), (203, 1536)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gpu_bf16_prefill_rows_through_the_tile_kernel_equal_single_rows(backend, stream,
+                                                                         shape):
+    """A bfloat16 prefill's 45 rows through ``gemv_tile`` (teams of 1, 2 and 4 warps, a
+    partial last tile and block): each row is the M = 1 GEMV's bits."""
+    from engines.native.cuda_kernels import get_kernels, gemv_tile_rows, kernel_name
+
+    kernels = get_kernels(0)
+    n, k = shape
+    m = 45
+    assert gemv_tile_rows(m, k, BF.itemsize) > 0
+    rng = np.random.default_rng(n + k)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(BF)  # W^T [N, K]
+    x = rng.standard_normal((m, k)).astype(BF)
+    name = kernel_name("gemv_tile", BF)
+    with stream:
+        xd, wd = backend.adopt(x), backend.adopt(w)
+    launched = []
+    real = kernels._functions[name]
+    kernels._functions[name] = lambda *a, **kw: launched.append(1) or real(*a, **kw)
+    try:
+        out = host(kernels.gemv_rows(xd, wd, stream=stream, w_layout="nk"), stream)
+    finally:
+        kernels._functions[name] = real
+    assert launched == [1]
+    for i in (0, 6, 7, 15, 16, 31, 44):
+        single = host(kernels.gemv_rows(xd[i:i + 1], wd, stream=stream, w_layout="nk"), stream)
+        assert _same(out[i], single[0]), i
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    err = np.abs(out.astype(np.float64) - exact)
+    assert (err <= 2.0 ** -7 * np.abs(exact) + 1e-4).all()  # one bfloat16 rounding
+
+
 def test_gpu_bf16_batched_matmul_and_sum_repeat_the_host(backend, stream):
     rng = np.random.default_rng(8)
     a = rng.standard_normal((2, 3, 5, 33)).astype(BF)

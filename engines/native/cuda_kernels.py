@@ -22,9 +22,10 @@ appended to a reduction leave its result unchanged.
   ``gemv_vec3`` runs two or three such GEMVs over one x in one launch (the fusion pass's
   q/k/v and gate/up), each weight's blocks exactly as its own launch would run them.
   ``gemv_tile`` takes over for more rows than one chunk (a prefill, ``gemv_tile_rows``): a
-  block stages up to 16 rows of x in shared memory once and its warps' columns read them
-  there (each column otherwise reads x from memory again); the per-column code is
-  ``gemv_vec``'s, so the bits are too.
+  block stages up to 16 rows of x in shared memory once, as float32, and each team of warps
+  computes four adjacent columns for all of them at once (an x value read serves four
+  columns, a weight value every row); each column's additions are ``gemv_vec``'s, in its
+  order, so the bits are too.
 - ``batched_matmul``: activation x activation ([..., M, K] @ [..., K, N], broadcasting up
   to four batch axes, any strides). One thread per output element, sequential K loop, each
   product rounded then added: the host backend's arithmetic exactly, so the two agree bit
@@ -47,13 +48,15 @@ from typing import Any
 import numpy as np
 
 from engines.errors import ExecutionError, ResidencyError
+from engines.native.dtype_names import dtype_name
 
 GEMV_ROWS_PER_CHUNK = 16  # rows that share one pass over the weights
 GEMV_WARPS_PER_BLOCK = 4  # output columns per block of 128 threads
 # warps of a gemv_tile block (many rows): they share one x tile. 8 (not 16) so that an SM
 # holds several blocks and one block's staging of x overlaps another's multiply-adds
 GEMV_TILE_WARPS = 8
-GEMV_TILE_BYTES = 45 * 1024  # shared memory for a gemv_tile block's rows of x
+GEMV_TILE_COLS = 4  # adjacent columns a gemv_tile team computes at once (16 rows x 4: 64 sums)
+GEMV_TILE_BYTES = 45 * 1024  # shared memory for a gemv_tile block's rows of x (as float32)
 LINEAR_BLOCK = 256  # threads per block for the one-thread-per-output kernels
 MAX_BATCH_AXES = 4  # batched_matmul broadcasts over at most this many batch axes
 COMPILE_OPTIONS = ("--fmad=false",)
@@ -173,24 +176,43 @@ _UNPACK = r"""
 // The 16 / sizeof(T) values of a 16-byte run of storage type T (the last argument's type, a
 // tag) as floats, element 0 the lowest bytes: exactly lk_load's values (every conversion is
 // exact), in fewer instructions for bfloat16 (a pair is one shift and one mask of a word,
-// not two 16-bit extractions).
+// not two 16-bit extractions). The run is taken by value: one 16-byte load into registers
+// (a reference would let the float16 overload read memory two bytes at a time).
 template <int V>
-__device__ __forceinline__ void lk_unpack16_words(const lk_vec16& v, float (&f)[V], float) {
+__device__ __forceinline__ void lk_unpack16_words(const lk_vec16 v, float (&f)[V], float) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(v.words[i]);
 }
 template <int V>
-__device__ __forceinline__ void lk_unpack16_words(const lk_vec16& v, float (&f)[V], lk_half) {
+__device__ __forceinline__ void lk_unpack16_words(const lk_vec16 v, float (&f)[V], lk_half) {
     const lk_half* h = reinterpret_cast<const lk_half*>(&v);
 #pragma unroll
     for (int i = 0; i < 8; ++i) f[i] = lk_load(h, i);
 }
 template <int V>
-__device__ __forceinline__ void lk_unpack16_words(const lk_vec16& v, float (&f)[V], lk_bf16) {
+__device__ __forceinline__ void lk_unpack16_words(const lk_vec16 v, float (&f)[V], lk_bf16) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         f[2 * i] = __uint_as_float(v.words[i] << 16);
         f[2 * i + 1] = __uint_as_float(v.words[i] & 0xffff0000u);
+    }
+}
+"""
+
+_FOLD = r"""
+// One level of a warp's butterfly over many sums at once: lane l holds 2 * HALF sums, keeps
+// the upper half where bit MASK of l is set (the lower otherwise) and adds its partner's
+// (l ^ MASK) copy of the kept ones: each kept sum becomes the butterfly's v + shfl_xor(v),
+// bit for bit (an addition of two floats does not depend on their order), for half the
+// shuffles. After the levels 16, 8, 4, 2, 1 of 32 * P sums, lane l holds sums P * l ...
+template <int HALF, int MASK, int N>
+__device__ __forceinline__ void lk_fold(float (&acc)[N], int lane) {
+    const bool up = (lane & MASK) != 0;
+#pragma unroll
+    for (int j = 0; j < HALF; ++j) {
+        const float keep = up ? acc[j + HALF] : acc[j];
+        const float send = up ? acc[j] : acc[j + HALF];
+        acc[j] = keep + __shfl_xor_sync(0xffffffffu, send, MASK);
     }
 }
 """
@@ -371,36 +393,95 @@ extern "C" __global__ void gemv_vec3_$S(const $T* __restrict__ x, const $T* __re
                               team1, team2, blocks0, blocks1, part);
 }
 
-// Many rows (a prefill): block (bx, by) stages rows [by * tile_rows, ...) of x in shared
-// memory once, 16 bytes at a time, and its LK_TILE_WARPS / team columns read them there
-// instead of each column reading x again. Each column is lk_gemv_vec_chunk's arithmetic (the
-// same function, 16-byte loads of a W^T [N, K] row), so every element equals gemv_vec's bit
-// for bit: only where x is read from differs.
+// Many rows (a prefill): block (bx, by) converts rows [by * tile_rows, ...) of x to float32
+// in shared memory once (exactly: lk_load's values), and each team of warps computes
+// LK_TILE_COLS adjacent columns for all of them at once: each x value read from shared
+// memory serves LK_TILE_COLS columns, each weight value every row. Every column's arithmetic
+// is lk_gemv_vec_chunk's: team thread t adds its runs c = t, t + 32 * team, ... with fused
+// multiply-adds, k ascending within a run, from +0; the warp's 32 partial sums are added in
+// the butterfly's pairs (transposed: at each level a lane keeps half of its values and
+// receives its partner's copy of them, so the R * C sums of a warp take R * C * 31 / 32
+// shuffles, not R * C * 5); then the team's warps in warp order. Every element equals
+// gemv_vec's bit for bit: only where operands are read from, and how many at once, differ.
 extern "C" __global__ void gemv_tile_$S(const $T* __restrict__ x, const $T* __restrict__ w,
                                         $T* __restrict__ out, long long M, long long K,
                                         long long N, int team, int tile_rows) {
+    constexpr int V = 16 / sizeof($T);
+    constexpr int R = LK_GEMV_ROWS;
+    constexpr int C = LK_TILE_COLS;
+    constexpr int VALS = R * C;
+    constexpr int PER_LANE = VALS / 32;  // sums a lane holds after the reduction
+    static_assert(VALS % 32 == 0, "a warp's sums must split evenly over its lanes");
     extern __shared__ __align__(16) unsigned char lk_tile_smem[];
-    __shared__ float part[LK_GEMV_ROWS * LK_TILE_WARPS];
-    $T* xs = reinterpret_cast<$T*>(lk_tile_smem);
+    __shared__ float part[VALS * LK_TILE_WARPS];
+    float* xs = reinterpret_cast<float*>(lk_tile_smem);
     const long long m0 = (long long)blockIdx.y * tile_rows;
-    const long long rows = (M - m0) < tile_rows ? (M - m0) : tile_rows;
-    const long long vecs = rows * K / (16 / (long long)sizeof($T));
+    const int rows = (int)((M - m0) < tile_rows ? (M - m0) : tile_rows);
+    const long long runs = (long long)rows * K / V;
     const lk_vec16* src = reinterpret_cast<const lk_vec16*>(x + m0 * K);
-    lk_vec16* dst = reinterpret_cast<lk_vec16*>(xs);
-    for (long long i = threadIdx.x; i < vecs; i += blockDim.x) dst[i] = src[i];
+    for (long long r = threadIdx.x; r < runs; r += blockDim.x) {
+        float f[V];
+        lk_unpack16_words(src[r], f, $T());
+        float4* dst = reinterpret_cast<float4*>(xs + r * V);
+#pragma unroll
+        for (int v = 0; v < V; v += 4) dst[v / 4] = make_float4(f[v], f[v + 1], f[v + 2], f[v + 3]);
+    }
     __syncthreads();
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const long long n = (long long)blockIdx.x * (LK_TILE_WARPS / team) + warp / team;
-    const bool valid = n < N;  // every thread stays for the barriers
+    const long long n0 = ((long long)blockIdx.x * (LK_TILE_WARPS / team) + warp / team) * C;
     const int tt = (warp % team) * 32 + lane;
-    const $T* wr = w + (valid ? n : 0) * K;
-    for (long long r0 = 0; r0 < rows; r0 += LK_GEMV_ROWS) {
-        const long long count = (rows - r0) < LK_GEMV_ROWS ? (rows - r0) : LK_GEMV_ROWS;
-        const $T* xr = xs + r0 * K;
-        const long long mr = m0 + r0;
-        switch (count) {
-$tcases
+    const $T* wr[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) wr[j] = w + (n0 + j < N ? n0 + j : N - 1) * K;  // past N: unused
+    float acc[VALS];  // acc[i * C + j]: row i, column n0 + j
+#pragma unroll
+    for (int i = 0; i < VALS; ++i) acc[i] = 0.0f;
+    const long long chunks = K / V;
+    for (long long c = tt; c < chunks; c += 32 * team) {
+        float wf[C][V];
+#pragma unroll
+        for (int j = 0; j < C; ++j)
+            lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(wr[j] + c * V), wf[j], $T());
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            if (i < rows) {
+                float xf[V];
+                const float4* xp = reinterpret_cast<const float4*>(xs + i * K + c * V);
+#pragma unroll
+                for (int v = 0; v < V; v += 4) {
+                    const float4 q = xp[v / 4];
+                    xf[v] = q.x;
+                    xf[v + 1] = q.y;
+                    xf[v + 2] = q.z;
+                    xf[v + 3] = q.w;
+                }
+#pragma unroll
+                for (int j = 0; j < C; ++j) {
+#pragma unroll
+                    for (int v = 0; v < V; ++v)
+                        acc[i * C + j] = __fmaf_rn(xf[v], wf[j][v], acc[i * C + j]);
+                }
+            }
+        }
+    }
+    lk_fold<VALS / 2, 16>(acc, lane);  // the butterfly's xor 16, 8, 4, 2, 1
+    lk_fold<VALS / 4, 8>(acc, lane);
+    lk_fold<VALS / 8, 4>(acc, lane);
+    lk_fold<VALS / 16, 2>(acc, lane);
+    lk_fold<VALS / 32, 1>(acc, lane);
+    // acc[q] is now the warp's sum of value PER_LANE * lane + q
+#pragma unroll
+    for (int q = 0; q < PER_LANE; ++q) part[(PER_LANE * lane + q) * LK_TILE_WARPS + warp] = acc[q];
+    __syncthreads();
+    if (warp % team == 0) {
+#pragma unroll
+        for (int q = 0; q < PER_LANE; ++q) {
+            const int idx = PER_LANE * lane + q;
+            const int i = idx / C, j = idx % C;
+            float total = part[idx * LK_TILE_WARPS + warp];
+            for (int s = 1; s < team; ++s) total += part[idx * LK_TILE_WARPS + warp + s];
+            if (i < rows && n0 + j < N) lk_store(out, (m0 + i) * N + n0 + j, total);
         }
     }
 }
@@ -484,12 +565,13 @@ def gemv_vec_defines() -> str:
     """What ``gemv_vec_device_source`` needs ahead of it, after the prelude."""
     return "\n".join([f"#define LK_GEMV_WARPS {GEMV_WARPS_PER_BLOCK}",
                       "struct alignas(16) lk_vec16 { unsigned int words[4]; };  // one 16-byte load",
-                      _UNPACK])
+                      _UNPACK, _FOLD])
 
 
 def kernel_source() -> str:
     """The whole CUDA source: one module, every kernel for every dtype it supports."""
-    parts = [prelude(), gemv_vec_defines(), f"#define LK_TILE_WARPS {GEMV_TILE_WARPS}"]
+    parts = [prelude(), gemv_vec_defines(), f"#define LK_TILE_WARPS {GEMV_TILE_WARPS}",
+             f"#define LK_TILE_COLS {GEMV_TILE_COLS}"]
     for dtype, (suffix, storage, acc) in _TYPES.items():
         fields = {"S": suffix, "T": storage, "A": acc}
         if dtype in GEMV_DTYPES:
@@ -497,12 +579,8 @@ def kernel_source() -> str:
                 f"            case {r}: lk_gemv_chunk_{suffix}<{r}>(xr, w, out, K, N, n, w_base, "
                 f"w_step, m0, lane); break;" for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
             parts.append(Template(_GEMV).substitute(fields, cases=cases))
-            tcases = "\n".join(
-                f"            case {r}: lk_gemv_vec_chunk_{suffix}<{r}, true, LK_TILE_WARPS>("
-                f"xr, wr, out, K, N, 1, n, mr, valid, tt, team * 32, warp, team, lane, part); "
-                f"break;" for r in range(1, GEMV_ROWS_PER_CHUNK + 1))
             parts.append(gemv_vec_device_source(dtype))
-            parts.append(Template(_GEMV_VEC_KERNELS).substitute(fields, tcases=tcases))
+            parts.append(Template(_GEMV_VEC_KERNELS).substitute(fields))
         parts.append(Template(_BMM).substitute(fields))
         parts.append(Template(_SUM).substitute(fields))
     return "\n".join(parts)
@@ -514,7 +592,7 @@ KERNEL_NAMES = tuple(re.findall(r'extern "C" __global__ void (\w+)\(', KERNEL_SO
 
 def kernel_name(family: str, dtype) -> str:
     """``gemv_rows``/``bmm``/``sum_axis`` + dtype -> the compiled function's name."""
-    name = np.dtype(dtype).name
+    name = dtype_name(dtype)
     supported = {"gemv_rows": GEMV_DTYPES, "gemv_vec": GEMV_DTYPES, "gemv_vec3": GEMV_DTYPES,
                  "gemv_tile": GEMV_DTYPES, "bmm": MATMUL_DTYPES, "sum_axis": SUM_DTYPES}[family]
     if name not in supported:
@@ -533,10 +611,11 @@ def gemv_vectorised(x, w) -> bool:
 def gemv_tile_rows(m: int, k: int, itemsize: int) -> int:
     """Rows of x a ``gemv_tile`` block stages (0: run ``gemv_vec``): only for more rows than
     one chunk (a prefill; decode and verification keep ``gemv_vec``) and only as many as
-    ``GEMV_TILE_BYTES`` of shared memory hold. The arithmetic is the same either way."""
-    if m <= GEMV_ROWS_PER_CHUNK:
+    ``GEMV_TILE_BYTES`` of shared memory hold as float32 (whatever ``itemsize``, the dtype's
+    size, is). The arithmetic is the same either way."""
+    if m <= GEMV_ROWS_PER_CHUNK or itemsize <= 0:
         return 0
-    return min(GEMV_ROWS_PER_CHUNK, GEMV_TILE_BYTES // (k * itemsize))
+    return min(GEMV_ROWS_PER_CHUNK, GEMV_TILE_BYTES // (k * 4))
 
 
 def gemv_k_vector_order(k: int, itemsize: int) -> bool:
@@ -587,7 +666,8 @@ class CudaKernels:
         cupy = import_cupy()
         self._cupy = cupy
         self.device_id = int(device_id)
-        with cupy.cuda.Device(self.device_id):
+        self._device = cupy.cuda.Device(self.device_id)  # one object: a launch enters it often
+        with self._device:
             self._module = cupy.RawModule(code=KERNEL_SOURCE, options=COMPILE_OPTIONS)
             # Compile and load now: loading a module inside a stream capture is not allowed.
             self._functions = {name: self._module.get_function(name) for name in KERNEL_NAMES}
@@ -601,7 +681,7 @@ class CudaKernels:
                                  value=type(array).__name__,
                                  remedy="adopt host values once (backend.adopt / "
                                         "tensor_ops.adopt) before the kernel runs")
-        if array.device.id != self.device_id:
+        if array.data.device_id != self.device_id:  # (array.device builds a Device object)
             raise ResidencyError(f"{what} lives on cuda:{array.device.id}, these kernels run "
                                  f"on cuda:{self.device_id}", field=what,
                                  value=f"cuda:{array.device.id}",
@@ -617,7 +697,7 @@ class CudaKernels:
 
     def _out(self, out, shape, dtype, stream, what: str = "out"):
         if out is None:
-            with self._cupy.cuda.Device(self.device_id), stream:
+            with self._device, stream:
                 return self._cupy.empty(shape, dtype=dtype)
         self._on_device(out, what)
         self._contiguous(out, what)
@@ -667,12 +747,12 @@ class CudaKernels:
             nk = w_layout == "nk"
             vec = nk and gemv_vectorised(x, w)
             tile = gemv_tile_rows(m, k, x.itemsize) if vec else 0
-            if tile:  # many rows: x staged once per block in shared memory
-                cols = GEMV_TILE_WARPS // team
+            if tile:  # many rows: x staged once per block in shared memory, as float32
+                cols = GEMV_TILE_WARPS // team * GEMV_TILE_COLS
                 self._functions[kernel_name("gemv_tile", x.dtype)](
                     ((n + cols - 1) // cols, (m + tile - 1) // tile), (32 * GEMV_TILE_WARPS,),
                     (x, w, out, _i64(m), _i64(k), _i64(n), np.int32(team), np.int32(tile)),
-                    stream=stream, shared_mem=tile * k * x.itemsize)
+                    stream=stream, shared_mem=tile * k * 4)
                 return out
             self._launch(kernel_name("gemv_vec", x.dtype), (n + cols - 1) // cols,
                          32 * GEMV_WARPS_PER_BLOCK,

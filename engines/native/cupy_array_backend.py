@@ -29,6 +29,7 @@ from engines.errors import ExecutionError, ResidencyError
 from engines.native.array_backend import _norm_axis, matmul_shapes
 from engines.native.bf16 import BF16, CAST_KERNEL_NAMES, cast_source
 from engines.native.cuda_kernels import GEMV_DTYPES, MATMUL_DTYPES, MAX_BATCH_AXES, SUM_DTYPES, get_kernels
+from engines.native.dtype_names import dtype_name
 
 
 class CupyArrayBackend:
@@ -88,7 +89,7 @@ class CupyArrayBackend:
         return device
 
     def _wants_transpose(self, device) -> bool:
-        if device.ndim != 2 or device.dtype.name not in GEMV_DTYPES or min(device.shape) < 2:
+        if device.ndim != 2 or dtype_name(device.dtype) not in GEMV_DTYPES or min(device.shape) < 2:
             return False
         return self._loading_shapes is None or tuple(device.shape) in self._loading_shapes
 
@@ -161,7 +162,7 @@ class CupyArrayBackend:
         self._check(b, "b")
         out_shape = matmul_shapes(tuple(a.shape), tuple(b.shape))
         dtype = np.result_type(a.dtype, b.dtype)
-        if dtype.name not in MATMUL_DTYPES:
+        if dtype_name(dtype) not in MATMUL_DTYPES:
             raise ExecutionError(f"MatMul on {self.residency} has no kernel for {dtype.name}",
                                  field="dtype", value=dtype.name,
                                  remedy=f"use one of: {', '.join(MATMUL_DTYPES)}")
@@ -170,7 +171,7 @@ class CupyArrayBackend:
             b2 = self._as(b, dtype)
             a2 = a2[None, :] if a2.ndim == 1 else a2
             b2 = b2[:, None] if b2.ndim == 1 else b2
-            if b2.ndim == 2 and dtype.name in GEMV_DTYPES:
+            if b2.ndim == 2 and dtype_name(dtype) in GEMV_DTYPES:
                 out = self._gemv(a2, b2)
             else:
                 out = self._bmm(a2, b2)
@@ -218,7 +219,7 @@ class CupyArrayBackend:
         with self._device, self.stream:
             if x.dtype == np.bool_:
                 x = x.astype(np.int64)
-            if x.dtype.name not in SUM_DTYPES:
+            if dtype_name(x.dtype) not in SUM_DTYPES:
                 raise ExecutionError(f"sum on {self.residency} has no kernel for {x.dtype.name}",
                                      field="dtype", value=x.dtype.name,
                                      remedy=f"use one of: {', '.join(SUM_DTYPES)}, or bool")
@@ -236,7 +237,7 @@ class CupyArrayBackend:
         from engines.native.cuda_kernels import gemv_vectorised
 
         cached = [self._transposed.get(id(w)) for w in weights]
-        if a.ndim >= 2 and a.dtype.name in GEMV_DTYPES and all(
+        if a.ndim >= 2 and dtype_name(a.dtype) in GEMV_DTYPES and all(
                 c is not None and c[0] is w and w.dtype == a.dtype
                 for c, w in zip(cached, weights)):
             self._check(a, "a")

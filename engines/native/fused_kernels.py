@@ -28,6 +28,7 @@ from string import Template
 import numpy as np
 
 from engines.errors import ExecutionError, ResidencyError
+from engines.native.dtype_names import dtype_name
 from engines.native.cuda_kernels import (_TYPES, COMPILE_OPTIONS, GEMV_WARPS_PER_BLOCK, gemv_team, gemv_vec_defines,
                                          gemv_vec_device_source, prelude)
 
@@ -679,7 +680,7 @@ def _i64(value: int) -> np.int64:
 
 
 def _suffix(dtype, what: str) -> str:
-    name = np.dtype(dtype).name
+    name = dtype_name(dtype)
     if name not in FUSED_DTYPES:
         raise ExecutionError(f"no fused CUDA kernel for {what} of dtype {name}",
                              field=what, value=name,
@@ -713,7 +714,8 @@ class FusedKernels:
         cupy = import_cupy()
         self._cupy = cupy
         self.device_id = int(device_id)
-        with cupy.cuda.Device(self.device_id):
+        self._device = cupy.cuda.Device(self.device_id)  # one object: a launch enters it often
+        with self._device:
             module = cupy.RawModule(code=FUSED_SOURCE, options=COMPILE_OPTIONS)
             self._functions = {name: module.get_function(name) for name in FUSED_NAMES}
 
@@ -723,13 +725,13 @@ class FusedKernels:
 
     def _check(self, array, what: str) -> None:
         cupy = self._cupy
-        if not isinstance(array, cupy.ndarray) or array.device.id != self.device_id:
+        if not isinstance(array, cupy.ndarray) or array.data.device_id != self.device_id:
             raise ResidencyError(f"{what} does not live on cuda:{self.device_id}", field=what,
                                  value=type(array).__name__,
                                  remedy="adopt it to the backend before the forward")
 
     def _empty(self, shape, dtype, stream):
-        with self._cupy.cuda.Device(self.device_id), stream:
+        with self._device, stream:
             return self._cupy.empty(shape, dtype=dtype)
 
     def _contiguous(self, array, stream):
@@ -737,8 +739,8 @@ class FusedKernels:
         since CuPy computes nothing in bfloat16."""
         if array.flags.c_contiguous:
             return array
-        with self._cupy.cuda.Device(self.device_id), stream:
-            if array.dtype.name == "bfloat16":
+        with self._device, stream:
+            if dtype_name(array.dtype) == "bfloat16":
                 bits = self._cupy.ascontiguousarray(array.view(np.uint16))
                 return bits.view(array.dtype)
             return self._cupy.ascontiguousarray(array)

@@ -19,6 +19,8 @@ from typing import ClassVar
 import numpy as np
 from onnx import helper
 
+from engines.native.dtype_names import dtype_name
+
 from .base import Kernel
 from .cast import cast_to
 from .nn import Softmax
@@ -40,7 +42,7 @@ def _device(be, *arrays):
 
     if not isinstance(be, CupyArrayBackend):
         return None
-    if any(a.dtype.name not in FUSED_DTYPES for a in arrays):
+    if any(dtype_name(a.dtype) not in FUSED_DTYPES for a in arrays):
         return None
     return be.fused_kernels()
 
