@@ -34,16 +34,21 @@ def decode_steps(engine, prompt):
     return result
 
 
+def top_functions(profiler: cProfile.Profile, rows: int = 30) -> str:
+    """The host functions that cost most, by their own time and with their callees."""
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(rows)
+    stats.sort_stats("cumulative").print_stats(rows)
+    return text.getvalue()
+
+
 def profile_host(engine, prompt) -> str:
     profiler = cProfile.Profile()
     profiler.enable()
     decode_steps(engine, prompt)
     profiler.disable()
-    text = io.StringIO()
-    stats = pstats.Stats(profiler, stream=text)
-    stats.sort_stats("tottime").print_stats(25)
-    stats.sort_stats("cumulative").print_stats(25)
-    return text.getvalue()
+    return top_functions(profiler)
 
 
 def replay_ms(engine, cp) -> float:
@@ -129,11 +134,7 @@ def prefill_host(engine) -> str:
         DecodeSession(engine).forward(tokens, "prefill")
         engine.synchronize()
     profiler.disable()
-    text = io.StringIO()
-    stats = pstats.Stats(profiler, stream=text)
-    stats.sort_stats("tottime").print_stats(30)
-    stats.sort_stats("cumulative").print_stats(30)
-    return "\n".join(lines) + "\n" + text.getvalue()
+    return "\n".join(lines) + "\n" + top_functions(profiler)
 
 
 def main(paths: list[str]) -> int:

@@ -175,7 +175,7 @@ def test_prefill_rows_through_the_tile_kernel_equal_single_rows(cp, stream, kern
     n, k = shape
     name = kernel_name("gemv_tile", dtype)
     m = 45
-    assert gemv_tile_rows(m, k, np.dtype(dtype).itemsize) > 0
+    assert gemv_tile_rows(m, k) > 0
     rng = np.random.default_rng(n + k)
     w = np.ascontiguousarray(weights(rng, n, k, dtype).T)
     x = rng.standard_normal((m, k)).astype(dtype)

@@ -129,7 +129,7 @@ def test_gpu_bf16_prefill_rows_through_the_tile_kernel_equal_single_rows(backend
     kernels = get_kernels(0)
     n, k = shape
     m = 45
-    assert gemv_tile_rows(m, k, BF.itemsize) > 0
+    assert gemv_tile_rows(m, k) > 0
     rng = np.random.default_rng(n + k)
     w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(BF)  # W^T [N, K]
     x = rng.standard_normal((m, k)).astype(BF)

@@ -56,7 +56,8 @@ GEMV_WARPS_PER_BLOCK = 4  # output columns per block of 128 threads
 # holds several blocks and one block's staging of x overlaps another's multiply-adds
 GEMV_TILE_WARPS = 8
 GEMV_TILE_COLS = 4  # adjacent columns a gemv_tile team computes at once (16 rows x 4: 64 sums)
-GEMV_TILE_BYTES = 45 * 1024  # shared memory for a gemv_tile block's rows of x (as float32)
+GEMV_TILE_BYTES = 45 * 1024  # shared memory for a gemv_tile block's rows of x
+GEMV_TILE_ITEM = 4  # bytes a staged x value takes: gemv_tile stages x as float32, any dtype
 LINEAR_BLOCK = 256  # threads per block for the one-thread-per-output kernels
 MAX_BATCH_AXES = 4  # batched_matmul broadcasts over at most this many batch axes
 COMPILE_OPTIONS = ("--fmad=false",)
@@ -204,7 +205,8 @@ _FOLD = r"""
 // the upper half where bit MASK of l is set (the lower otherwise) and adds its partner's
 // (l ^ MASK) copy of the kept ones: each kept sum becomes the butterfly's v + shfl_xor(v),
 // bit for bit (an addition of two floats does not depend on their order), for half the
-// shuffles. After the levels 16, 8, 4, 2, 1 of 32 * P sums, lane l holds sums P * l ...
+// shuffles. After the levels 16, 8, 4, 2, 1 of 32 * P sums, lane l holds sums P * l to
+// P * l + P - 1.
 template <int HALF, int MASK, int N>
 __device__ __forceinline__ void lk_fold(float (&acc)[N], int lane) {
     const bool up = (lane & MASK) != 0;
@@ -608,14 +610,14 @@ def gemv_vectorised(x, w) -> bool:
     return (x.shape[1] % per == 0 and x.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
 
 
-def gemv_tile_rows(m: int, k: int, itemsize: int) -> int:
+def gemv_tile_rows(m: int, k: int) -> int:
     """Rows of x a ``gemv_tile`` block stages (0: run ``gemv_vec``): only for more rows than
     one chunk (a prefill; decode and verification keep ``gemv_vec``) and only as many as
-    ``GEMV_TILE_BYTES`` of shared memory hold as float32 (whatever ``itemsize``, the dtype's
-    size, is). The arithmetic is the same either way."""
-    if m <= GEMV_ROWS_PER_CHUNK or itemsize <= 0:
+    ``GEMV_TILE_BYTES`` of shared memory hold as float32, whatever the dtype. The arithmetic
+    is the same either way."""
+    if m <= GEMV_ROWS_PER_CHUNK:
         return 0
-    return min(GEMV_ROWS_PER_CHUNK, GEMV_TILE_BYTES // (k * 4))
+    return min(GEMV_ROWS_PER_CHUNK, GEMV_TILE_BYTES // (k * GEMV_TILE_ITEM))
 
 
 def gemv_k_vector_order(k: int, itemsize: int) -> bool:
@@ -746,13 +748,13 @@ class CudaKernels:
             cols = GEMV_WARPS_PER_BLOCK // team
             nk = w_layout == "nk"
             vec = nk and gemv_vectorised(x, w)
-            tile = gemv_tile_rows(m, k, x.itemsize) if vec else 0
+            tile = gemv_tile_rows(m, k) if vec else 0
             if tile:  # many rows: x staged once per block in shared memory, as float32
                 cols = GEMV_TILE_WARPS // team * GEMV_TILE_COLS
                 self._functions[kernel_name("gemv_tile", x.dtype)](
                     ((n + cols - 1) // cols, (m + tile - 1) // tile), (32 * GEMV_TILE_WARPS,),
                     (x, w, out, _i64(m), _i64(k), _i64(n), np.int32(team), np.int32(tile)),
-                    stream=stream, shared_mem=tile * k * 4)
+                    stream=stream, shared_mem=tile * k * GEMV_TILE_ITEM)
                 return out
             self._launch(kernel_name("gemv_vec", x.dtype), (n + cols - 1) // cols,
                          32 * GEMV_WARPS_PER_BLOCK,
@@ -783,7 +785,7 @@ class CudaKernels:
                                      field="weights", value=(tuple(w.shape), w.dtype.name),
                                      remedy=f"[N, {k}] {x.dtype.name} weights, 16-byte "
                                             "aligned rows, or one gemv_rows each")
-        if gemv_tile_rows(m, k, x.itemsize):  # a prefill: each weight's own tiled launch
+        if gemv_tile_rows(m, k):  # a prefill: each weight's own tiled launch
             return [self.gemv_rows(x, w, stream=stream) for w in weights]
         outs = [self._out(None, (m, w.shape[0]), x.dtype, stream) for w in weights]
         if m == 0:

@@ -28,9 +28,9 @@ from string import Template
 import numpy as np
 
 from engines.errors import ExecutionError, ResidencyError
-from engines.native.dtype_names import dtype_name
 from engines.native.cuda_kernels import (_TYPES, COMPILE_OPTIONS, GEMV_WARPS_PER_BLOCK, gemv_team, gemv_vec_defines,
                                          gemv_vec_device_source, prelude)
+from engines.native.dtype_names import dtype_name
 
 FUSED_DTYPES = tuple(d for d in ("float32", "float16", "bfloat16") if d in _TYPES)
 BLOCK = 256  # threads for the elementwise kernels
