@@ -196,6 +196,44 @@ def test_prefill_rows_through_the_tile_kernel_equal_single_rows(cp, stream, kern
     assert_close(out, x.astype(np.float64) @ w.T.astype(np.float64), dtype)
 
 
+@pytest.mark.claim("batch_invariance")
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("ns, k", [((960, 192, 192), 576), ((1536, 1536), 576),
+                                   ((203, 576, 64), 1536)], ids=["qkv", "gate-up", "odd"])
+def test_prefill_siblings_share_one_tile_launch_with_their_own_bits(cp, stream, kernels, ns,
+                                                                     k, dtype):
+    """A prefill's q/k/v (or gate/up) through ``gemv_many``: one ``gemv_tile3`` launch (each
+    weight with its own team: 1, 2 and 4 warps occur), and each output equal bit for bit to
+    the weight's own tiled launch and, row by row, to the M = 1 GEMV."""
+    from engines.native.cuda_kernels import gemv_tile_rows, kernel_name
+
+    m = 45
+    assert gemv_tile_rows(m, k) > 0
+    rng = np.random.default_rng(sum(ns) + k)
+    ws = [np.ascontiguousarray(weights(rng, n, k, dtype).T) for n in ns]
+    x = rng.standard_normal((m, k)).astype(dtype)
+    with stream:
+        xd = cp.asarray(x)
+        wds = [cp.asarray(w) for w in ws]
+    name = kernel_name("gemv_tile3", dtype)
+    launched = []
+    real = kernels._functions[name]
+    kernels._functions[name] = lambda *a, **kw: launched.append(1) or real(*a, **kw)
+    try:
+        outs = [host(o, stream) for o in kernels.gemv_many(xd, wds, stream=stream)]
+    finally:
+        kernels._functions[name] = real
+    assert launched == [1]
+    for out, wd in zip(outs, wds):
+        alone = host(kernels.gemv_rows(xd, wd, stream=stream, w_layout="nk"), stream)
+        assert same_bits(out, alone)
+        for i in (0, 15, 16, 44):
+            single = host(kernels.gemv_rows(xd[i:i + 1], wd, stream=stream, w_layout="nk"),
+                          stream)[0]
+            assert same_bits(out[i], single), f"row {i} of M={m} differs from M=1"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("shape", GEMV_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")

@@ -25,7 +25,8 @@ appended to a reduction leave its result unchanged.
   block stages up to 16 rows of x in shared memory once, as float32, and each team of warps
   computes four adjacent columns for all of them at once (an x value read serves four
   columns, a weight value every row); each column's additions are ``gemv_vec``'s, in its
-  order, so the bits are too.
+  order, so the bits are too. ``gemv_tile3`` is to ``gemv_tile`` what ``gemv_vec3`` is to
+  ``gemv_vec``: a prefill's q/k/v or gate/up in one launch.
 - ``batched_matmul``: activation x activation ([..., M, K] @ [..., K, N], broadcasting up
   to four batch axes, any strides). One thread per output element, sequential K loop, each
   product rounded then added: the host backend's arithmetic exactly, so the two agree bit
@@ -49,6 +50,7 @@ import numpy as np
 
 from engines.errors import ExecutionError, ResidencyError
 from engines.native.dtype_names import dtype_name
+from engines.native.kernel_launch import KernelLauncher
 
 GEMV_ROWS_PER_CHUNK = 16  # rows that share one pass over the weights
 GEMV_WARPS_PER_BLOCK = 4  # output columns per block of 128 threads
@@ -371,6 +373,14 @@ __device__ __forceinline__ void lk_gemv3_$S(const $T* __restrict__ x, const $T* 
 """
 
 _GEMV_VEC_KERNELS = r"""
+#ifndef LK_GEMV3_PARAMS
+// The parameters of a launch over up to three weights sharing x (gemv_vec3, gemv_tile3).
+#define LK_GEMV3_PARAMS(T) const T* __restrict__ x, const T* __restrict__ w0, \
+    const T* __restrict__ w1, const T* __restrict__ w2, T* __restrict__ out0, \
+    T* __restrict__ out1, T* __restrict__ out2, long long M, long long K, long long N0, \
+    long long N1, long long N2, int team0, int team1, int team2, long long blocks0, \
+    long long blocks1
+#endif
 extern "C" __global__ void gemv_vec_$S(const $T* __restrict__ x, const $T* __restrict__ w,
                                        $T* __restrict__ out, long long M, long long K,
                                        long long N, long long w_nstep, long long w_kstep,
@@ -383,13 +393,7 @@ extern "C" __global__ void gemv_vec_$S(const $T* __restrict__ x, const $T* __res
 // Up to three weights sharing x (a layer's q/k/v, or gate/up) in one launch: the first
 // blocks0 blocks compute weight 0 exactly as gemv_vec would, the next blocks1 weight 1, the
 // rest weight 2; each with its own team, so every column's arithmetic is the single launch's.
-extern "C" __global__ void gemv_vec3_$S(const $T* __restrict__ x, const $T* __restrict__ w0,
-                                        const $T* __restrict__ w1, const $T* __restrict__ w2,
-                                        $T* __restrict__ out0, $T* __restrict__ out1,
-                                        $T* __restrict__ out2, long long M, long long K,
-                                        long long N0, long long N1, long long N2, int team0,
-                                        int team1, int team2, long long blocks0,
-                                        long long blocks1) {
+extern "C" __global__ void gemv_vec3_$S(LK_GEMV3_PARAMS($T)) {
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
     lk_gemv3_$S<LK_GEMV_ROWS>(x, w0, w1, w2, out0, out1, out2, M, K, N0, N1, N2, team0,
                               team1, team2, blocks0, blocks1, part);
@@ -405,18 +409,20 @@ extern "C" __global__ void gemv_vec3_$S(const $T* __restrict__ x, const $T* __re
 // receives its partner's copy of them, so the R * C sums of a warp take R * C * 31 / 32
 // shuffles, not R * C * 5); then the team's warps in warp order. Every element equals
 // gemv_vec's bit for bit: only where operands are read from, and how many at once, differ.
-extern "C" __global__ void gemv_tile_$S(const $T* __restrict__ x, const $T* __restrict__ w,
-                                        $T* __restrict__ out, long long M, long long K,
-                                        long long N, int team, int tile_rows) {
+// Block column bx of gemv_tile's grid (its rows from blockIdx.y); xs: the block's dynamic
+// shared memory, part: LK_GEMV_ROWS * LK_TILE_COLS * LK_TILE_WARPS floats.
+__device__ __forceinline__ void lk_gemv_tile_block_$S(const $T* __restrict__ x,
+                                                      const $T* __restrict__ w,
+                                                      $T* __restrict__ out, long long M,
+                                                      long long K, long long N, int team,
+                                                      int tile_rows, long long bx, float* xs,
+                                                      float* part) {
     constexpr int V = 16 / sizeof($T);
     constexpr int R = LK_GEMV_ROWS;
     constexpr int C = LK_TILE_COLS;
     constexpr int VALS = R * C;
     constexpr int PER_LANE = VALS / 32;  // sums a lane holds after the reduction
     static_assert(VALS % 32 == 0, "a warp's sums must split evenly over its lanes");
-    extern __shared__ __align__(16) unsigned char lk_tile_smem[];
-    __shared__ float part[VALS * LK_TILE_WARPS];
-    float* xs = reinterpret_cast<float*>(lk_tile_smem);
     const long long m0 = (long long)blockIdx.y * tile_rows;
     const int rows = (int)((M - m0) < tile_rows ? (M - m0) : tile_rows);
     const long long runs = (long long)rows * K / V;
@@ -431,7 +437,7 @@ extern "C" __global__ void gemv_tile_$S(const $T* __restrict__ x, const $T* __re
     __syncthreads();
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const long long n0 = ((long long)blockIdx.x * (LK_TILE_WARPS / team) + warp / team) * C;
+    const long long n0 = (bx * (LK_TILE_WARPS / team) + warp / team) * C;
     const int tt = (warp % team) * 32 + lane;
     const $T* wr[C];
 #pragma unroll
@@ -486,6 +492,30 @@ extern "C" __global__ void gemv_tile_$S(const $T* __restrict__ x, const $T* __re
             if (i < rows && n0 + j < N) lk_store(out, (m0 + i) * N + n0 + j, total);
         }
     }
+}
+
+extern "C" __global__ void gemv_tile_$S(const $T* __restrict__ x, const $T* __restrict__ w,
+                                        $T* __restrict__ out, long long M, long long K,
+                                        long long N, int team, int tile_rows) {
+    extern __shared__ __align__(16) unsigned char lk_tile_smem[];
+    __shared__ float part[LK_GEMV_ROWS * LK_TILE_COLS * LK_TILE_WARPS];
+    lk_gemv_tile_block_$S(x, w, out, M, K, N, team, tile_rows, blockIdx.x,
+                          reinterpret_cast<float*>(lk_tile_smem), part);
+}
+
+// Up to three weights sharing x (a prefill's q/k/v, or gate/up) in one launch, split as
+// gemv_vec3 splits them: block columns [0, blocks0) compute weight 0 exactly as gemv_tile
+// would, the next blocks1 weight 1, the rest weight 2, each with its own team.
+extern "C" __global__ void gemv_tile3_$S(LK_GEMV3_PARAMS($T), int tile_rows) {
+    extern __shared__ __align__(16) unsigned char lk_tile_smem[];
+    __shared__ float part[LK_GEMV_ROWS * LK_TILE_COLS * LK_TILE_WARPS];
+    const long long blk = blockIdx.x;
+    const bool first = blk < blocks0, second = !first && blk < blocks0 + blocks1;
+    lk_gemv_tile_block_$S(x, first ? w0 : (second ? w1 : w2),
+                          first ? out0 : (second ? out1 : out2), M, K,
+                          first ? N0 : (second ? N1 : N2), first ? team0 : (second ? team1 : team2),
+                          tile_rows, first ? blk : (second ? blk - blocks0 : blk - blocks0 - blocks1),
+                          reinterpret_cast<float*>(lk_tile_smem), part);
 }
 """
 
@@ -596,7 +626,7 @@ def kernel_name(family: str, dtype) -> str:
     """``gemv_rows``/``bmm``/``sum_axis`` + dtype -> the compiled function's name."""
     name = dtype_name(dtype)
     supported = {"gemv_rows": GEMV_DTYPES, "gemv_vec": GEMV_DTYPES, "gemv_vec3": GEMV_DTYPES,
-                 "gemv_tile": GEMV_DTYPES, "bmm": MATMUL_DTYPES, "sum_axis": SUM_DTYPES}[family]
+                 "gemv_tile": GEMV_DTYPES, "gemv_tile3": GEMV_DTYPES, "bmm": MATMUL_DTYPES, "sum_axis": SUM_DTYPES}[family]
     if name not in supported:
         raise ExecutionError(f"{family} has no CUDA kernel for dtype {name}", field="dtype",
                              value=name, remedy=f"use one of: {', '.join(supported)}")
@@ -673,6 +703,7 @@ class CudaKernels:
             self._module = cupy.RawModule(code=KERNEL_SOURCE, options=COMPILE_OPTIONS)
             # Compile and load now: loading a module inside a stream capture is not allowed.
             self._functions = {name: self._module.get_function(name) for name in KERNEL_NAMES}
+        self._launcher = KernelLauncher(cupy)
 
     # -- checks ------------------------------------------------------------------------------
     def _on_device(self, array, what: str) -> None:
@@ -711,7 +742,8 @@ class CudaKernels:
         return out
 
     def _launch(self, name: str, blocks: int, threads: int, args: tuple, stream) -> None:
-        self._functions[name]((int(blocks),), (int(threads),), args, stream=stream)
+        self._launcher.launch(self._functions[name], (int(blocks),), (int(threads),), args,
+                              stream)
 
     # -- launchers ---------------------------------------------------------------------------
     def gemv_rows(self, x, w, out=None, *, stream, w_layout: str = "nk"):
@@ -751,10 +783,11 @@ class CudaKernels:
             tile = gemv_tile_rows(m, k) if vec else 0
             if tile:  # many rows: x staged once per block in shared memory, as float32
                 cols = GEMV_TILE_WARPS // team * GEMV_TILE_COLS
-                self._functions[kernel_name("gemv_tile", x.dtype)](
+                self._launcher.launch(
+                    self._functions[kernel_name("gemv_tile", x.dtype)],
                     ((n + cols - 1) // cols, (m + tile - 1) // tile), (32 * GEMV_TILE_WARPS,),
                     (x, w, out, _i64(m), _i64(k), _i64(n), np.int32(team), np.int32(tile)),
-                    stream=stream, shared_mem=tile * k * GEMV_TILE_ITEM)
+                    stream, tile * k * GEMV_TILE_ITEM)
                 return out
             self._launch(kernel_name("gemv_vec", x.dtype), (n + cols - 1) // cols,
                          32 * GEMV_WARPS_PER_BLOCK,
@@ -785,8 +818,6 @@ class CudaKernels:
                                      field="weights", value=(tuple(w.shape), w.dtype.name),
                                      remedy=f"[N, {k}] {x.dtype.name} weights, 16-byte "
                                             "aligned rows, or one gemv_rows each")
-        if gemv_tile_rows(m, k):  # a prefill: each weight's own tiled launch
-            return [self.gemv_rows(x, w, stream=stream) for w in weights]
         outs = [self._out(None, (m, w.shape[0]), x.dtype, stream) for w in weights]
         if m == 0:
             return outs
@@ -794,6 +825,16 @@ class CudaKernels:
         os_ = outs + [outs[-1]] * (3 - len(outs))
         ns = [w.shape[0] for w in weights] + [0] * (3 - len(weights))
         teams = [gemv_team(n, k, x.itemsize) if n else 1 for n in ns]
+        tile = gemv_tile_rows(m, k)
+        if tile:  # a prefill: each weight's gemv_tile blocks, in one launch
+            blocks = [-(-n // (GEMV_TILE_WARPS // t * GEMV_TILE_COLS)) for n, t in zip(ns, teams)]
+            self._launcher.launch(
+                self._functions[kernel_name("gemv_tile3", x.dtype)],
+                (sum(blocks), (m + tile - 1) // tile), (32 * GEMV_TILE_WARPS,),
+                (x, *ws, *os_, _i64(m), _i64(k), *map(_i64, ns), *map(np.int32, teams),
+                 _i64(blocks[0]), _i64(blocks[1]), np.int32(tile)),
+                stream, tile * k * GEMV_TILE_ITEM)
+            return outs
         blocks = [-(-n // (GEMV_WARPS_PER_BLOCK // t)) for n, t in zip(ns, teams)]
         self._launch(kernel_name("gemv_vec3", x.dtype), sum(blocks), 32 * GEMV_WARPS_PER_BLOCK,
                      (x, *ws, *os_, _i64(m), _i64(k), *map(_i64, ns), *map(np.int32, teams),

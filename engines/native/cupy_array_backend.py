@@ -101,7 +101,7 @@ class CupyArrayBackend:
                                  value=type(value).__name__,
                                  remedy="adopt it once (backend.adopt at plan build, or "
                                         "tensor_ops.adopt for feeds), or keep the op host-resolved")
-        if value.device.id != self.device_id:
+        if value.data.device_id != self.device_id:  # (value.device builds a Device object)
             raise ResidencyError(f"{what} lives on cuda:{value.device.id}, this backend "
                                  f"computes on {self.residency}", field=what,
                                  value=f"cuda:{value.device.id}",

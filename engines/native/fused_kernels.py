@@ -21,6 +21,7 @@ the same arithmetic.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from string import Template
@@ -31,6 +32,7 @@ from engines.errors import ExecutionError, ResidencyError
 from engines.native.cuda_kernels import (_TYPES, COMPILE_OPTIONS, GEMV_WARPS_PER_BLOCK, gemv_team, gemv_vec_defines,
                                          gemv_vec_device_source, prelude)
 from engines.native.dtype_names import dtype_name
+from engines.native.kernel_launch import KernelLauncher
 
 FUSED_DTYPES = tuple(d for d in ("float32", "float16", "bfloat16") if d in _TYPES)
 BLOCK = 256  # threads for the elementwise kernels
@@ -697,6 +699,26 @@ def _runs_fit(x, per: int) -> bool:
             and all(st % per == 0 for st in strides[:3]) and x.data.ptr % 16 == 0)
 
 
+@functools.lru_cache(maxsize=256)
+def broadcast_element_strides(table_shape: tuple, table_strides: tuple, itemsize: int,
+                              shape: tuple) -> tuple[int, ...] | None:
+    """What ``broadcast_to(table, shape).strides`` gives, in elements, with 0 along every
+    axis of extent 1; None where the table does not broadcast to ``shape``. Arithmetic on
+    the metadata (and remembered): a prefill asks about 120 times with the same shapes,
+    and a broadcast view costs microseconds to build only to read its strides."""
+    lead = len(shape) - len(table_shape)
+    if lead < 0:
+        return None
+    out = []
+    for axis, extent in enumerate(shape):
+        j = axis - lead
+        own = table_shape[j] if j >= 0 else 1
+        if own != extent and own != 1:
+            return None
+        out.append(0 if extent == 1 or own == 1 else table_strides[j] // itemsize)
+    return tuple(out)
+
+
 def _blocks(count: int, threads: int) -> int:
     return (count + threads - 1) // threads
 
@@ -718,6 +740,7 @@ class FusedKernels:
         with self._device:
             module = cupy.RawModule(code=FUSED_SOURCE, options=COMPILE_OPTIONS)
             self._functions = {name: module.get_function(name) for name in FUSED_NAMES}
+        self._launcher = KernelLauncher(cupy)
 
     def on(self, stream) -> StreamKernels:
         """These kernels with every launch on ``stream`` (what a backend holds)."""
@@ -746,7 +769,8 @@ class FusedKernels:
             return self._cupy.ascontiguousarray(array)
 
     def _launch(self, name, blocks, threads, args, stream) -> None:
-        self._functions[name]((int(blocks),), (int(threads),), args, stream=stream)
+        self._launcher.launch(self._functions[name], (int(blocks),), (int(threads),), args,
+                              stream)
 
     def rms_norm(self, x, gain, eps: float, out_dtype, *, stream):
         """[..., n] rows normalised over n, times gain [n]; the result in ``out_dtype``."""
@@ -836,13 +860,13 @@ class FusedKernels:
         teams = [gemv_team(n, k, itemsize) if n else 1 for n in ns]
         blocks = [-(-n // (GEMV_WARPS_PER_BLOCK // t)) for n, t in zip(ns, teams)]
         null = np.uint64(0)
-        self._functions[name](
-            (sum(blocks),), (PROLOGUE_BLOCK,),
+        self._launcher.launch(
+            self._functions[name], (sum(blocks),), (PROLOGUE_BLOCK,),
             (residual, null if delta is None else delta, self._contiguous(gain, stream),
              null if total is None else total, np.float32(eps), *ws, *os_, _i64(rows),
              _i64(k), *map(_i64, ns), *map(np.int32, teams), _i64(blocks[0]),
              _i64(blocks[1])),
-            stream=stream, shared_mem=rows * k * itemsize)
+            stream, rows * k * itemsize)
         return ((total,) if total is not None else ()) + tuple(outs)
 
     def swiglu_gemv(self, gate, up, compute_dtype, out_dtype, weight, *, stream):
@@ -866,10 +890,11 @@ class FusedKernels:
         # gate and up in 16-byte loads where both are aligned and whole vectors
         gvec = (gate.size * gate.itemsize) % 16 == 0 and gate.data.ptr % 16 == 0 \
             and up.data.ptr % 16 == 0
-        self._functions[name](
-            (-(-n // (GEMV_WARPS_PER_BLOCK // team)),), (PROLOGUE_BLOCK,),
+        self._launcher.launch(
+            self._functions[name], (-(-n // (GEMV_WARPS_PER_BLOCK // team)),),
+            (PROLOGUE_BLOCK,),
             (gate, up, weight, out, _i64(rows), _i64(k), _i64(n), np.int32(team),
-             np.int32(gvec)), stream=stream, shared_mem=rows * k * itemsize)
+             np.int32(gvec)), stream, rows * k * itemsize)
         return out
 
     def rotary(self, x, cos, sin, layout: str, compute_dtype, scale, out_dtype, *, stream):
@@ -901,14 +926,13 @@ class FusedKernels:
         """The table's element strides broadcast to ``shape``; 0 along every axis of extent
         1 (only index 0 is read there), so tables broadcast to shapes that differ only in
         such axes (queries and a single KV head) compare equal."""
-        try:
-            view = self._cupy.broadcast_to(table, shape)
-        except ValueError:
+        strides = broadcast_element_strides(tuple(table.shape), tuple(table.strides),
+                                            table.itemsize, tuple(shape))
+        if strides is None:
             raise ExecutionError(f"{what} does not broadcast to x", field=what,
                                  value=(tuple(table.shape), shape),
-                                 remedy="feed tables of shape [1, 1, M, head_dim]") from None
-        return [0 if extent == 1 else st // view.itemsize
-                for extent, st in zip(shape, view.strides)]
+                                 remedy="feed tables of shape [1, 1, M, head_dim]")
+        return list(strides)
 
     def rotary2(self, xa, xb, cos, sin, layout: str, compute_dtype, scale_a, scale_b,
                 out_dtype, *, stream):
@@ -941,8 +965,7 @@ class FusedKernels:
 
             self._launch(name, _blocks(total, BLOCK), BLOCK,
                          (*part(xa, out_a, scale_a), *part(xb, out_b, scale_b),
-                          self._cupy.broadcast_to(cos, shape_a),
-                          self._cupy.broadcast_to(sin, shape_a), _i64(shape_a[2]),
+                          cos, sin, _i64(shape_a[2]),
                           _i64(shape_a[3]), *map(_i64, tables_a),
                           np.int32(layout == "pairs")), stream)
         return out_a, out_b
@@ -996,8 +1019,7 @@ class FusedKernels:
                           xk, _i64(hk), *map(_i64, strides(xk)),
                           np.int32(scale_k is not None),
                           np.float32(0.0 if scale_k is None else scale_k),
-                          self._cupy.broadcast_to(cos, shape_q),
-                          self._cupy.broadcast_to(sin, shape_q), _i64(m), _i64(d),
+                          cos, sin, _i64(m), _i64(d),
                           *map(_i64, tables), np.int32(layout == "pairs"),
                           old_k, cache_k, _i64(runs_k), old_v, new_v, cache_v, _i64(runs_v),
                           _i64(old_v.shape[1]), _i64(vb), _i64(vh), _i64(vm), pos,

@@ -110,7 +110,7 @@ def required_host_inputs(model: onnx.ModelProto) -> set[str]:
 
 
 class _Step:
-    __slots__ = ("kernel", "label", "backend", "inputs", "outputs", "free", "node")
+    __slots__ = ("kernel", "label", "backend", "inputs", "outputs", "named", "free", "node")
 
     def __init__(self, kernel, label, backend, inputs, outputs, node=None):
         self.kernel = kernel
@@ -118,6 +118,7 @@ class _Step:
         self.backend = backend
         self.inputs = inputs
         self.outputs = outputs
+        self.named = sum(1 for y in outputs if y)  # outputs the graph names (others unused)
         self.free: tuple[str, ...] = ()
         self.node = node  # the NodeProto, for ``run(..., observe=)``
 
@@ -468,7 +469,7 @@ class Plan:
             else:
                 values = profile(step.node, functools.partial(
                     self._call, step.kernel, step.backend, args, step.label))
-            if len(values) < sum(1 for y in step.outputs if y):
+            if len(values) < step.named:
                 raise ExecutionError("kernel returned too few outputs", where=step.label,
                                      field="outputs", value=len(values),
                                      remedy="this is a kernel bug; please report it")
