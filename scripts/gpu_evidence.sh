@@ -8,20 +8,24 @@
 #     single forwards of scripts/gpu_speed.sh (SPEED_PARTS adds its loop and selfspec parts),
 #     scripts/gpu_genai.sh's bench when SPEED_GENAI is set, then
 #     scripts/gpu_profile_decode.py (a prefill of 512 profiled too).
+#   brief CHECKPOINT: what a short device budget holds, in one call: the nightly run, then
+#     SmolLM2 parity in float16 and bfloat16 on native-cuda and ort-cuda, the float16 bench
+#     with the pipelined loop (native-cuda, ort-cuda, hf-cuda) and the single forwards
+#     (prefill 512 and M = 1..5, float16 and float32, native-cuda beside ort-cuda).
 #   coverage CHECKPOINT: side by side on the GPU, nothing timed: the tiny architecture
 #     checkpoints (scripts/gpu_architectures.sh), the long contexts
 #     (scripts/gpu_long_context.sh), and onnxruntime-genai's parity (scripts/gpu_genai.sh, its
 #     matrix and the builder's graph imported and run on native-cuda; its bench runs in speed),
 #     then scripts/gpu_profile_decode.py alone (where a decode step's time goes).
 # Usage (repo root, wheels in .whl/, onnxruntime-gpu in /tmp/site):
-#   OUT=DIR scripts/gpu_evidence.sh correctness|speed|coverage CHECKPOINT
+#   OUT=DIR scripts/gpu_evidence.sh correctness|speed|brief|coverage CHECKPOINT
 # Each step has its own time limit (a step that overruns is cut, and says so in
 # summary.txt); every step's files are packed into $OUT/<phase>.tgz (again after each step),
 # its exit status and the last lines of its log into $OUT/summary-<phase>.txt. Exit: non-zero
 # when any step failed.
 set -uo pipefail
-PHASE=${1:?usage: $0 correctness|speed|coverage CHECKPOINT}
-GGUF=$(realpath "${2:?usage: $0 correctness|speed|coverage CHECKPOINT}")
+PHASE=${1:?usage: $0 correctness|speed|brief|coverage CHECKPOINT}
+GGUF=$(realpath "${2:?usage: $0 correctness|speed|brief|coverage CHECKPOINT}")
 OUT=${OUT:-$PWD/out}
 PY=${PY:-python3}
 export PY PYTHONUNBUFFERED=1
@@ -93,6 +97,26 @@ if [ "$PHASE" = correctness ]; then
     --max-prompts 2 --max-new-tokens 32 --evidence-dir "$W/dtypes/evidence"
   "$PY" -m harness.cli report "$W/dtypes/evidence" -o "$W/dtypes/report.html" \
     --no-catch-matrix >> "$W/dtypes/log.txt" 2>&1 || status=1
+elif [ "$PHASE" = brief ]; then  # one call: the nightly run, then parity and speed essentials
+  OUT="$W/convert" timeout 300 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
+    > "$W/convert.txt" 2>&1 &
+  converting=$!
+  step nightly 240 scripts/gpu_run.sh "not print_decode_ms and not print_device_ms"
+  wait "$converting" || { status=1; echo "== convert: failed" >> "$SUMMARY"; }
+  tail -n 5 "$W/convert.txt" >> "$SUMMARY"
+  step dtypes 80 "$PY" -m harness.cli run --engines native-cuda,ort-cuda \
+    --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" \
+    --max-prompts 2 --max-new-tokens 32 --evidence-dir "$W/dtypes/evidence"
+  step bench 90 "$PY" -m harness.cli bench --engines native-cuda,ort-cuda,hf-cuda \
+    --baseline hf-cuda --packages "$PKG/smollm2-static-float16" --ignore-eos \
+    --max-new-tokens 128 --repeats 3 --warmup 2 --pipelined \
+    --json "$W/bench/bench-float16-pipelined.json"
+  step speed 90 env REPEATS=3 PARTS=forward bash scripts/gpu_speed.sh "$GGUF"
+  tables=("$W"/bench/bench-*.json)
+  [ -e "${tables[0]}" ] && tables=(--bench "${tables[@]}") || tables=()
+  "$PY" -m harness.cli report "$W/dtypes/evidence" --no-catch-matrix -o "$W/report.html" \
+    --title "lockstep H200 ${LOCKSTEP_COMMIT:-}: SmolLM2 parity and speed" \
+    "${tables[@]}" >> "$SUMMARY" 2>&1 || status=1
 elif [ "$PHASE" = coverage ]; then  # correctness only, side by side on the GPU
   step architectures 300 env PYTHONPATH="$PYTHONPATH" bash scripts/gpu_architectures.sh &
   ar=$!
