@@ -82,28 +82,29 @@ convert_all() {  # every SmolLM2 package both phases use (a conversion already t
     -o "$PKG/smollm2-selfspec-float16" --cache static --dtype float16 --draft-layers 24
 }
 
+# nightly_converting SECONDS: the nightly run (scripts/gpu_run.sh) with the SmolLM2
+# conversions made beside it on the CPU; the memory-flatness tests read the driver's free
+# memory, so nothing else uses the GPU meanwhile
+nightly_converting() {
+  OUT="$W/convert" timeout 300 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
+    > "$W/convert.txt" 2>&1 &
+  local converting=$!
+  step nightly "$1" scripts/gpu_run.sh "not print_decode_ms and not print_device_ms"
+  wait "$converting" || { status=1; echo "== convert: failed" >> "$SUMMARY"; }
+  tail -n 5 "$W/convert.txt" >> "$SUMMARY"
+}
+
 { echo "phase $PHASE, $(date -u +%FT%TZ)"; nvidia-smi -L; echo "commit ${LOCKSTEP_COMMIT:-unknown}"; } > "$SUMMARY"
 
 if [ "$PHASE" = correctness ]; then
-  OUT="$W/convert" timeout 300 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
-    > "$W/convert.txt" 2>&1 &
-  converting=$!
-  # the memory-flatness tests read the driver's free memory: nothing else on the GPU meanwhile
-  step nightly 400 scripts/gpu_run.sh "not print_decode_ms and not print_device_ms"
-  wait "$converting" || { status=1; echo "== convert: failed" >> "$SUMMARY"; }
-  tail -n 5 "$W/convert.txt" >> "$SUMMARY"
+  nightly_converting 400
   step dtypes 140 "$PY" -m harness.cli run --engines native-cuda,ort-cuda,hf-cuda \
     --packages "$PKG/smollm2-static-float32,$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" \
     --max-prompts 2 --max-new-tokens 32 --evidence-dir "$W/dtypes/evidence"
   "$PY" -m harness.cli report "$W/dtypes/evidence" -o "$W/dtypes/report.html" \
     --no-catch-matrix >> "$W/dtypes/log.txt" 2>&1 || status=1
 elif [ "$PHASE" = brief ]; then  # one call: the nightly run, then parity and speed essentials
-  OUT="$W/convert" timeout 300 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
-    > "$W/convert.txt" 2>&1 &
-  converting=$!
-  step nightly 240 scripts/gpu_run.sh "not print_decode_ms and not print_device_ms"
-  wait "$converting" || { status=1; echo "== convert: failed" >> "$SUMMARY"; }
-  tail -n 5 "$W/convert.txt" >> "$SUMMARY"
+  nightly_converting 320  # run 11: its suites took 154 s, the matrices more than 240 s left
   step dtypes 80 "$PY" -m harness.cli run --engines native-cuda,ort-cuda \
     --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" \
     --max-prompts 2 --max-new-tokens 32 --evidence-dir "$W/dtypes/evidence"
