@@ -511,10 +511,11 @@ extern "C" __global__ void gemv_tile3_$S(LK_GEMV3_PARAMS($T), int tile_rows) {
     __shared__ float part[LK_GEMV_ROWS * LK_TILE_COLS * LK_TILE_WARPS];
     const long long blk = blockIdx.x;
     const bool first = blk < blocks0, second = !first && blk < blocks0 + blocks1;
+    const long long b = first ? blk : (second ? blk - blocks0 : blk - blocks0 - blocks1);
     lk_gemv_tile_block_$S(x, first ? w0 : (second ? w1 : w2),
                           first ? out0 : (second ? out1 : out2), M, K,
-                          first ? N0 : (second ? N1 : N2), first ? team0 : (second ? team1 : team2),
-                          tile_rows, first ? blk : (second ? blk - blocks0 : blk - blocks0 - blocks1),
+                          first ? N0 : (second ? N1 : N2),
+                          first ? team0 : (second ? team1 : team2), tile_rows, b,
                           reinterpret_cast<float*>(lk_tile_smem), part);
 }
 """
@@ -626,7 +627,8 @@ def kernel_name(family: str, dtype) -> str:
     """``gemv_rows``/``bmm``/``sum_axis`` + dtype -> the compiled function's name."""
     name = dtype_name(dtype)
     supported = {"gemv_rows": GEMV_DTYPES, "gemv_vec": GEMV_DTYPES, "gemv_vec3": GEMV_DTYPES,
-                 "gemv_tile": GEMV_DTYPES, "gemv_tile3": GEMV_DTYPES, "bmm": MATMUL_DTYPES, "sum_axis": SUM_DTYPES}[family]
+                 "gemv_tile": GEMV_DTYPES, "gemv_tile3": GEMV_DTYPES, "bmm": MATMUL_DTYPES,
+                 "sum_axis": SUM_DTYPES}[family]
     if name not in supported:
         raise ExecutionError(f"{family} has no CUDA kernel for dtype {name}", field="dtype",
                              value=name, remedy=f"use one of: {', '.join(supported)}")
@@ -827,7 +829,8 @@ class CudaKernels:
         teams = [gemv_team(n, k, x.itemsize) if n else 1 for n in ns]
         tile = gemv_tile_rows(m, k)
         if tile:  # a prefill: each weight's gemv_tile blocks, in one launch
-            blocks = [-(-n // (GEMV_TILE_WARPS // t * GEMV_TILE_COLS)) for n, t in zip(ns, teams)]
+            blocks = [-(-n // (GEMV_TILE_WARPS // t * GEMV_TILE_COLS))
+                      for n, t in zip(ns, teams)]
             self._launcher.launch(
                 self._functions[kernel_name("gemv_tile3", x.dtype)],
                 (sum(blocks), (m + tile - 1) // tile), (32 * GEMV_TILE_WARPS,),

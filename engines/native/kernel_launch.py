@@ -7,6 +7,8 @@ the driver's launch. Here the arguments are written into one preallocated buffer
 compiled ``struct.Struct`` (device arrays as their data pointer, numpy scalars at their own
 width, a Python int as 64-bit, as CuPy passes it) and the driver reads each parameter
 through a fixed table of pointers into that buffer: the driver's own launch and little else.
+Measured on the H200's host (run 11): 7.1 us a launch through CuPy's call, 6.0 through this;
+the driver's launch is most of both.
 
 The driver copies the parameters when the launch is issued (and a stream capture copies
 them into the graph's node), so one buffer per thread and argument format can be rewritten
@@ -19,6 +21,7 @@ import ctypes
 import struct
 import threading
 from typing import Any
+
 import numpy as np
 
 # numpy scalar types and Python ints by struct code: the width CuPy passes each at
