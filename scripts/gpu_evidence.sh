@@ -12,20 +12,24 @@
 #     SmolLM2 parity in float16 and bfloat16 on native-cuda and ort-cuda, the float16 bench
 #     with the pipelined loop (native-cuda, ort-cuda, hf-cuda) and the single forwards
 #     (prefill 512 and M = 1..5, float16 and float32, native-cuda beside ort-cuda).
+#   decode CHECKPOINT: the least a decode change needs, in one short call: the self-check
+#     and the GPU suites (no matrix) with SmolLM2's float16 conversion beside them, its
+#     parity on native-cuda (2 prompts) and the float16 bench with the pipelined loop
+#     (native-cuda, hf-cuda), ort-cuda beside native-cuda in both where it is available.
 #   coverage CHECKPOINT: side by side on the GPU, nothing timed: the tiny architecture
 #     checkpoints (scripts/gpu_architectures.sh), the long contexts
 #     (scripts/gpu_long_context.sh), and onnxruntime-genai's parity (scripts/gpu_genai.sh, its
 #     matrix and the builder's graph imported and run on native-cuda; its bench runs in speed),
 #     then scripts/gpu_profile_decode.py alone (where a decode step's time goes).
 # Usage (repo root, wheels in .whl/, onnxruntime-gpu in /tmp/site):
-#   OUT=DIR scripts/gpu_evidence.sh correctness|speed|brief|coverage CHECKPOINT
+#   OUT=DIR scripts/gpu_evidence.sh correctness|speed|brief|decode|coverage CHECKPOINT
 # Each step has its own time limit (a step that overruns is cut, and says so in
 # summary.txt); every step's files are packed into $OUT/<phase>.tgz (again after each step),
 # its exit status and the last lines of its log into $OUT/summary-<phase>.txt. Exit: non-zero
 # when any step failed.
 set -uo pipefail
-PHASE=${1:?usage: $0 correctness|speed|brief|coverage CHECKPOINT}
-GGUF=$(realpath "${2:?usage: $0 correctness|speed|brief|coverage CHECKPOINT}")
+PHASE=${1:?usage: $0 correctness|speed|brief|decode|coverage CHECKPOINT}
+GGUF=$(realpath "${2:?usage: $0 correctness|speed|brief|decode|coverage CHECKPOINT}")
 OUT=${OUT:-$PWD/out}
 PY=${PY:-python3}
 export PY PYTHONUNBUFFERED=1
@@ -118,6 +122,26 @@ elif [ "$PHASE" = brief ]; then  # one call: the nightly run, then parity and sp
   "$PY" -m harness.cli report "$W/dtypes/evidence" --no-catch-matrix -o "$W/report.html" \
     --title "lockstep H200 ${LOCKSTEP_COMMIT:-}: SmolLM2 parity and speed" \
     "${tables[@]}" >> "$SUMMARY" 2>&1 || status=1
+elif [ "$PHASE" = decode ]; then  # the least a decode change needs: suites, parity, speed
+  OUT="$W/convert" timeout 200 "$PY" -m harness.cli convert "$GGUF" \
+    -o "$PKG/smollm2-static-float16" --cache static --dtype float16 > "$W/convert.txt" 2>&1 &
+  converting=$!
+  step suites 230 env LOCKSTEP_SUITES_ONLY=1 scripts/gpu_run.sh \
+    "not print_decode_ms and not print_device_ms"
+  wait "$converting" || { status=1; echo "== convert: failed" >> "$SUMMARY"; }
+  tail -n 3 "$W/convert.txt" >> "$SUMMARY"
+  # ort-cuda where its provider was brought (onnxruntime-gpu in /tmp/site)
+  ortc=$("$PY" -c "from engines.registry import availability as a; print(',ort-cuda' if a('ort-cuda').ok else '')" 2>/dev/null)
+  step dtypes 60 "$PY" -m harness.cli run --engines "native-cuda$ortc" \
+    --packages "$PKG/smollm2-static-float16" --max-prompts 2 --max-new-tokens 32 \
+    --evidence-dir "$W/dtypes/evidence"
+  step bench 100 "$PY" -m harness.cli bench --engines "native-cuda$ortc,hf-cuda" \
+    --baseline hf-cuda --packages "$PKG/smollm2-static-float16" --ignore-eos \
+    --max-new-tokens 128 --repeats 3 --warmup 2 --pipelined \
+    --json "$W/bench/bench-float16-pipelined.json"
+  "$PY" -m harness.cli report "$W/dtypes/evidence" --no-catch-matrix -o "$W/report.html" \
+    --title "lockstep H200 ${LOCKSTEP_COMMIT:-}: SmolLM2 float16 parity and speed" \
+    --bench "$W/bench/bench-float16-pipelined.json" >> "$SUMMARY" 2>&1 || status=1
 elif [ "$PHASE" = coverage ]; then  # correctness only, side by side on the GPU
   step architectures 300 env PYTHONPATH="$PYTHONPATH" bash scripts/gpu_architectures.sh &
   ar=$!

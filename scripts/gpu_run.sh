@@ -16,7 +16,8 @@
 # LOCKSTEP_HYPOTHESIS_PROFILE (ci or nightly), LOCKSTEP_COMMIT (recorded instead of
 # `git rev-parse HEAD`, for a copied tree whose .git is stale or absent), LOCKSTEP_LONG_GGUF
 # (SmolLM2's GGUF: adds the long-context step, scripts/gpu_long_context.sh, 1-2k-token
-# prompts and 256 new tokens on native-cuda and ort-cuda with the oracle on ort-cuda).
+# prompts and 256 new tokens on native-cuda and ort-cuda with the oracle on ort-cuda),
+# LOCKSTEP_SUITES_ONLY (set: the self-check and the GPU suites, then stop).
 # --timing: the same matrix (TIMING_ENGINES, default native-cuda plus ort-cuda where it runs;
 # every fixture, greedy and every speculative width, TIMING_TOKENS=40 new tokens, the first
 # TIMING_PROMPTS=8 of 16 prompts)
@@ -153,6 +154,12 @@ fi
   ${kexpr:+-k "$kexpr"} --junitxml="$OUT/junit-gpu.xml" --evidence-dir /tmp/lockstep-gpu-evidence suites > "$OUT/pytest-gpu.log" 2>&1 || status=1
 tail -n 60 "$OUT/pytest-gpu.log"
 
+if [ -n "${LOCKSTEP_SUITES_ONLY:-}" ]; then  # a short device budget: the suites alone
+  tar czf "$OUT/evidence.tgz" -C /tmp lockstep-gpu-evidence -C "$OUT" selfcheck.log \
+    junit-gpu.xml && rm -f "$OUT/junit-gpu.xml"
+  echo "gpu_run: the GPU suites alone (LOCKSTEP_SUITES_ONLY): no matrix, bench or report"
+  exit $status
+fi
 "$PY" -m harness.cli run --engines "$ENGINES" --strict --explain ${DEVICES[@]+"${DEVICES[@]}"} \
   --evidence-dir /tmp/lockstep-evidence > "$OUT/matrix.txt" 2>&1 || status=1
 "$PY" -m harness.cli run --mode speculative --width all --engines "$ENGINES" --strict ${DEVICES[@]+"${DEVICES[@]}"} \

@@ -217,7 +217,8 @@ def test_gpu_kernel_decodes_every_half_and_bfloat16_pattern(cp, stream, name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("vocab", [1, 255, 256, 257, 4099, 49152])
+# both sides of a block's width (1024 threads) and of one group of loads (8 columns a thread)
+@pytest.mark.parametrize("vocab", [1, 255, 257, 1023, 1025, 4099, 8191, 8193, 49152])
 @pytest.mark.parametrize("name", ["float32", "float16", "bfloat16", "int32", "int64", "bool"])
 def test_gpu_argmax_ties_go_to_the_lowest_index_at_any_width(cp, stream, vocab, name):
     rng = np.random.default_rng(vocab)

@@ -6,7 +6,7 @@ Only the memory-touching primitives are here; the rules are in ``base.py``. Choi
   uint16, so it is exact and does not depend on CuPy having bfloat16 kernels. CuPy must
   still be able to *hold* a bfloat16 array; if it cannot, adopt/zeros raise
   ``EngineUnavailable`` saying so (CuPy 14 can).
-- ``argmax_rows`` is one hand-written kernel (one 256-thread block per row, NaN skipped, ties
+- ``argmax_rows`` is one hand-written kernel (one 1024-thread block per row, NaN skipped, ties
   to the lowest index) writing int32 ids; they come back in ONE synchronous copy of exactly
   ``4 * rows`` bytes on the engine's stream, inside ``sanctioned_readback("token_id")`` and
   recorded ``ledger.record_readback("token_id", 4 * rows)``. An all-NaN row yields -1, which
@@ -30,7 +30,8 @@ from engines.errors import EngineUnavailable, InputError
 from engines.ledger import Ledger
 from engines.tensor_ops.base import TensorOps, _int_arg, dtype_name
 
-ARGMAX_BLOCK = 256
+ARGMAX_BLOCK = 1024  # threads a row: a vocabulary of 49152 is 48 columns a thread
+ARGMAX_UNROLL = 8  # columns whose loads a thread issues together
 
 # dtype -> (C type of a stored element, C type of its ordering key, key expression of p[j])
 _KERNEL_TYPES: dict[str, tuple[str, str, str]] = {
@@ -70,21 +71,34 @@ __device__ __forceinline__ lk_key lockstep_key(const lk_value* p, long long j) {
     return __LOAD__;
 }
 
-// One block per row; each thread scans a strided slice keeping the first maximum it sees,
-// then a tree reduction keeps (larger value, else lower index). NaN (v != v) is skipped;
-// a row with no non-NaN value yields -1.
+// One block of __BLOCK__ threads per row. Thread t scans columns j = t, t + __BLOCK__, ...
+// ascending, __UNROLL__ at a time (every load of a group issued before its compares, so a
+// row of a vocabulary's width is read in a few round trips, not one per column), keeping the
+// first maximum it sees; a tree then keeps (larger value, else lower index). NaN (v != v) is
+// skipped; a row with no non-NaN value yields -1. Every scan order and tree gives the same
+// answer: the lowest index of the row's largest value. out64, when given, gets the same ids
+// as int64 (a next forward's tokens feed, with no cast launched after this kernel).
 extern "C" __global__ void lockstep_argmax_rows(const lk_value* __restrict__ x,
                                                 long long row_stride, int cols,
-                                                int* __restrict__ out) {
+                                                int* __restrict__ out,
+                                                long long* __restrict__ out64) {
     __shared__ lk_key best_v[__BLOCK__];
     __shared__ int best_i[__BLOCK__];
     const lk_value* p = x + (long long)blockIdx.x * row_stride;
     lk_key bv = (lk_key)0;
     int bi = -1;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        lk_key v = lockstep_key(p, j);
-        if (v != v) continue;
-        if (bi < 0 || v > bv) { bv = v; bi = j; }
+    for (long long base = threadIdx.x; base < cols; base += (long long)__BLOCK__ * __UNROLL__) {
+        lk_key v[__UNROLL__];
+#pragma unroll
+        for (int u = 0; u < __UNROLL__; ++u) {
+            const long long j = base + (long long)u * __BLOCK__;
+            if (j < cols) v[u] = lockstep_key(p, j);
+        }
+#pragma unroll
+        for (int u = 0; u < __UNROLL__; ++u) {
+            const long long j = base + (long long)u * __BLOCK__;
+            if (j < cols && !(v[u] != v[u]) && (bi < 0 || v[u] > bv)) { bv = v[u]; bi = (int)j; }
+        }
     }
     best_v[threadIdx.x] = bv;
     best_i[threadIdx.x] = bi;
@@ -102,7 +116,10 @@ extern "C" __global__ void lockstep_argmax_rows(const lk_value* __restrict__ x,
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = best_i[0];
+    if (threadIdx.x == 0) {
+        out[blockIdx.x] = best_i[0];
+        if (out64) out64[blockIdx.x] = best_i[0];
+    }
 }
 
 // Verification: the length of the prefix where the row argmaxes equal the drafts, and the
@@ -131,7 +148,8 @@ def kernel_source(name: str) -> str:
     """The CUDA source of the argmax module for a dtype name (host-inspectable)."""
     value, key, load = _KERNEL_TYPES[name]
     return (_SOURCE.replace("__VALUE__", value).replace("__KEY__", key)
-            .replace("__LOAD__", load).replace("__BLOCK__", str(ARGMAX_BLOCK)))
+            .replace("__LOAD__", load).replace("__BLOCK__", str(ARGMAX_BLOCK))
+            .replace("__UNROLL__", str(ARGMAX_UNROLL)))
 
 
 def kernel_layout(shape: tuple[int, int], strides: tuple[int, int], itemsize: int
@@ -241,8 +259,9 @@ class CudaTensorOps(TensorOps):
         with self.on_stream():
             self._bits(dst)[...] = self._bits(src)  # device to device, on the stream
 
-    def _row_argmax_on_device(self, logits2d: Any, rows: int):
-        """int32 [rows] argmaxes left on the device (-1 for an all-NaN row)."""
+    def _row_argmax_on_device(self, logits2d: Any, rows: int, feed: Any = None):
+        """int32 [rows] argmaxes left on the device (-1 for an all-NaN row); ``feed``, an
+        int64 array of ``rows`` values, gets them too, from the same kernel."""
         name = dtype_name(logits2d.dtype)
         cols = int(logits2d.shape[1])
         if cols >= 2 ** 31:
@@ -256,7 +275,8 @@ class CudaTensorOps(TensorOps):
                 x = self.cp.ascontiguousarray(x)
                 row_stride = cols
             out = self.cp.empty((rows,), dtype=self.cp.int32)
-            fn((rows,), (ARGMAX_BLOCK,), (x, np.int64(row_stride), np.int32(cols), out))
+            fn((rows,), (ARGMAX_BLOCK,), (x, np.int64(row_stride), np.int32(cols), out,
+                                          np.uint64(0) if feed is None else feed))
         return out
 
     def _accept(self, logits2d: Any, drafts: np.ndarray) -> tuple[int, int]:
@@ -276,12 +296,18 @@ class CudaTensorOps(TensorOps):
         self.ledger.record_readback("token_id", bonus.nbytes)
         return int(accepted[0]), int(bonus[0])
 
+    def _argmax_and_feed(self, logits2d: Any) -> tuple[Any, Any]:
+        """Row 0's argmax on the device: (int32 [1], the int64 [1, 1] tokens feed), one
+        launch writing both."""
+        with self.on_stream():
+            feed = self.cp.empty((1, 1), dtype=self.cp.int64)
+        return self._row_argmax_on_device(logits2d, 1, feed), feed
+
     def _argmax_feed(self, logits2d: Any) -> tuple[int, Any]:
         """The argmax stays on the device as the next tokens feed (int64 [1, 1]); only its
-        4 bytes come back, in one synchronous copy ordered after the feed's cast."""
-        best = self._row_argmax_on_device(logits2d, 1)
+        4 bytes come back, in one synchronous copy ordered after the kernel."""
+        best, feed = self._argmax_and_feed(logits2d)
         with self.on_stream():
-            feed = best.astype(self.cp.int64).reshape(1, 1)
             with sanctioned_readback("token_id"):
                 host = best.get(stream=self.stream)
         self.ledger.record_readback("token_id", host.nbytes)
@@ -294,9 +320,8 @@ class CudaTensorOps(TensorOps):
 
         from engines.tensor_ops.pending import DeviceToken
 
-        best = self._row_argmax_on_device(logits2d, 1)
+        best, feed = self._argmax_and_feed(logits2d)
         with self.on_stream():
-            feed = best.astype(self.cp.int64).reshape(1, 1)
             host = cupyx.empty_pinned((1,), dtype=np.int32)
             with sanctioned_readback("token_id"):
                 best.get(stream=self.stream, out=host, blocking=False)
