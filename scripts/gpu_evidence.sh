@@ -126,16 +126,16 @@ elif [ "$PHASE" = decode ]; then  # the least a decode change needs: suites, par
   OUT="$W/convert" timeout 200 "$PY" -m harness.cli convert "$GGUF" \
     -o "$PKG/smollm2-static-float16" --cache static --dtype float16 > "$W/convert.txt" 2>&1 &
   converting=$!
-  step suites 230 env LOCKSTEP_SUITES_ONLY=1 scripts/gpu_run.sh \
+  step suites 200 env LOCKSTEP_SUITES_ONLY=1 scripts/gpu_run.sh \
     "not print_decode_ms and not print_device_ms"
   wait "$converting" || { status=1; echo "== convert: failed" >> "$SUMMARY"; }
   tail -n 3 "$W/convert.txt" >> "$SUMMARY"
   # ort-cuda where its provider was brought (onnxruntime-gpu in /tmp/site)
   ortc=$("$PY" -c "from engines.registry import availability as a; print(',ort-cuda' if a('ort-cuda').ok else '')" 2>/dev/null)
-  step dtypes 60 "$PY" -m harness.cli run --engines "native-cuda$ortc" \
+  step dtypes 50 "$PY" -m harness.cli run --engines "native-cuda$ortc" \
     --packages "$PKG/smollm2-static-float16" --max-prompts 2 --max-new-tokens 32 \
     --evidence-dir "$W/dtypes/evidence"
-  step bench 100 "$PY" -m harness.cli bench --engines "native-cuda$ortc,hf-cuda" \
+  step bench 90 "$PY" -m harness.cli bench --engines "native-cuda$ortc,hf-cuda" \
     --baseline hf-cuda --packages "$PKG/smollm2-static-float16" --ignore-eos \
     --max-new-tokens 128 --repeats 3 --warmup 2 --pipelined \
     --json "$W/bench/bench-float16-pipelined.json"
