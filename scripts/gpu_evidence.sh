@@ -12,10 +12,10 @@
 #     SmolLM2 parity in float16 and bfloat16 on native-cuda and ort-cuda, the float16 bench
 #     with the pipelined loop (native-cuda, ort-cuda, hf-cuda) and the single forwards
 #     (prefill 512 and M = 1..5, float16 and float32, native-cuda beside ort-cuda).
-#   decode CHECKPOINT: the least a decode change needs, in one call of about 500 s: the self-check
-#     and the GPU suites (no matrix) with SmolLM2's float16 conversion beside them, its
-#     parity on native-cuda (2 prompts) and the float16 bench with the pipelined loop
-#     (native-cuda, hf-cuda), ort-cuda beside native-cuda in both where it is available.
+#   decode CHECKPOINT: the least a decode change needs, in one call of about 500 s: the
+#     self-check and the GPU suites (no matrix) with SmolLM2's float16 conversion beside
+#     them, its parity on native-cuda (2 prompts) and the float16 bench with the pipelined
+#     loop (native-cuda, hf-cuda); ort-cuda beside native-cuda in both where it is available.
 #   coverage CHECKPOINT: side by side on the GPU, nothing timed: the tiny architecture
 #     checkpoints (scripts/gpu_architectures.sh), the long contexts
 #     (scripts/gpu_long_context.sh), and onnxruntime-genai's parity (scripts/gpu_genai.sh, its
@@ -132,7 +132,8 @@ elif [ "$PHASE" = decode ]; then  # the least a decode change needs: suites, par
   wait "$converting" || { status=1; echo "== convert: failed" >> "$SUMMARY"; }
   tail -n 3 "$W/convert.txt" >> "$SUMMARY"
   # ort-cuda where its provider was brought (onnxruntime-gpu in /tmp/site)
-  ortc=$("$PY" -c "from engines.registry import availability as a; print(',ort-cuda' if a('ort-cuda').ok else '')" 2>/dev/null)
+  ortc=$("$PY" -c "from engines.registry import availability as a
+print(',ort-cuda' if a('ort-cuda').ok else '')" 2>/dev/null)
   step dtypes 50 "$PY" -m harness.cli run --engines "native-cuda$ortc" \
     --packages "$PKG/smollm2-static-float16" --max-prompts 2 --max-new-tokens 32 \
     --evidence-dir "$W/dtypes/evidence"
