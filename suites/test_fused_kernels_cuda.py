@@ -47,10 +47,10 @@ CONFIGS["bfloat16-mixed-d64"] = LlamaConfig(cache="static", heads=6, kv_heads=2,
 ROWS = 5  # the recorded forward's M
 # the kinds a plan without the GEMV prologues records, then those a default plan adds
 KINDS = ("RMSNorm", "AddRMSNorm", "Rotary2", "SwiGLU", "Attention", "KVWrite2", "MatMulN")
-PROLOGUE_KINDS = ("NormMatMul", "SwiGLUMatMul", "RotaryKVWrite")
+PROLOGUE_KINDS = ("NormMatMul", "SwiGLUMatMul", "RotaryKVWrite", "RotaryKVAttention")
 # each one-launch kind -> its launcher (FusedKernels), which answers None when it cannot
 LAUNCHERS = {"NormMatMul": "norm_gemv", "SwiGLUMatMul": "swiglu_gemv",
-             "RotaryKVWrite": "rotary_kv"}
+             "RotaryKVWrite": "rotary_kv", "RotaryKVAttention": "rotary_kv_attention"}
 ROW_KINDS = [k for k in KINDS if k != "KVWrite2"] + ["Rotary", "NormMatMul", "SwiGLUMatMul"]
 
 
@@ -103,20 +103,27 @@ def _record(config: LlamaConfig, plan) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def recorded_calls(name: str) -> dict:
-    """Every fused kind's last call (``_record``): the norms, SwiGLU, MatMulN, Rotary2 and
-    KVWrite2 from a plan without the one-launch pairs (so each kernel is tested alone), the
-    pairs from the default plan."""
+    """Every fused kind's last call (``_record``): the norms, SwiGLU, MatMulN, Rotary2,
+    KVWrite2 and Attention from a plan without the one-launch pairs (so each kernel is tested
+    alone), the pairs from a plan without RotaryKVAttention (which takes RotaryKVWrite in),
+    and RotaryKVAttention from the default plan."""
     from engines.native.fusion import driver
 
     config = CONFIGS[name]
     model = llama_model(config)
-    pairs = (driver.norm_matmul.match, driver.swiglu_matmul.match, driver.rotary_kv.match)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(driver, "RECOGNISERS", tuple(r for r in driver.RECOGNISERS
-                                                if r not in pairs))
-        calls = _record(config, plan_module.Plan(model, NumpyArrayBackend()))
+    pairs = (driver.norm_matmul.match, driver.swiglu_matmul.match, driver.rotary_kv.match,
+             driver.rotary_kv_attention.match)
+
+    def without(*recognisers):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(driver, "RECOGNISERS", tuple(r for r in driver.RECOGNISERS
+                                                    if r not in recognisers))
+            return _record(config, plan_module.Plan(model, NumpyArrayBackend()))
+
+    calls = without(*pairs)
     assert set(calls) == set(KINDS), sorted(calls)
-    prologues = _record(config, plan_module.Plan(model, NumpyArrayBackend()))
+    prologues = without(driver.rotary_kv_attention.match)
+    prologues.update(_record(config, plan_module.Plan(model, NumpyArrayBackend())))
     assert set(PROLOGUE_KINDS) <= set(prologues), sorted(prologues)
     calls.update({kind: prologues[kind] for kind in PROLOGUE_KINDS})
     pair, (old_k, new_k, _, _, positions) = calls["KVWrite2"]
@@ -145,7 +152,8 @@ def _rows(kind: str, args, a: int, b: int, kernel=None):
         return [args[0][:, a:b], args[1][:, a:b]] + list(args[2:])
     if kind in ("Rotary", "Rotary2"):
         return [x[:, :, a:b] for x in args]
-    if kind == "RotaryKVWrite":  # x_keep, x_cache, cos, sin, old caches, new rows, positions
+    if kind in ("RotaryKVWrite", "RotaryKVAttention"):  # x_keep, x_cache, cos, sin, old
+        # caches, new rows, positions
         return ([x[:, :, a:b] for x in args[:4]] + list(args[4:6])
                 + [args[6][:, :, a:b], args[7][:, a:b]])
     if kind == "Attention":

@@ -101,8 +101,9 @@ def test_builtin_fixtures_fused_equal_unfused_bitwise(packages, name):
         # reads the embedding); the head reads the last, and every SwiGLU the down GEMV's
         want = {"Attention": layers, "Rotary2": layers, "SwiGLUMatMul": layers,
                 "NormMatMul": 2 * layers, "AddRMSNorm": 1}
-        if static:  # a layer's rotation and its key and value writes, one node
-            want["RotaryKVWrite"] = want.pop("Rotary2")
+        if static:  # a layer's rotation, its key and value writes and its attention, one node
+            want["RotaryKVAttention"] = want.pop("Rotary2")
+            del want["Attention"]
         assert dict(fused.fusions) == want, component
 
 
@@ -176,7 +177,7 @@ def _kinds(plan) -> dict:
     norm reads a residual add depends on the placement and the biases), and the GEMVs with
     a prologue counted as what they fold: a NormMatMul as a norm (and a MatMulN when it has
     two or three weights), a SwiGLUMatMul as a SwiGLU, a RotaryKVWrite as a Rotary2 and a
-    KVWrite2."""
+    KVWrite2, a RotaryKVAttention as those two and an Attention."""
     kinds = dict(plan.fusions)
     folded = [s.node for s in plan.steps if s.node.domain == FUSED_DOMAIN
               and s.node.op_type == "NormMatMul"]
@@ -187,7 +188,10 @@ def _kinds(plan) -> dict:
     swiglus = kinds.pop("SwiGLUMatMul", 0)
     if swiglus:
         kinds["SwiGLU"] = kinds.get("SwiGLU", 0) + swiglus
-    writes = kinds.pop("RotaryKVWrite", 0)  # a Rotary2 and a KVWrite2
+    attended = kinds.pop("RotaryKVAttention", 0)  # a RotaryKVWrite and an Attention
+    if attended:
+        kinds["Attention"] = kinds.get("Attention", 0) + attended
+    writes = kinds.pop("RotaryKVWrite", 0) + attended  # a Rotary2 and a KVWrite2
     for kind in ("Rotary2", "KVWrite2") if writes else ():
         kinds[kind] = kinds.get(kind, 0) + writes
     norms = kinds.pop("RMSNorm", 0) + kinds.pop("AddRMSNorm", 0) + len(folded)
@@ -229,9 +233,10 @@ def test_each_precision_and_layout_fuses_everything(dtype, precision, layout):
     # every norm but the head's is its GEMV's prologue, every SwiGLU the down GEMV's
     assert fused.fusions["NormMatMul"] == 2 * c.layers and fused.fusions["AddRMSNorm"] == 1
     assert fused.fusions["SwiGLUMatMul"] == c.layers
-    assert fused.fusions["RotaryKVWrite"] == c.layers  # the static cache's writes rotate
+    # the static cache's writes rotate, and each layer's attention reads them in the same node
+    assert fused.fusions["RotaryKVAttention"] == c.layers
     kinds = {s.node.op_type for s in fused.steps if s.node.domain == FUSED_DOMAIN}
-    assert kinds == {"Attention", "RotaryKVWrite", "SwiGLUMatMul", "NormMatMul", "AddRMSNorm"}
+    assert kinds == {"RotaryKVAttention", "SwiGLUMatMul", "NormMatMul", "AddRMSNorm"}
     # nothing the fused nodes replaced is left: no Softmax, Sigmoid, Sqrt, Neg, Where or Add
     left = {s.node.op_type for s in fused.steps}
     assert not left & {"Softmax", "Sigmoid", "Sqrt", "Reciprocal", "Neg", "Where", "Equal",
@@ -243,7 +248,8 @@ def test_each_precision_and_layout_fuses_everything(dtype, precision, layout):
 def test_sliding_window_mask_is_never_fused_into_causal_attention():
     c = LlamaConfig(cache="static", sliding_window=3, sliding_layers=(1,))
     fused = assert_fused_equals_unfused(llama_model(c), [1, 17, 42, 5, 9, 11], steps=3)
-    assert fused.fusions["Attention"] == 1  # layer 0 (plain causal) only
+    # layer 0 (plain causal) only: its attention, in the node of its rotation and writes
+    assert fused.fusions["RotaryKVAttention"] == 1 and "Attention" not in fused.fusions
     windowed = [s for s in fused.steps if s.node.op_type == "Softmax"]
     assert len(windowed) == 1  # layer 1 runs node by node
 
@@ -298,7 +304,7 @@ def test_profile_wraps_every_step_of_the_fused_plan_and_changes_nothing():
 
     _same_bits(fused.run(feeds, profile=profile), fused.run(feeds))
     assert seen == [s.node.op_type for s in fused.steps]
-    assert {"Attention", "RotaryKVWrite", "NormMatMul", "SwiGLUMatMul", "AddRMSNorm"} <= set(seen)
+    assert {"RotaryKVAttention", "NormMatMul", "SwiGLUMatMul", "AddRMSNorm"} <= set(seen)
 
 
 def test_a_fused_node_given_a_shape_it_cannot_take_names_the_field():

@@ -47,6 +47,8 @@ PROLOGUE_PAIRS = tuple(sorted({(d, d) for d in FUSED_DTYPES}
 ATTENTION_BLOCK = 256  # threads per (head, query) block: a key each, for up to 256 keys
 ATTENTION_MAX_HEAD_DIM = 512
 ATTENTION_SMEM_KEYS = 4096  # caches of up to this many slots keep their scores in shared memory
+ROTARY_ATTENTION_MAX_ROWS = 8  # rows rotary_kv_attention takes (decode, verification)
+ROTARY_ATTENTION_MAX_HEAD_DIM = 128  # its staged new rows: 8 x 128 keys and values, 8 KiB
 
 _COMMON = r"""
 // ---- lockstep fused kernels: shared helpers ----
@@ -291,17 +293,13 @@ extern "C" __global__ void rotary2_${SX}_${SC}_${SO}(
 """
 
 _ROTARY_KV = r"""
-// A layer's rotation of queries and keys and its static-cache write in one launch: threads
-// [0, total_q) rotate xq into out_q as rotary2 does (lk_rotary); the next runs_k threads
-// write the key cache in 16-byte runs as kv_write2v does, a written slot taking the key row
-// rotated in place (lk_rotary_val at that row, rounded to $TO as the rotated keys were
-// stored, then + 0 as the write stores it); the rest write the value cache (lk_kv_write_vec).
-// Every element is the bits of rotary2 then kv_write2; one launch where there were two.
-extern "C" __global__ void rotary_kv_${SX}_${SC}_${SO}(
-        const $TX* __restrict__ xq, $TO* __restrict__ out_q, long long total_q, long long Hq,
-        long long qb, long long qh, long long qm, long long qd, int scaled_q, float scale_q,
-        const $TX* __restrict__ xk, long long Hk, long long kb, long long kh, long long km,
-        long long kd, int scaled_k, float scale_k,
+// Run v of the two static caches a layer's write fills (runs [0, runs_k) the key cache, the
+// next runs_v the value cache): as kv_write2v writes them, a written key slot taking the key
+// row rotated in place (lk_rotary_at at that row, rounded to $TO as the rotated keys were
+// stored, then + 0 as the write stores it). rotary_kv and rotary_kv_attention both run it.
+__device__ __forceinline__ void lk_rotary_kv_store_${SX}_${SC}_${SO}(
+        long long v, const $TX* __restrict__ xk, long long Hk, long long kb, long long kh,
+        long long km, long long kd, int scaled_k, float scale_k,
         const $TC* __restrict__ cosv, const $TC* __restrict__ sinv, long long M, long long D,
         long long cb, long long ch, long long cm, long long cd,
         long long sb, long long sh, long long sm, long long sd, int pairs,
@@ -309,13 +307,6 @@ extern "C" __global__ void rotary_kv_${SX}_${SC}_${SO}(
         const $TO* __restrict__ old_v, const $TO* __restrict__ new_v, $TO* __restrict__ cache_v,
         long long runs_v, long long Hv, long long vb, long long vh, long long vm,
         const long long* __restrict__ pos, long long C) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx < total_q) {
-        lk_rotary_${SX}_${SC}_${SO}(xq, cosv, sinv, out_q, idx, Hq, M, D, qb, qh, qm, qd, cb,
-                                    ch, cm, cd, sb, sh, sm, sd, pairs, scaled_q, scale_q);
-        return;
-    }
-    const long long v = idx - total_q;
     if (v >= runs_k) {
         if (v - runs_k < runs_v) {
             lk_kv_write_vec_${SO}(old_v, new_v, pos, cache_v, v - runs_k, Hv, C, D, M, vb, vh,
@@ -345,6 +336,34 @@ extern "C" __global__ void rotary_kv_${SX}_${SC}_${SO}(
                                                         sd, pairs, scaled_k, scale_k);
         lk_store(cache_k, e0 + e, lk_round(O, y) + 0.0f);
     }
+}
+
+// A layer's rotation of queries and keys and its static-cache write in one launch: threads
+// [0, total_q) rotate xq into out_q as rotary2 does (lk_rotary); the rest write the caches
+// (lk_rotary_kv_store). Every element is the bits of rotary2 then kv_write2; one launch where
+// there were two.
+extern "C" __global__ void rotary_kv_${SX}_${SC}_${SO}(
+        const $TX* __restrict__ xq, $TO* __restrict__ out_q, long long total_q, long long Hq,
+        long long qb, long long qh, long long qm, long long qd, int scaled_q, float scale_q,
+        const $TX* __restrict__ xk, long long Hk, long long kb, long long kh, long long km,
+        long long kd, int scaled_k, float scale_k,
+        const $TC* __restrict__ cosv, const $TC* __restrict__ sinv, long long M, long long D,
+        long long cb, long long ch, long long cm, long long cd,
+        long long sb, long long sh, long long sm, long long sd, int pairs,
+        const $TO* __restrict__ old_k, $TO* __restrict__ cache_k, long long runs_k,
+        const $TO* __restrict__ old_v, const $TO* __restrict__ new_v, $TO* __restrict__ cache_v,
+        long long runs_v, long long Hv, long long vb, long long vh, long long vm,
+        const long long* __restrict__ pos, long long C) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < total_q) {
+        lk_rotary_${SX}_${SC}_${SO}(xq, cosv, sinv, out_q, idx, Hq, M, D, qb, qh, qm, qd, cb,
+                                    ch, cm, cd, sb, sh, sm, sd, pairs, scaled_q, scale_q);
+        return;
+    }
+    lk_rotary_kv_store_${SX}_${SC}_${SO}(idx - total_q, xk, Hk, kb, kh, km, kd, scaled_k,
+                                         scale_k, cosv, sinv, M, D, cb, ch, cm, cd, sb, sh, sm,
+                                         sd, pairs, old_k, cache_k, runs_k, old_v, new_v,
+                                         cache_v, runs_v, Hv, vb, vh, vm, pos, C);
 }
 """
 
@@ -633,6 +652,142 @@ extern "C" __global__ void attention_${S}_${SC}(
 """
 
 
+_ROTARY_KV_ATTENTION = r"""
+// A decode's or verification's RotaryKVWrite and the Attention that reads its rotated
+// queries and its two caches, in one launch. Blocks [0, Hq * M) are attention's blocks
+// (head h, query m): the query row is rotated in the block (lk_rotary_at, rounded to $TO as
+// the rotated queries were stored); the rows this forward writes (at most LK_RKA_MAX_M, of
+// the block's KV head) are staged in shared memory as the cache would hold them (keys
+// rotated, rounded to $TO, + 0; values + 0), and a key slot written by this forward is read
+// from there, any other from the old cache: the values attention would read from the new
+// cache. Then attention's own arithmetic (the attention kernel's KVEC path: scores in
+// shared memory, softmax in $TC, the value sum in 16-byte runs, groups added in order). The
+// remaining blocks write the two caches (lk_rotary_kv_store). Nothing reads what this launch
+// writes, so every element is the bits of rotary_kv then attention.
+extern "C" __global__ void rotary_kv_attention_${SX}_${SC}_${SO}(
+        const $TX* __restrict__ xq, long long Hq, long long qb, long long qh, long long qm,
+        long long qd, int scaled_q, float scale_q,
+        const $TX* __restrict__ xk, long long Hk, long long kb, long long kh, long long km,
+        long long kd, int scaled_k, float scale_k,
+        const $TC* __restrict__ cosv, const $TC* __restrict__ sinv, long long M, long long D,
+        long long cb, long long ch, long long cm, long long cd,
+        long long sb, long long sh, long long sm, long long sd, int pairs,
+        const $TO* __restrict__ old_k, $TO* __restrict__ cache_k, long long runs_k,
+        const $TO* __restrict__ old_v, const $TO* __restrict__ new_v, $TO* __restrict__ cache_v,
+        long long runs_v, long long Hv, long long vb, long long vh, long long vm,
+        const long long* __restrict__ pos, long long C, long long group, int has_scale,
+        float scale, $TO* __restrict__ out) {
+    const long long att_blocks = Hq * M;
+    if ((long long)blockIdx.x >= att_blocks) {
+        const long long v = ((long long)blockIdx.x - att_blocks) * blockDim.x + threadIdx.x;
+        lk_rotary_kv_store_${SX}_${SC}_${SO}(v, xk, Hk, kb, kh, km, kd, scaled_k, scale_k, cosv,
+                                             sinv, M, D, cb, ch, cm, cd, sb, sh, sm, sd, pairs,
+                                             old_k, cache_k, runs_k, old_v, new_v, cache_v,
+                                             runs_v, Hv, vb, vh, vm, pos, C);
+        return;
+    }
+    __shared__ float qs[LK_RKA_MAX_D];
+    __shared__ float knew[LK_RKA_MAX_M * LK_RKA_MAX_D];
+    __shared__ float vnew[LK_RKA_MAX_M * LK_RKA_MAX_D];
+    __shared__ long long spos[LK_RKA_MAX_M];
+    __shared__ float part[LK_ATT_BLOCK * (16 / sizeof($TO))];
+    __shared__ float smem[33];
+    __shared__ float s[LK_ATT_SMEM_KEYS];
+    const $TO* O = 0;
+    const $TC* SC = 0;
+    constexpr int V = 16 / sizeof($TO);
+    const long long h = blockIdx.x / M;
+    const long long m = blockIdx.x % M;
+    const long long kvh = h / group;
+    const int tid = threadIdx.x;
+    for (long long d = tid; d < D; d += blockDim.x) {
+        qs[d] = lk_round(O, lk_rotary_at_${SX}_${SC}_${SO}(xq, cosv, sinv, 0, h, m, d, D, qb, qh,
+                                                             qm, qd, cb, ch, cm, cd, sb, sh, sm,
+                                                             sd, pairs, scaled_q, scale_q));
+    }
+    for (long long i = tid; i < M * D; i += blockDim.x) {
+        const long long r = i / D, d = i % D;
+        knew[i] = lk_round(O, lk_rotary_at_${SX}_${SC}_${SO}(xk, cosv, sinv, 0, kvh, r, d, D, kb,
+                                                               kh, km, kd, cb, ch, cm, cd, sb, sh,
+                                                               sm, sd, pairs, scaled_k, scale_k))
+                  + 0.0f;
+        vnew[i] = lk_load(new_v, kvh * vh + r * vm + d) + 0.0f;
+    }
+    if (tid < M) spos[tid] = pos[tid];
+    __syncthreads();
+    const long long p = spos[m];
+    const long long L = p < 0 ? 0 : (p + 1 < C ? p + 1 : C);
+    const $TO* kh_old = old_k + kvh * C * D;
+    const $TO* vh_old = old_v + kvh * C * D;
+    float mx = __int_as_float(0xff800000);  // -inf
+    for (long long j = tid; j < L; j += blockDim.x) {
+        long long hit = -1;
+        for (long long r = 0; r < M; ++r) if (spos[r] == j) hit = r;
+        float acc = 0.0f;
+        if (hit >= 0) {
+            for (long long d = 0; d < D; ++d) acc = __fmaf_rn(qs[d], knew[hit * D + d], acc);
+        } else {
+            const $TO* kr = kh_old + j * D;
+#pragma unroll 4
+            for (long long c = 0; c < D; c += V) {
+                const lk_att_vec16 kv = *reinterpret_cast<const lk_att_vec16*>(kr + c);
+                const $TO* kp = reinterpret_cast<const $TO*>(&kv);
+#pragma unroll
+                for (int e = 0; e < V; ++e) acc = __fmaf_rn(qs[c + e], lk_load(kp, e), acc);
+            }
+        }
+        float score = lk_round(O, acc);
+        if (has_scale) score = lk_round(SC, score * scale);
+        s[j] = score;
+        mx = fmaxf(mx, score);
+    }
+    mx = lk_block_max(mx, smem);
+    float acc = 0.0f;
+    for (long long j = tid; j < L; j += blockDim.x) {
+        const float e = lk_round(SC, expf(lk_round(SC, s[j] - mx)));
+        s[j] = e;
+        acc += e;
+    }
+    const float total = lk_round(SC, lk_block_sum(acc, smem));
+    for (long long j = tid; j < L; j += blockDim.x) s[j] = lk_round(O, lk_round(SC, s[j] / total));
+    __syncthreads();
+    const int runs = (int)(D / V);
+    const int groups = blockDim.x / runs;
+    const int c = tid % runs;
+    const int g = tid / runs;
+    if (g < groups) {
+        float o[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) o[e] = 0.0f;
+#pragma unroll 2
+        for (long long j = g; j < L; j += groups) {
+            long long hit = -1;
+            for (long long r = 0; r < M; ++r) if (spos[r] == j) hit = r;
+            const float pj = s[j];
+            if (hit >= 0) {
+#pragma unroll
+                for (int e = 0; e < V; ++e) o[e] = o[e] + pj * vnew[hit * D + c * V + e];
+            } else {
+                const lk_att_vec16 vv =
+                    *reinterpret_cast<const lk_att_vec16*>(vh_old + j * D + c * V);
+                const $TO* vp = reinterpret_cast<const $TO*>(&vv);
+#pragma unroll
+                for (int e = 0; e < V; ++e) o[e] = o[e] + pj * lk_load(vp, e);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < V; ++e) part[g * D + c * V + e] = o[e];
+    }
+    __syncthreads();
+    for (long long d = tid; d < D; d += blockDim.x) {
+        float r = 0.0f;
+        for (int i = 0; i < groups; ++i) r = r + part[i * D + d];
+        lk_store(out, (m * Hq + h) * D + d, r);
+    }
+}
+"""
+
+
 def _fields(**dtypes: str) -> dict[str, str]:
     """{"SI": suffix, "TI": storage type, ...} for each role -> dtype name."""
     out = {}
@@ -648,6 +803,8 @@ def fused_source() -> str:
     parts = [prelude(), f"#define LK_ATT_MAX_D {ATTENTION_MAX_HEAD_DIM}",
              f"#define LK_ATT_BLOCK {ATTENTION_BLOCK}",
              f"#define LK_ATT_SMEM_KEYS {ATTENTION_SMEM_KEYS}",
+             f"#define LK_RKA_MAX_D {ROTARY_ATTENTION_MAX_HEAD_DIM}",
+             f"#define LK_RKA_MAX_M {ROTARY_ATTENTION_MAX_ROWS}",
              "struct alignas(16) lk_att_vec16 { unsigned int words[4]; };  // one 16-byte load",
              gemv_vec_defines(), f"#define LK_PROLOGUE_ROWS {PROLOGUE_ROWS}", _COMMON]
     for dtype in FUSED_DTYPES:
@@ -670,6 +827,9 @@ def fused_source() -> str:
         parts.append(Template(_KV_WRITE).substitute(S=_TYPES[dtype][0], T=_TYPES[dtype][1]))
     for a, b, c in itertools.product(FUSED_DTYPES, repeat=3):
         parts.append(Template(_ROTARY_KV).substitute(_fields(X=a, C=b, O=c)))
+    for wide, narrow in PROLOGUE_PAIRS:  # the graphs' own: x and caches narrow, math wide
+        parts.append(Template(_ROTARY_KV_ATTENTION).substitute(_fields(X=narrow, C=wide,
+                                                                       O=narrow)))
     return "\n".join(parts)
 
 
@@ -1026,6 +1186,67 @@ class FusedKernels:
                           _i64(old_k.shape[2])), stream)
         return out_q, cache_k, cache_v
 
+    def rotary_kv_attention(self, xq, xk, cos, sin, layout: str, compute_dtype, scale_q,
+                            scale_k, out_dtype, old_k, old_v, new_v, positions, kv_heads: int,
+                            group: int, scale, score_dtype, *, stream):
+        """``rotary_kv`` then ``attention`` over its rotated queries and caches, in one launch:
+        (key cache, value cache, attention output), bit for bit the two launches'. None where
+        one launch cannot take the operands: more than ROTARY_ATTENTION_MAX_ROWS rows (a
+        prefill), a head wider than ROTARY_ATTENTION_MAX_HEAD_DIM, a cache longer than the
+        scores' shared memory, scores in another dtype than the rotation's, caches the
+        16-byte loads cannot read (the caller runs the two)."""
+        for value, what in ((xq, "xq"), (xk, "xk"), (cos, "cos"), (sin, "sin"),
+                            (old_k, "old_k"), (old_v, "old_v"), (new_v, "new_v")):
+            self._check(value, what)
+        if xq.ndim != 4 or xk.ndim != 4 or old_k.ndim != 4:
+            return None
+        _, hq, m, d = xq.shape
+        b, hk, _, _ = xk.shape
+        t = old_k.shape[2]
+        dtype = np.dtype(out_dtype)
+        name = (f"rotary_kv_attention_{_suffix(xq.dtype, 'x')}_{_suffix(compute_dtype, 'cos')}_"
+                f"{_suffix(dtype, 'out')}")
+        fits = (name in self._functions and b == 1
+                and np.dtype(score_dtype) == np.dtype(compute_dtype)
+                and 0 < m <= ROTARY_ATTENTION_MAX_ROWS and d <= ROTARY_ATTENTION_MAX_HEAD_DIM
+                and t <= ATTENTION_SMEM_KEYS and hq == kv_heads * group and hk == kv_heads
+                and (d * dtype.itemsize) % 16 == 0 and new_v.ndim == 4
+                and new_v.strides[3] == dtype.itemsize)
+        if not fits:
+            return None
+        old_k, old_v = self._contiguous(old_k, stream), self._contiguous(old_v, stream)
+        if old_k.data.ptr % 16 or old_v.data.ptr % 16:
+            return None
+        tables = (self._broadcast_strides(cos, tuple(xq.shape), "cos")
+                  + self._broadcast_strides(sin, tuple(xq.shape), "sin"))
+        if tables != (self._broadcast_strides(cos, tuple(xk.shape), "cos")
+                      + self._broadcast_strides(sin, tuple(xk.shape), "sin")):
+            return None
+        per = 16 // dtype.itemsize
+        if not all(_runs_fit(x, per) for x in (old_k, old_v, new_v)):
+            return None
+        pos = self._positions(positions, m, stream)
+        cache_k = self._empty(old_k.shape, dtype, stream)
+        cache_v = self._empty(old_v.shape, dtype, stream)
+        out = self._empty((1, m, hq * d), dtype, stream)
+        runs_k, runs_v = cache_k.size // per, cache_v.size // per
+
+        def strides(x):
+            return [st // x.itemsize for st in x.strides]
+
+        _, vh, vm, _ = strides(new_v)
+        self._launch(name, hq * m + _blocks(runs_k + runs_v, ATTENTION_BLOCK), ATTENTION_BLOCK,
+                     (xq, _i64(hq), *map(_i64, strides(xq)), np.int32(scale_q is not None),
+                      np.float32(0.0 if scale_q is None else scale_q),
+                      xk, _i64(hk), *map(_i64, strides(xk)), np.int32(scale_k is not None),
+                      np.float32(0.0 if scale_k is None else scale_k),
+                      cos, sin, _i64(m), _i64(d), *map(_i64, tables),
+                      np.int32(layout == "pairs"), old_k, cache_k, _i64(runs_k), old_v, new_v,
+                      cache_v, _i64(runs_v), _i64(old_v.shape[1]), _i64(0), _i64(vh),
+                      _i64(vm), pos, _i64(t), _i64(group), np.int32(scale is not None),
+                      np.float32(0.0 if scale is None else scale), out), stream)
+        return cache_k, cache_v, out
+
     def swiglu(self, gate, up, compute_dtype, out_dtype, *, stream):
         self._check(gate, "gate")
         self._check(up, "up")
@@ -1181,6 +1402,13 @@ class StreamKernels:
         return self.kernels.rotary_kv(xq, xk, cos, sin, layout, compute_dtype, scale_q,
                                       scale_k, out_dtype, old_k, old_v, new_v, positions,
                                       stream=self.stream)
+
+    def rotary_kv_attention(self, xq, xk, cos, sin, layout, compute_dtype, scale_q, scale_k,
+                            out_dtype, old_k, old_v, new_v, positions, kv_heads, group, scale,
+                            score_dtype):
+        return self.kernels.rotary_kv_attention(
+            xq, xk, cos, sin, layout, compute_dtype, scale_q, scale_k, out_dtype, old_k, old_v,
+            new_v, positions, kv_heads, group, scale, score_dtype, stream=self.stream)
 
     def swiglu(self, gate, up, compute_dtype, out_dtype):
         return self.kernels.swiglu(gate, up, compute_dtype, out_dtype, stream=self.stream)

@@ -17,9 +17,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
+import onnx
 from onnx import helper
 
 from engines.native.dtype_names import dtype_name
+from engines.native.fusion.rotary_kv_attention import PREFIX as ATTENTION_PREFIX
 
 from .base import Kernel
 from .cast import cast_to
@@ -232,15 +234,21 @@ class RotaryKVWrite(Rotary2):
         super().setup()
         self.max_context = int(self.attr("max_context"))
 
+    def one_launch(self, x_keep, x_cache, cos, sin, old_rot) -> bool:
+        """Whether the device's one-launch kernels compute what the two nodes do: both
+        rotations in one dtype, their tables and scales in the compute dtype, a cache of
+        the recognised length."""
+        return (x_keep.dtype == x_cache.dtype and old_rot.ndim == 4
+                and old_rot.shape[2] == self.max_context
+                and self.on_device(x_keep, cos, sin, self.scale_a)
+                and self.on_device(x_cache, cos, sin, self.scale_b))
+
     def __call__(self, be, x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain,
                  positions):
         self.check(x_keep)
         self.check(x_cache)
         device = _device(be, x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain)
-        if device is not None and x_keep.dtype == x_cache.dtype \
-                and old_rot.ndim == 4 and old_rot.shape[2] == self.max_context \
-                and self.on_device(x_keep, cos, sin, self.scale_a) \
-                and self.on_device(x_cache, cos, sin, self.scale_b):
+        if device is not None and self.one_launch(x_keep, x_cache, cos, sin, old_rot):
             compute, out = self.dtypes(x_keep)
             got = device.rotary_kv(x_keep, x_cache, cos, sin, self.layout, compute,
                                    _float(self.scale_a), _float(self.scale_b), out, old_rot,
@@ -396,6 +404,55 @@ class Attention(_Fused):
         ctx = xp.reshape(ctx, (1, heads, -1, d))
         ctx = xp.transpose(ctx, (0, 2, 1, 3))
         return (xp.reshape(ctx, (ctx.shape[0], ctx.shape[1], heads * d)),)
+
+
+class RotaryKVAttention(_Fused):
+    """A RotaryKVWrite whose rotated queries only its Attention reads, and whose two caches
+    that attention reads: RotaryKVWrite's inputs; outputs (key cache, value cache, attention
+    output), each bit for bit the two nodes'. The node carries both nodes' attributes (the
+    attention's prefixed ``att_``) and rebuilds both kernels. On the device, decode and
+    verification rows are one launch where it can take the operands; otherwise, and on the
+    host, the two kernels run."""
+
+    def setup(self) -> None:
+        own, att = [], []
+        for a in self.node.attribute:
+            if a.name.startswith(ATTENTION_PREFIX):
+                renamed = onnx.AttributeProto()
+                renamed.CopyFrom(a)
+                renamed.name = a.name[len(ATTENTION_PREFIX):]
+                att.append(renamed)
+            else:
+                own.append(a)
+        write = helper.make_node("RotaryKVWrite", list(self.node.input), ["kept", "k", "v"],
+                                 name=self.node.name, domain=DOMAIN)
+        write.attribute.extend(own)
+        attention = helper.make_node("Attention", ["kept", "k", "v", self.node.input[7]],
+                                     ["out"], name=self.node.name, domain=DOMAIN)
+        attention.attribute.extend(att)
+        self.write = RotaryKVWrite(write, self.opset)
+        self.attention = Attention(attention, self.opset)
+
+    def __call__(self, be, x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain,
+                 positions):
+        write, attention = self.write, self.attention
+        write.check(x_keep)
+        write.check(x_cache)
+        device = _device(be, x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain)
+        if device is not None and write.one_launch(x_keep, x_cache, cos, sin, old_rot):
+            compute, out = write.dtypes(x_keep)
+            score = _np(attention.up) if attention.up else out
+            scale = (None if attention.scale_value is None
+                     else float(attention.scale_value))
+            got = device.rotary_kv_attention(
+                x_keep, x_cache, cos, sin, write.layout, compute, _float(write.scale_a),
+                _float(write.scale_b), out, old_rot, old_plain, new_plain, positions,
+                attention.kv_heads, attention.group, scale, score)
+            if got is not None:
+                return got
+        kept, cache_k, cache_v = write(be, x_keep, x_cache, cos, sin, old_rot, old_plain,
+                                       new_plain, positions)
+        return (cache_k, cache_v) + attention(be, kept, cache_k, cache_v, positions)
 
 
 def prepare(be) -> None:
