@@ -992,10 +992,12 @@ class FusedKernels:
         each product [..., N_i], bit for bit ``add_rms_norm``/``rms_norm`` then
         ``gemv_many``/``gemv_rows``. None where the launch cannot take the operands (the
         caller runs the two steps)."""
-        for value, what in ((residual, "residual"), (gain, "gain")):
-            self._check(value, what)
         k = residual.shape[-1]
         rows = residual.size // k if k else 0
+        if not 0 < rows <= PROLOGUE_ROWS:
+            return None  # decided first: a prefill's every norm asks
+        for value, what in ((residual, "residual"), (gain, "gain")):
+            self._check(value, what)
         if delta is not None:
             self._check(delta, "delta")
         if not 1 <= len(weights) <= 3 or gain.shape != (k,) or gain.dtype != residual.dtype                 or (delta is not None and delta.shape != residual.shape)                 or not self._prologue_fits(rows, k, out_dtype, weights):
@@ -1032,10 +1034,12 @@ class FusedKernels:
     def swiglu_gemv(self, gate, up, compute_dtype, out_dtype, weight, *, stream):
         """``swiglu(gate, up) @ W^T`` for a cached [N, K] weight in one launch, bit for bit
         ``swiglu`` then ``gemv_rows``; None where the launch cannot take the operands."""
-        self._check(gate, "gate")
-        self._check(up, "up")
         k = gate.shape[-1]
         rows = gate.size // k if k else 0
+        if not 0 < rows <= PROLOGUE_ROWS:
+            return None  # decided first: a prefill's every layer asks
+        self._check(gate, "gate")
+        self._check(up, "up")
         if up.shape != gate.shape or up.dtype != gate.dtype                 or not self._prologue_fits(rows, k, out_dtype, [weight]):
             return None
         name = (f"swiglu_gemv_{_suffix(gate.dtype, 'gate')}_"
@@ -1195,11 +1199,12 @@ class FusedKernels:
         prefill), a head wider than ROTARY_ATTENTION_MAX_HEAD_DIM, a cache longer than the
         scores' shared memory, scores in another dtype than the rotation's, caches the
         16-byte loads cannot read (the caller runs the two)."""
+        if xq.ndim != 4 or xk.ndim != 4 or old_k.ndim != 4 \
+                or not 0 < xq.shape[2] <= ROTARY_ATTENTION_MAX_ROWS:
+            return None  # decided first: a prefill's every layer asks
         for value, what in ((xq, "xq"), (xk, "xk"), (cos, "cos"), (sin, "sin"),
                             (old_k, "old_k"), (old_v, "old_v"), (new_v, "new_v")):
             self._check(value, what)
-        if xq.ndim != 4 or xk.ndim != 4 or old_k.ndim != 4:
-            return None
         _, hq, m, d = xq.shape
         b, hk, _, _ = xk.shape
         t = old_k.shape[2]

@@ -439,6 +439,7 @@ class RotaryKVAttention(_Fused):
         write.check(x_keep)
         write.check(x_cache)
         device = _device(be, x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain)
+        got = None
         if device is not None and write.one_launch(x_keep, x_cache, cos, sin, old_rot):
             compute, out = write.dtypes(x_keep)
             score = _np(attention.up) if attention.up else out
@@ -450,8 +451,14 @@ class RotaryKVAttention(_Fused):
                 attention.kv_heads, attention.group, scale, score)
             if got is not None:
                 return got
-        kept, cache_k, cache_v = write(be, x_keep, x_cache, cos, sin, old_rot, old_plain,
-                                       new_plain, positions)
+            # a prefill: RotaryKVWrite's own launch, its checks already made here
+            got = device.rotary_kv(x_keep, x_cache, cos, sin, write.layout, compute,
+                                   _float(write.scale_a), _float(write.scale_b), out, old_rot,
+                                   old_plain, new_plain, positions)
+        if got is None:
+            got = write(be, x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain,
+                        positions)
+        kept, cache_k, cache_v = got
         return (cache_k, cache_v) + attention(be, kept, cache_k, cache_v, positions)
 
 
