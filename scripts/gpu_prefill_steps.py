@@ -49,9 +49,15 @@ def main(path: str) -> int:
 
     for m in (PREFILL, 1):
         tokens = [(7 * i + 3) % vocab for i in range(m)]
-        for _ in range(2):  # warm: allocations, host-value caches
+        warm = []
+        for _ in range(2):  # warm: allocations, host-value caches, step memos' records
+            engine.synchronize()
+            t0 = time.perf_counter()
             DecodeSession(engine).forward(tokens, "prefill")
-        engine.synchronize()
+            engine.synchronize()
+            warm.append((time.perf_counter() - t0) * 1e3)
+        print(f"== M = {m}: the first forwards at this M (synchronised): "
+              f"{warm[0]:.3f} ms, then {warm[1]:.3f} ms")
         plan_module.Plan._call = staticmethod(timed_call)
         plan_module.Plan.run = timed_run
         by_op.clear()

@@ -50,7 +50,7 @@ import numpy as np
 
 from engines.errors import ExecutionError, ResidencyError
 from engines.native.dtype_names import dtype_name
-from engines.native.kernel_launch import KernelLauncher
+from engines.native.kernel_launch import RECORDING, KernelLauncher
 
 GEMV_ROWS_PER_CHUNK = 16  # rows that share one pass over the weights
 GEMV_WARPS_PER_BLOCK = 4  # output columns per block of 128 threads
@@ -733,7 +733,10 @@ class CudaKernels:
     def _out(self, out, shape, dtype, stream, what: str = "out"):
         if out is None:
             with self._device, stream:
-                return self._cupy.empty(shape, dtype=dtype)
+                out = self._cupy.empty(shape, dtype=dtype)
+            if RECORDING.recorder is not None:  # a step memo records this step
+                RECORDING.recorder.allocation(out, stream)
+            return out
         self._on_device(out, what)
         self._contiguous(out, what)
         if tuple(out.shape) != tuple(shape) or out.dtype != dtype:

@@ -32,7 +32,7 @@ from engines.errors import ExecutionError, ResidencyError
 from engines.native.cuda_kernels import (_TYPES, COMPILE_OPTIONS, GEMV_WARPS_PER_BLOCK, gemv_team, gemv_vec_defines,
                                          gemv_vec_device_source, prelude)
 from engines.native.dtype_names import dtype_name
-from engines.native.kernel_launch import KernelLauncher
+from engines.native.kernel_launch import RECORDING, KernelLauncher
 
 FUSED_DTYPES = tuple(d for d in ("float32", "float16", "bfloat16") if d in _TYPES)
 BLOCK = 256  # threads for the elementwise kernels
@@ -915,7 +915,10 @@ class FusedKernels:
 
     def _empty(self, shape, dtype, stream):
         with self._device, stream:
-            return self._cupy.empty(shape, dtype=dtype)
+            out = self._cupy.empty(shape, dtype=dtype)
+        if RECORDING.recorder is not None:  # a step memo records this step
+            RECORDING.recorder.allocation(out, stream)
+        return out
 
     def _contiguous(self, array, stream):
         """A C-contiguous copy (or ``array`` itself); a bfloat16 array's bits move as uint16,

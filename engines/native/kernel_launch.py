@@ -47,6 +47,14 @@ class _Frame:
         self.params = (table, ctypes.addressof(table))
 
 
+class _Recording(threading.local):
+    """The ``step_memo.Recorder`` of this thread's step being recorded, if any."""
+    recorder = None
+
+
+RECORDING = _Recording()
+
+
 class KernelLauncher:
     """``launch(function, grid, block, args, stream, shared_mem)`` for CuPy ``Function``s:
     the same arguments and effect as ``function(grid, block, args, stream=stream,
@@ -81,7 +89,10 @@ class KernelLauncher:
     def launch(self, function, grid: tuple, block: tuple, args: tuple, stream,
                shared_mem: int = 0) -> None:
         pointer = self._pointer(function)
+        recorder = RECORDING.recorder
         if not pointer:
+            if recorder is not None:
+                recorder.refuse()
             function(grid, block, args, stream=stream, shared_mem=shared_mem)
             return
         ndarray = self._ndarray
@@ -95,16 +106,29 @@ class KernelLauncher:
                 continue
             code = _CODES.get(kind)
             if code is None:  # anything else: CuPy's own argument handling
+                if recorder is not None:
+                    recorder.refuse()
                 function(grid, block, args, stream=stream, shared_mem=shared_mem)
                 return
             codes.append(code)
             values.append(arg)
-        frame = self._frame("".join(codes))
-        frame.pack_into(frame.buffer, 0, *values)
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         bx, by, bz = (tuple(block) + (1, 1))[:3]
         if stream is None:
             stream = self._current_stream()
-        self._driver.launchKernel(pointer, gx, gy, gz, bx, by, bz, int(shared_mem),
-                                  stream.ptr, frame.params[1], 0)
+        fmt = "".join(codes)
+        if recorder is not None:
+            recorder.launch(self, pointer, (gx, gy, gz), (bx, by, bz), int(shared_mem), stream,
+                            fmt, tuple(values), args)
+        self.launch_packed(pointer, (gx, gy, gz), (bx, by, bz), fmt, values, stream,
+                           int(shared_mem))
+
+    def launch_packed(self, pointer: int, grid: tuple, block: tuple, fmt: str, values,
+                      stream, shared_mem: int) -> None:
+        """The driver's launch of ``values`` packed as ``fmt`` (device arrays already their
+        pointers): what ``launch`` ends with, and what a step memo replays."""
+        frame = self._frame(fmt)
+        frame.pack_into(frame.buffer, 0, *values)
+        self._driver.launchKernel(pointer, grid[0], grid[1], grid[2], block[0], block[1],
+                                  block[2], shared_mem, stream.ptr, frame.params[1], 0)
 

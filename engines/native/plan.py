@@ -110,7 +110,8 @@ def required_host_inputs(model: onnx.ModelProto) -> set[str]:
 
 
 class _Step:
-    __slots__ = ("kernel", "label", "backend", "inputs", "outputs", "named", "free", "node")
+    __slots__ = ("kernel", "label", "backend", "inputs", "outputs", "named", "free", "node",
+                 "memo")
 
     def __init__(self, kernel, label, backend, inputs, outputs, node=None):
         self.kernel = kernel
@@ -121,6 +122,23 @@ class _Step:
         self.named = sum(1 for y in outputs if y)  # outputs the graph names (others unused)
         self.free: tuple[str, ...] = ()
         self.node = node  # the NodeProto, for ``run(..., observe=)``
+        self.memo = None  # a StepMemo where the step's device path can be replayed
+
+
+def _attach_memos(steps: list[_Step], backend) -> None:
+    """A ``StepMemo`` on each device step whose op type replays (``step_memo.MEMO_OPS``),
+    keyed by identity where the operand is a constant or a cached copy of a host value."""
+    if getattr(backend, "residency", "host") == "host" \
+            or not hasattr(backend, "fused_kernels"):
+        return
+    from engines.native.step_memo import MEMO_OPS, StepMemo, memo_enabled
+
+    if not memo_enabled():
+        return
+    for step in steps:
+        if step.backend is backend and type(step.kernel).__name__ in MEMO_OPS:
+            step.memo = StepMemo(backend.xp, frozenset(
+                i for i, (kind, _) in enumerate(step.inputs) if kind in (_CONST, _ENV_ADOPT)))
 
 
 class Plan:
@@ -300,6 +318,7 @@ class Plan:
                 frees.setdefault(i, []).append(key)
         for i, step in enumerate(steps):
             step.free = tuple(frees.get(i, ()))
+        _attach_memos(steps, backend)
         self.steps = steps
         self.node_count = len(order)
         # name -> {(dtype, shape, bytes): device copy}; unused on a host backend
@@ -465,7 +484,11 @@ class Plan:
                         env[dkey] = self._device_value(key, env[key])
                     args.append(env[dkey])
             if profile is None:
-                values = self._call(step.kernel, step.backend, args, step.label)
+                if step.memo is None:
+                    values = self._call(step.kernel, step.backend, args, step.label)
+                else:
+                    values = step.memo.run(functools.partial(
+                        self._call, step.kernel, step.backend, args, step.label), args)
             else:
                 values = profile(step.node, functools.partial(
                     self._call, step.kernel, step.backend, args, step.label))
