@@ -230,7 +230,8 @@ class StaleStaticSlot(Planted):
 class FusedAttentionExtraSlot(Planted):
     """The fused attention kernel reads one key slot too many: the query at position p also
     sees slot p + 1 (a static cache's next, not yet written slot; in a prefill, the next
-    token's key)."""
+    token's key). Planted in every fused attention: a standalone ``Attention`` node, and the
+    attention inside a ``RotaryKVAttention`` (a static cache's layers)."""
     name = "planted-fused-attention-extra-slot"
 
     def __init__(self, package):
@@ -244,8 +245,13 @@ class FusedAttentionExtraSlot(Planted):
 
         for plan in self._plans.values():
             for step in plan.steps:
-                if step.node.domain == FUSED_DOMAIN and step.node.op_type == "Attention":
+                if step.node.domain != FUSED_DOMAIN:
+                    continue
+                if step.node.op_type == "Attention":
                     step.kernel = OneSlotTooMany(step.node, plan.opset)
+                elif step.node.op_type == "RotaryKVAttention":
+                    inner = step.kernel.attention
+                    step.kernel.attention = OneSlotTooMany(inner.node, plan.opset)
 
 
 class RaiseMidDecode(Planted):
