@@ -230,8 +230,8 @@ class StaleStaticSlot(Planted):
 class FusedAttentionExtraSlot(Planted):
     """The fused attention kernel reads one key slot too many: the query at position p also
     sees slot p + 1 (a static cache's next, not yet written slot; in a prefill, the next
-    token's key). Planted in every fused attention: a standalone ``Attention`` node, and the
-    attention inside a ``RotaryKVAttention`` (a static cache's layers)."""
+    token's key). Planted in every fused attention: a standalone Attention node, and the
+    attention inside a RotaryKVAttention (a static cache's layers)."""
     name = "planted-fused-attention-extra-slot"
 
     def __init__(self, package):
