@@ -73,6 +73,25 @@ __device__ __forceinline__ float lk_block_sum(float v, float* smem) {
     return smem[32];
 }
 
+// Element idx of a cache [B, H, C, D]: its batch *b, head *h and channel *d, and the row of
+// this forward that writes its slot (the last m with pos[m] == the slot), or -1: what every
+// static-cache write asks of each element or 16-byte run it stores.
+__device__ __forceinline__ long long lk_cache_slot(long long idx, long long H, long long C,
+                                                   long long D,
+                                                   const long long* __restrict__ pos,
+                                                   long long M, long long* b, long long* h,
+                                                   long long* d) {
+    *d = idx % D;
+    long long t = idx / D;
+    const long long c = t % C;
+    t /= C;
+    *h = t % H;
+    *b = t / H;
+    long long hit = -1;
+    for (long long m = 0; m < M; ++m) if (pos[m] == c) hit = m;
+    return hit;
+}
+
 __device__ __forceinline__ float lk_block_max(float v, float* smem) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
@@ -99,6 +118,26 @@ __device__ __forceinline__ float lk_round(const $T*, float v) {
     $T t;
     lk_store(&t, 0, v);
     return lk_load(&t, 0);
+}
+"""
+
+_SOFTMAX = r"""
+// A block's softmax of its scores s[0, L) in place (mx: this thread's largest score), for
+// attention and the fused rotary attention alike: the block's max, each exponential in TC,
+// a sum whose order depends on j only (thread j % blockDim, then the block tree), and each
+// probability rounded to TC, then to T. o and c are lk_round's tags for T and TC.
+template <typename T, typename TC>
+__device__ __forceinline__ void lk_softmax_block(float* s, long long L, float mx, float* smem,
+                                                 int tid, const T* o, const TC* c) {
+    mx = lk_block_max(mx, smem);
+    float acc = 0.0f;
+    for (long long j = tid; j < L; j += blockDim.x) {
+        const float e = lk_round(c, expf(lk_round(c, s[j] - mx)));
+        s[j] = e;
+        acc += e;
+    }
+    const float total = lk_round(c, lk_block_sum(acc, smem));
+    for (long long j = tid; j < L; j += blockDim.x) s[j] = lk_round(o, lk_round(c, s[j] / total));
 }
 """
 
@@ -317,14 +356,8 @@ __device__ __forceinline__ void lk_rotary_kv_store_${SX}_${SC}_${SO}(
     constexpr int V = 16 / sizeof($TO);
     const $TO* O = 0;
     const long long e0 = v * V;
-    const long long d = e0 % D;
-    long long t = e0 / D;
-    const long long c = t % C;
-    t /= C;
-    const long long h = t % Hk;
-    const long long b = t / Hk;
-    long long hit = -1;
-    for (long long m = 0; m < M; ++m) if (pos[m] == c) hit = m;
+    long long b, h, d;
+    const long long hit = lk_cache_slot(e0, Hk, C, D, pos, M, &b, &h, &d);
     if (hit < 0) {
         reinterpret_cast<lk_vec16*>(cache_k)[v] = reinterpret_cast<const lk_vec16*>(old_k)[v];
         return;
@@ -438,14 +471,8 @@ __device__ __forceinline__ void lk_kv_write_${S}(const $T* __restrict__ old,
                                                  long long H, long long C, long long D,
                                                  long long M, long long nb, long long nh,
                                                  long long nm, long long nd) {
-    const long long d = idx % D;
-    long long t = idx / D;
-    const long long c = t % C;
-    t /= C;
-    const long long h = t % H;
-    const long long b = t / H;
-    long long hit = -1;
-    for (long long m = 0; m < M; ++m) if (pos[m] == c) hit = m;
+    long long b, h, d;
+    const long long hit = lk_cache_slot(idx, H, C, D, pos, M, &b, &h, &d);
     if (hit < 0) { out[idx] = old[idx]; return; }
     lk_store(out, idx, lk_load(nw, b * nb + h * nh + hit * nm + d * nd) + 0.0f);
 }
@@ -462,14 +489,8 @@ __device__ __forceinline__ void lk_kv_write_vec_${S}(const $T* __restrict__ old,
                                                      long long nm) {
     constexpr int V = 16 / sizeof($T);
     const long long idx = v * V;
-    const long long d = idx % D;
-    long long t = idx / D;
-    const long long c = t % C;
-    t /= C;
-    const long long h = t % H;
-    const long long b = t / H;
-    long long hit = -1;
-    for (long long m = 0; m < M; ++m) if (pos[m] == c) hit = m;
+    long long b, h, d;
+    const long long hit = lk_cache_slot(idx, H, C, D, pos, M, &b, &h, &d);
     if (hit < 0) {
         reinterpret_cast<lk_vec16*>(out)[v] = reinterpret_cast<const lk_vec16*>(old)[v];
         return;
@@ -588,15 +609,7 @@ extern "C" __global__ void attention_${S}_${SC}(
         s[j] = score;
         mx = fmaxf(mx, score);
     }
-    mx = lk_block_max(mx, smem);
-    float acc = 0.0f;
-    for (long long j = tid; j < L; j += blockDim.x) {
-        const float e = lk_round(C, expf(lk_round(C, s[j] - mx)));
-        s[j] = e;
-        acc += e;
-    }
-    const float total = lk_round(C, lk_block_sum(acc, smem));
-    for (long long j = tid; j < L; j += blockDim.x) s[j] = lk_round(S, lk_round(C, s[j] / total));
+    lk_softmax_block(s, L, mx, smem, tid, S, C);
     __syncthreads();
     if (kvec) {
         const int runs = (int)(D / V);
@@ -741,15 +754,7 @@ extern "C" __global__ void rotary_kv_attention_${SX}_${SC}_${SO}(
         s[j] = score;
         mx = fmaxf(mx, score);
     }
-    mx = lk_block_max(mx, smem);
-    float acc = 0.0f;
-    for (long long j = tid; j < L; j += blockDim.x) {
-        const float e = lk_round(SC, expf(lk_round(SC, s[j] - mx)));
-        s[j] = e;
-        acc += e;
-    }
-    const float total = lk_round(SC, lk_block_sum(acc, smem));
-    for (long long j = tid; j < L; j += blockDim.x) s[j] = lk_round(O, lk_round(SC, s[j] / total));
+    lk_softmax_block(s, L, mx, smem, tid, O, SC);
     __syncthreads();
     const int runs = (int)(D / V);
     const int groups = blockDim.x / runs;
@@ -810,6 +815,7 @@ def fused_source() -> str:
     for dtype in FUSED_DTYPES:
         parts.append(Template(_ROUND).substitute(T=_TYPES[dtype][1]))
         parts.append(gemv_vec_device_source(dtype))
+    parts.append(_SOFTMAX)  # after every lk_round it calls
     for a, b, c in itertools.product(FUSED_DTYPES, repeat=3):
         parts.append(Template(_NORM_ROW).substitute(_fields(I=a, D=b, O=c)))
         parts.append(Template(_ROTARY).substitute(_fields(X=a, C=b, O=c)))
