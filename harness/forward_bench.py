@@ -10,7 +10,11 @@ forwards and need their own clock:
   position: the ratio ``ms(M) / ms(1)`` says what a verification costs over one decode step.
 
 Each timed forward starts from the same state: the session is truncated back to where the
-forward began, so every repeat does the same work at the same positions. Forwards run with
+forward began, so every repeat does the same work at the same positions. Each row also
+keeps its shape's first forward (``first_ms``, the first warm-up): what a shape the engine
+has never run costs, its graph capture or its step memos' recording included. So that the
+figure is the shape's and not the engine's start-up, every engine first runs one untimed
+prefill of a length no timed shape has. Forwards run with
 the phase the interpreter would give them (``prefill``; ``decode`` for M = 1, ``verify``
 above), so native-cuda's graph slots capture on the warm-up and replay in the timed
 repeats. Engines of one package are timed in turns, as in ``lockstep bench``. The prompt is
@@ -51,6 +55,7 @@ class ForwardRow:
     times_ms: list[float] = field(default_factory=list)
     ratio: float | None = None  # rows: ms / ms at M=1 (same engine); prefill: ms / baseline's
     token: int | None = None  # the forward's last token: every repeat must give the same
+    first_ms: float | None = None  # this shape's first forward on this engine (a warm-up)
 
 
 def prompt_of_length(spec, length: int) -> list[int]:
@@ -91,6 +96,16 @@ def _time_forward(engine: Engine, session: DecodeSession, prefix_ids: Sequence[i
     return time.perf_counter() - t0, token
 
 
+def start_up_length(spec, prefill: Sequence[int], rows: Sequence[int],
+                    prefix: int) -> int | None:
+    """The length of the untimed prefill an engine runs first: one that no timed shape has,
+    nor the rows' prefix (so no shape's first forward replays what it made), within
+    max_context; None where every length up to max_context is taken."""
+    taken = set(prefill) | set(rows) | ({prefix} if rows else set())
+    limit = spec.max_context if spec.max_context is not None else max(taken, default=0) + 2
+    return next((n for n in range(2, limit + 1) if n not in taken), None)
+
+
 def _summary(row: ForwardRow, seconds: list[float]) -> None:
     row.times_ms = [s * 1e3 for s in seconds]
     row.ms = statistics.median(row.times_ms)
@@ -117,7 +132,8 @@ def bench_forwards(engines: Sequence[str], packages: Sequence[Any], *,
         package = ref if hasattr(ref, "spec") else resolve_package(ref)
         spec = package.spec
         _check_lengths(spec, prefill, rows, prefix)
-        longest = max([*prefill, prefix + max(rows, default=0)], default=0)
+        start_up = start_up_length(spec, prefill, rows, prefix)
+        longest = max([*prefill, prefix + max(rows, default=0), start_up or 0], default=0)
         ids = prompt_of_length(spec, longest)
         shapes = ([("prefill", n, 0, "prefill") for n in prefill]
                   + [("rows", m, prefix, "decode" if m == 1 else "verify") for m in rows])
@@ -138,6 +154,8 @@ def bench_forwards(engines: Sequence[str], packages: Sequence[Any], *,
             try:
                 engine = cls(package)
                 live[name] = (engine, DecodeSession(engine))
+                if start_up is not None:  # the engine's own first-forward costs, untimed
+                    _time_forward(engine, live[name][1], ids, ids[:start_up], 0, "prefill")
             except Exception as exc:
                 for key in [k for k in table if k[0] == name]:
                     table[key].status = "error"
@@ -149,8 +167,11 @@ def bench_forwards(engines: Sequence[str], packages: Sequence[Any], *,
         for kind, n, start, phase in shapes:
             for name, (engine, session) in list(live.items()):  # warm-up: capture, allocations
                 try:
-                    for _ in range(warmup):
-                        _time_forward(engine, session, ids, ids[start:start + n], start, phase)
+                    for w in range(warmup):
+                        seconds, _ = _time_forward(engine, session, ids, ids[start:start + n],
+                                                   start, phase)
+                        if w == 0:
+                            table[(name, kind, n)].first_ms = seconds * 1e3
                 except Exception as exc:
                     row = table[(name, kind, n)]
                     row.status, row.reason = "error", f"{type(exc).__name__}: {exc}"

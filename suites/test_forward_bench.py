@@ -5,7 +5,7 @@ import pytest
 
 from engines.errors import InputError
 from harness.cli import main
-from harness.forward_bench import bench_forwards, prompt_of_length
+from harness.forward_bench import bench_forwards, prompt_of_length, start_up_length
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +21,46 @@ def test_every_shape_of_every_engine_is_timed(rows):
     for r in rows:
         assert r.status == "ok", r.reason
         assert len(r.times_ms) == 3 and r.ms == sorted(r.times_ms)[1]
+        assert r.first_ms is not None and r.first_ms > 0  # the shape's first forward
+
+
+def test_the_start_up_prefill_has_a_length_no_timed_shape_has(monkeypatch):
+    """An engine's own first-forward costs go to one untimed prefill first, so that each
+    row's first_ms is its shape's; its length differs from every timed one (a step memo
+    or a graph keyed by that shape would otherwise be made by it)."""
+    import harness.forward_bench as fb
+    from engines.registry import get_engine_class
+
+    base = get_engine_class("native-host")
+    seen: list[tuple[str, int]] = []
+
+    class Logged(base):
+        def run_component(self, component, feeds, phase=None):
+            seen.append((phase, next(v.shape[1] for k, v in feeds.items()
+                                     if k == "input_ids")))
+            return super().run_component(component, feeds, phase=phase)
+
+    monkeypatch.setattr(fb, "get_engine_class", lambda name: Logged)
+    fb.bench_forwards(["native-host"], ["tiny_llama_static"], prefill=[2, 5], rows=[1, 3],
+                      prefix=4, repeats=1, warmup=0)
+    # prefills of 2 and 5, rows of 1 and 3 after a prefix of 4: 6 is the first free length
+    assert seen[0] == ("prefill", 6)
+    assert all(m != 6 for _, m in seen[1:])
+
+
+def test_start_up_length_skips_taken_lengths_and_respects_max_context():
+    spec = type("Spec", (), {"max_context": 4})()
+    assert start_up_length(spec, [2, 3], [], 0) == 4
+    assert start_up_length(spec, [2], [1], 3) == 4  # the rows' prefix is taken too
+    assert start_up_length(spec, [2, 3, 4], [1], 0) is None
+    unbounded = type("Spec", (), {"max_context": None})()
+    assert start_up_length(unbounded, [2, 3], [1, 4], 5) == 6
+
+
+def test_no_warm_up_leaves_first_ms_empty():
+    (row,) = [r for r in bench_forwards(["native-host"], ["tiny_llama"], prefill=[6], rows=[],
+                                        repeats=1, warmup=0)]
+    assert row.status == "ok" and row.first_ms is None
 
 
 def test_ratios_are_taken_within_the_run(rows):

@@ -44,16 +44,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="positions in the cache before a rows forward (default 64)")
     p.add_argument("--repeats", type=int, default=10, help="timed forwards per shape (default 10)")
     p.add_argument("--warmup", type=int, default=2,
-                   help="untimed forwards per shape first: graph captures (default 2)")
+                   help="untimed forwards per shape first: graph captures, step memos "
+                        "(default 2); the first is the table's 'first ms'")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON")
     p.set_defaults(func=run)
 
 
 def _table(rows) -> Table:
     table = Table(title="single forwards (median ms, its token on the host)")
-    for col in ("package", "engine", "forward", "prefix", "ms", "spread", "ratio", "note"):
-        table.add_column(col, justify="right" if col in ("prefix", "ms", "spread", "ratio")
-                         else "left")
+    numbers = ("prefix", "ms", "spread", "ratio", "first ms")
+    for col in ("package", "engine", "forward", "prefix", "ms", "spread", "ratio", "first ms",
+                "note"):
+        table.add_column(col, justify="right" if col in numbers else "left")
     for r in rows:
         shape = f"prefill {r.tokens}" if r.kind == "prefill" else f"M={r.tokens}"
         ratio = "" if r.ratio is None else (f"{r.ratio:.2f}x vs M=1" if r.kind == "rows"
@@ -61,6 +63,7 @@ def _table(rows) -> Table:
         table.add_row(r.package, r.engine, shape, str(r.prefix),
                       "" if r.ms is None else f"{r.ms:.3f}",
                       "" if r.spread is None else f"{r.spread:.0%}", ratio,
+                      "" if r.first_ms is None else f"{r.first_ms:.3f}",
                       r.reason if r.status != "ok" else "")
     return table
 
