@@ -122,6 +122,17 @@ __device__ __forceinline__ void lk_store(lk_bf16* p, long long i, float v) {
     p[i].bits = lk_float_to_bf16(v);
 }
 
+// A warp's 32 values added in one fixed butterfly (xor 16, 8, 4, 2, 1): every lane gets
+// the sum. Every GEMV and block reduction sums its lanes this way.
+__device__ __forceinline__ float lk_warp_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 16);
+    v += __shfl_xor_sync(0xffffffffu, v, 8);
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v;
+}
+
 """
 
 _GEMV = r"""
@@ -145,12 +156,7 @@ __device__ __forceinline__ void lk_gemv_chunk_$S(const $T* __restrict__ xr,
     }
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-        float v = acc[i];
-        v += __shfl_xor_sync(0xffffffffu, v, 16);
-        v += __shfl_xor_sync(0xffffffffu, v, 8);
-        v += __shfl_xor_sync(0xffffffffu, v, 4);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        const float v = lk_warp_sum(acc[i]);
         if (lane == 0) lk_store(out, (m0 + i) * N + n, v);
     }
 }
@@ -267,12 +273,7 @@ __device__ __forceinline__ void lk_gemv_vec_chunk_$S(
     }
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-        float v = acc[i];
-        v += __shfl_xor_sync(0xffffffffu, v, 16);
-        v += __shfl_xor_sync(0xffffffffu, v, 8);
-        v += __shfl_xor_sync(0xffffffffu, v, 4);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        const float v = lk_warp_sum(acc[i]);
         if (lane == 0) part[i * WARPS + warp] = v;
     }
     __syncthreads();

@@ -55,11 +55,7 @@ _COMMON = r"""
 // A fixed tree over a block: butterfly inside each warp, then warp 0 adds the warps'
 // partials in index order. Every thread gets the result.
 __device__ __forceinline__ float lk_block_sum(float v, float* smem) {
-    v += __shfl_xor_sync(0xffffffffu, v, 16);
-    v += __shfl_xor_sync(0xffffffffu, v, 8);
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v = lk_warp_sum(v);
     const int warps = blockDim.x >> 5;
     __syncthreads();
     if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = v;
