@@ -29,7 +29,8 @@ from string import Template
 import numpy as np
 
 from engines.errors import ExecutionError, ResidencyError
-from engines.native.cuda_kernels import (_TYPES, COMPILE_OPTIONS, GEMV_WARPS_PER_BLOCK, gemv_team, gemv_vec_defines,
+from engines.native.cuda_kernels import (_TYPES, COMPILE_OPTIONS, GEMV_WARPS_PER_BLOCK,
+                                         _elem_strides, gemv_team, gemv_vec_defines,
                                          gemv_vec_device_source, prelude)
 from engines.native.dtype_names import dtype_name
 from engines.native.kernel_launch import RECORDING, KernelLauncher
@@ -1103,6 +1104,12 @@ class FusedKernels:
                                  remedy="feed tables of shape [1, 1, M, head_dim]")
         return list(strides)
 
+    def _tables(self, cos, sin, shape) -> list[int]:
+        """cos's then sin's element strides broadcast to ``shape`` (a rotation's launch
+        arguments)."""
+        return (self._broadcast_strides(cos, shape, "cos")
+                + self._broadcast_strides(sin, shape, "sin"))
+
     def rotary2(self, xa, xb, cos, sin, layout: str, compute_dtype, scale_a, scale_b,
                 out_dtype, *, stream):
         """Two ``rotary``s over the same cos/sin in one launch (queries and keys: their
@@ -1110,10 +1117,7 @@ class FusedKernels:
         for value, what in ((xa, "xa"), (xb, "xb"), (cos, "cos"), (sin, "sin")):
             self._check(value, what)
         shape_a, shape_b = tuple(xa.shape), tuple(xb.shape)
-        tables_a = (self._broadcast_strides(cos, shape_a, "cos")
-                    + self._broadcast_strides(sin, shape_a, "sin"))
-        tables_b = (self._broadcast_strides(cos, shape_b, "cos")
-                    + self._broadcast_strides(sin, shape_b, "sin"))
+        tables_a, tables_b = self._tables(cos, sin, shape_a), self._tables(cos, sin, shape_b)
         if xa.dtype != xb.dtype or shape_a[0] != shape_b[0] or shape_a[2:] != shape_b[2:] \
                 or tables_a != tables_b:
             return (self.rotary(xa, cos, sin, layout, compute_dtype, scale_a, out_dtype,
@@ -1149,11 +1153,9 @@ class FusedKernels:
                             (old_k, "old_k"), (old_v, "old_v"), (new_v, "new_v")):
             self._check(value, what)
         shape_q, shape_k = tuple(xq.shape), tuple(xk.shape)
-        tables = (self._broadcast_strides(cos, shape_q, "cos")
-                  + self._broadcast_strides(sin, shape_q, "sin"))
+        tables = self._tables(cos, sin, shape_q)
         if xq.dtype != xk.dtype or shape_q[0] != shape_k[0] or shape_q[2:] != shape_k[2:] \
-                or tables != (self._broadcast_strides(cos, shape_k, "cos")
-                              + self._broadcast_strides(sin, shape_k, "sin")):
+                or tables != self._tables(cos, sin, shape_k):
             return None
         b, hk, m, d = shape_k
         dtype = np.dtype(out_dtype)
@@ -1177,15 +1179,12 @@ class FusedKernels:
         runs_k, runs_v = cache_k.size // per, cache_v.size // per
         total = out_q.size + runs_k + runs_v
         if total:
-            def strides(x):
-                return [st // x.itemsize for st in x.strides]
-
-            vb, vh, vm, _ = strides(new_v)
+            vb, vh, vm, _ = _elem_strides(new_v)
             self._launch(name, _blocks(total, BLOCK), BLOCK,
                          (xq, out_q, _i64(out_q.size), _i64(shape_q[1]),
-                          *map(_i64, strides(xq)), np.int32(scale_q is not None),
+                          *map(_i64, _elem_strides(xq)), np.int32(scale_q is not None),
                           np.float32(0.0 if scale_q is None else scale_q),
-                          xk, _i64(hk), *map(_i64, strides(xk)),
+                          xk, _i64(hk), *map(_i64, _elem_strides(xk)),
                           np.int32(scale_k is not None),
                           np.float32(0.0 if scale_k is None else scale_k),
                           cos, sin, _i64(m), _i64(d),
@@ -1227,10 +1226,8 @@ class FusedKernels:
         old_k, old_v = self._contiguous(old_k, stream), self._contiguous(old_v, stream)
         if old_k.data.ptr % 16 or old_v.data.ptr % 16:
             return None
-        tables = (self._broadcast_strides(cos, tuple(xq.shape), "cos")
-                  + self._broadcast_strides(sin, tuple(xq.shape), "sin"))
-        if tables != (self._broadcast_strides(cos, tuple(xk.shape), "cos")
-                      + self._broadcast_strides(sin, tuple(xk.shape), "sin")):
+        tables = self._tables(cos, sin, tuple(xq.shape))
+        if tables != self._tables(cos, sin, tuple(xk.shape)):
             return None
         per = 16 // dtype.itemsize
         if not all(_runs_fit(x, per) for x in (old_k, old_v, new_v)):
@@ -1240,15 +1237,12 @@ class FusedKernels:
         cache_v = self._empty(old_v.shape, dtype, stream)
         out = self._empty((1, m, hq * d), dtype, stream)
         runs_k, runs_v = cache_k.size // per, cache_v.size // per
-
-        def strides(x):
-            return [st // x.itemsize for st in x.strides]
-
-        _, vh, vm, _ = strides(new_v)
+        _, vh, vm, _ = _elem_strides(new_v)
         self._launch(name, hq * m + _blocks(runs_k + runs_v, ATTENTION_BLOCK), ATTENTION_BLOCK,
-                     (xq, _i64(hq), *map(_i64, strides(xq)), np.int32(scale_q is not None),
+                     (xq, _i64(hq), *map(_i64, _elem_strides(xq)),
+                      np.int32(scale_q is not None),
                       np.float32(0.0 if scale_q is None else scale_q),
-                      xk, _i64(hk), *map(_i64, strides(xk)), np.int32(scale_k is not None),
+                      xk, _i64(hk), *map(_i64, _elem_strides(xk)), np.int32(scale_k is not None),
                       np.float32(0.0 if scale_k is None else scale_k),
                       cos, sin, _i64(m), _i64(d), *map(_i64, tables),
                       np.int32(layout == "pairs"), old_k, cache_k, _i64(runs_k), old_v, new_v,

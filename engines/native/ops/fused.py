@@ -255,6 +255,12 @@ class RotaryKVWrite(Rotary2):
                                    old_plain, new_plain, positions)
             if got is not None:
                 return got
+        return self.two_nodes(be, x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain,
+                              positions)
+
+    def two_nodes(self, be, x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain,
+                  positions) -> tuple:
+        """The rotation, then the write: the two nodes' own kernels."""
         kept, rotated = Rotary2.__call__(self, be, x_keep, x_cache, cos, sin)
         return (kept,) + KVWrite2.write(self, be, old_rot, rotated, old_plain, new_plain,
                                         positions)
@@ -456,8 +462,8 @@ class RotaryKVAttention(_Fused):
                                    _float(write.scale_a), _float(write.scale_b), out, old_rot,
                                    old_plain, new_plain, positions)
         if got is None:
-            got = write(be, x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain,
-                        positions)
+            got = write.two_nodes(be, x_keep, x_cache, cos, sin, old_rot, old_plain,
+                                  new_plain, positions)
         kept, cache_k, cache_v = got
         return (cache_k, cache_v) + attention(be, kept, cache_k, cache_v, positions)
 
