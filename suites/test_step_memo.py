@@ -1,9 +1,9 @@
-"""``StepMemo`` on the host, with a fake CuPy: a signature is recorded the first time it is
-seen and replayed after; a replay re-bases every recorded pointer on this call's operands
-and allocations and packs the recorded scalars; anything the memo cannot replay exactly (an
-allocation that is not the kernel families', a launch the launcher hands to CuPy) is never
-memoised; a new signature records again. The GPU suites run every native-cuda forward
-through it."""
+"""``StepMemo`` on the host, with a fake CuPy: a signature is recorded the second time it is
+seen and replayed from the third; a replay re-bases every recorded pointer on this call's
+operands and allocations and packs the recorded scalars; anything the memo cannot replay
+exactly (an allocation that is not the kernel families', a launch the launcher hands to
+CuPy) is never memoised; a new signature starts over. The GPU suites run every native-cuda
+forward through it."""
 from __future__ import annotations
 
 import contextlib
@@ -148,13 +148,15 @@ def test_a_replay_rebases_pointers_and_keeps_the_scalars():
     cupy = FakeCupy()
     kernels = Kernels(cupy)
     memo = StepMemo(cupy, frozenset())
+    seen = FakeArray((4, 8), ptr=0x6F00_0000)
+    memo.run(lambda: kernels.double(seen), [seen])  # seen once: a plain call
     first = FakeArray((4, 8), ptr=0x7000_0000)
     recorded = memo.run(lambda: kernels.double(first), [first])  # recorded
     second = FakeArray((4, 8), ptr=0x7100_0000)
     replayed = memo.run(lambda: pytest.fail("a replay must not call the step"), [second])
     launches = cupy.cuda.driver.launches
-    assert len(launches) == 2
-    f, grid, smem, stream, x_ptr, out_ptr, n = launches[1]
+    assert len(launches) == 3
+    f, grid, smem, stream, x_ptr, out_ptr, n = launches[2]
     assert (f, grid, smem, stream, n) == (0xF00D, (4, 1, 1), 0, 42, 8)
     assert x_ptr == 0x7100_0000  # this call's operand
     (view,) = replayed
@@ -171,11 +173,12 @@ def test_an_operand_view_keeps_its_offset():
         row = FakeArray((2, 8), memptr=base.data + 64)  # rows 2 and 3 of base
         return kernels.double(row)
 
-    a = FakeArray((4, 8), ptr=0x7000_0000)
-    memo.run(lambda: call(a), [a])
+    for ptr in (0x6F00_0000, 0x7000_0000):
+        a = FakeArray((4, 8), ptr=ptr)
+        memo.run(lambda a=a: call(a), [a])
     b = FakeArray((4, 8), ptr=0x7200_0000)
     memo.run(lambda: pytest.fail("replayed"), [b])
-    assert cupy.cuda.driver.launches[1][4] == 0x7200_0000 + 64
+    assert cupy.cuda.driver.launches[2][4] == 0x7200_0000 + 64
 
 
 def test_a_foreign_allocation_refuses_the_memo():
@@ -221,7 +224,7 @@ def test_a_new_signature_records_again_and_host_values_are_never_keyed():
                        ((5, 8), 0x7200_0000), ((4, 8), 0x7300_0004)):  # 4: another alignment
         x = FakeArray(shape, ptr=ptr)
         memo.run(lambda x=x: call(x), [x])
-    assert calls == [(4, 8), (5, 8), (4, 8)]  # recorded, replayed twice; new; new
+    assert calls == [(4, 8), (4, 8), (5, 8), (4, 8)]  # seen, recorded, replayed; new; new
     host = np.zeros(3)
     memo.run(lambda: calls.append("host"), [host])
     memo.run(lambda: calls.append("host"), [host])
@@ -240,6 +243,6 @@ def test_constants_are_keyed_by_identity():
 
     w1 = FakeArray((4, 8), ptr=0x7000_0000)
     w2 = FakeArray((4, 8), ptr=0x7000_0000)  # same metadata, another object
-    for w in (w1, w1, w2):
+    for w in (w1, w1, w1, w2):
         memo.run(lambda w=w: call(w), [w])
-    assert calls == [w1, w2]  # recorded, replayed; then another constant
+    assert calls == [w1, w1, w2]  # seen, recorded, replayed; then another constant

@@ -22,9 +22,10 @@ What makes a replay the call's exact work (else the step is never memoised for t
   alive); an argument inside two operands, or an output that is not a device array,
   refuses the memo.
 
-A key includes M, so a prefill at a length seen before replays, and a first prefill at a
-new length pays for the recording: more than a plain call (on the H200's host about 45 us a
-step). ``LOCKSTEP_STEP_MEMO=off`` turns memos off (the A/B of a same-machine compare).
+A key includes M. Recording costs more than a plain call (the H200's host: about 45 us a
+step), so a signature is recorded the second time it is seen and replayed from the third:
+a prefill at a length never seen before pays the plain call's cost, a length seen twice
+replays. ``LOCKSTEP_STEP_MEMO=off`` turns memos off (the A/B of a same-machine compare).
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ MEMO_OPS = frozenset({"NormMatMul", "SwiGLUMatMul", "RotaryKVAttention", "MatMul
                       "Attention", "Rotary", "Rotary2"})
 KEYS_PER_STEP = 8  # signatures a step remembers (prefill lengths, M = 1, verify widths)
 _REFUSED = object()
+_SEEN = object()  # seen once: the next call with this signature records
 _INPUT, _ALLOC, _FIXED = 0, 1, 2
 
 
@@ -152,9 +154,13 @@ class StepMemo:
         recipe = self._recipes.get(key)
         if recipe is _REFUSED:
             return call()
-        if recipe is None:
-            values, recipe = self._record(call, args)
-            self._remember(key, _REFUSED if recipe is None else recipe)
+        if recipe is None or recipe is _SEEN:
+            if recipe is None:
+                values = call()
+                self._remember(key, _SEEN)
+            else:
+                values, recipe = self._record(call, args)
+                self._remember(key, _REFUSED if recipe is None else recipe)
             return values
         self._recipes.move_to_end(key)
         arrays = [a if type(a) is self._ndarray else None for a in args]
