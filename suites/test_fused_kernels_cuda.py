@@ -287,6 +287,49 @@ def test_attention_reads_no_slot_past_the_position(cp, stream, backend):
     assert np.isfinite(poisoned).all() and poisoned.tobytes() == clean.tobytes()
 
 
+@pytest.mark.claim("batch_invariance")
+@pytest.mark.parametrize("dtype,score", [("float16", "float32"), ("float16", "float16"),
+                                         ("float32", "float32")])
+@pytest.mark.parametrize("d,t,scale", [(64, 2048, 0.125), (128, 96, None), (64, 40, 0.125)])
+def test_prefill_attention_rows_equal_each_row_alone(cp, stream, backend, dtype, score, d, t,
+                                                      scale):
+    """A prefill's attention (attention_rows: rows of one head share each key and value
+    load) gives every row bit for bit what the row alone gives (the decode kernel, M = 1),
+    at positions in order, out of order, repeated, past the cache (clamped) and negative
+    (no key); and the rows kernel really ran."""
+    fk = backend.fused_kernels().kernels
+    heads, kv_heads, m = 6, 2, 21
+    rng = np.random.default_rng(d + t)
+    with stream:
+        q = cp.asarray(rng.standard_normal((1, heads, m, d)).astype(dtype))
+        k = cp.asarray(rng.standard_normal((1, kv_heads, t, d)).astype(dtype))
+        v = cp.asarray(rng.standard_normal((1, kv_heads, t, d)).astype(dtype))
+        positions = np.arange(m, dtype=np.int64) + min(5, t - m)
+        positions[3], positions[4] = positions[4], positions[3]  # out of order
+        positions[7] = positions[6]  # one position twice
+        positions[10], positions[11] = t + 3, -1  # past the cache (clamped), no key
+        pos = cp.asarray(positions[None])
+    launched = []
+    real = fk._launcher.launch
+
+    def spy(function, *a, **kw):
+        launched.append(function)
+        return real(function, *a, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fk._launcher, "launch", spy)
+        rows = to_host(fk.attention(q, k, v, pos, kv_heads, heads // kv_heads, scale,
+                                    np.dtype(score), stream=stream), stream)
+    name = f"attention_rows_{'f16' if dtype == 'float16' else 'f32'}_" \
+           f"{'f16' if score == 'float16' else 'f32'}"
+    assert launched == [fk._functions[name]]
+    for i in range(m):
+        one = to_host(fk.attention(q[:, :, i:i + 1], k, v, pos[:, i:i + 1], kv_heads,
+                                   heads // kv_heads, scale, np.dtype(score), stream=stream),
+                      stream)
+        assert one[0, 0].tobytes() == rows[0, i].tobytes(), (i, int(positions[i]))
+
+
 # -- a replay's feed copies in one launch -----------------------------------------------------
 
 def test_copy_many_moves_every_byte_in_one_launch_and_reuses_its_table(cp, stream):

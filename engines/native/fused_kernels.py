@@ -48,6 +48,10 @@ PROLOGUE_PAIRS = tuple(sorted({(d, d) for d in FUSED_DTYPES}
 ATTENTION_BLOCK = 256  # threads per (head, query) block: a key each, for up to 256 keys
 ATTENTION_MAX_HEAD_DIM = 512
 ATTENTION_SMEM_KEYS = 4096  # caches of up to this many slots keep their scores in shared memory
+ATTENTION_ROWS = 8  # most rows attention_rows (a prefill) takes a block
+# dynamic shared memory of an attention_rows block, in floats (its rows' q and scores): under
+# the 48 KiB a launch takes without an opt-in, beside the static part and reduction buffers
+ATTENTION_ROWS_SMEM_FLOATS = 9 * 1024
 ROTARY_ATTENTION_MAX_ROWS = 8  # rows rotary_kv_attention takes (decode, verification)
 ROTARY_ATTENTION_MAX_HEAD_DIM = 128  # its staged new rows: 8 x 128 keys and values, 8 KiB
 
@@ -662,6 +666,132 @@ extern "C" __global__ void attention_${S}_${SC}(
 """
 
 
+_ATTENTION_ROWS = r"""
+// A prefill's attention, up to R rows of one head a block (rows m0 .. m0 + R - 1 of head h,
+// R = min(LK_ATT_ROWS, what the dynamic shared memory holds)): every row's arithmetic is
+// attention_'s for that row, bit for bit: thread t owns keys j = t, t + blockDim, ... for
+// the scores and the sum, the block trees run row by row (lk_softmax_block), and thread t
+// owns value run t % (D / V) of keys j = g, g + G, ... as there. What changes is that a key
+// or value run loaded once serves every row of the block. KVEC operands only (D a whole
+// number of 16-byte runs, both caches aligned). Dynamic shared memory: qs[R][D], then the
+// rows' scores s[R][T].
+extern "C" __global__ void attention_rows_${S}_${SC}(
+        const $T* __restrict__ q, const $T* __restrict__ k, const $T* __restrict__ v,
+        const long long* __restrict__ pos, $T* __restrict__ out, long long H, long long M,
+        long long T, long long D, long long group, long long qh, long long qm, long long qd,
+        int has_scale, float scale, int R) {
+    extern __shared__ __align__(16) float lk_rows_smem[];
+    __shared__ float part[LK_ATT_BLOCK * (16 / sizeof($T))];  // groups x D partial sums
+    __shared__ float smem[33];
+    __shared__ long long Ls[LK_ATT_ROWS];
+    const $T* S = 0;
+    const $TC* C = 0;
+    constexpr int V = 16 / sizeof($T);
+    const long long per_head = (M + R - 1) / R;
+    const long long h = blockIdx.x / per_head;
+    const long long m0 = (blockIdx.x % per_head) * R;
+    const int rows = (int)((M - m0) < R ? (M - m0) : R);
+    float* qs = lk_rows_smem;
+    float* s = lk_rows_smem + (long long)R * D;
+    const long long kvh = h / group;
+    const $T* kh = k + kvh * T * D;
+    const $T* vh = v + kvh * T * D;
+    const int tid = threadIdx.x;
+    for (long long i = tid; i < rows * D; i += blockDim.x) {
+        const long long r = i / D, d = i % D;
+        qs[i] = lk_load(q, h * qh + (m0 + r) * qm + d * qd);
+    }
+    if (tid < rows) {
+        const long long p = pos[m0 + tid];
+        Ls[tid] = p < 0 ? 0 : (p + 1 < T ? p + 1 : T);
+    }
+    __syncthreads();
+    long long Lmax = 0;
+    long long L[LK_ATT_ROWS];
+    float mx[LK_ATT_ROWS];
+#pragma unroll
+    for (int r = 0; r < LK_ATT_ROWS; ++r) {
+        L[r] = r < rows ? Ls[r] : 0;
+        Lmax = L[r] > Lmax ? L[r] : Lmax;
+        mx[r] = __int_as_float(0xff800000);  // -inf
+    }
+    for (long long j = tid; j < Lmax; j += blockDim.x) {
+        const $T* kr = kh + j * D;
+        float acc[LK_ATT_ROWS];
+#pragma unroll
+        for (int r = 0; r < LK_ATT_ROWS; ++r) acc[r] = 0.0f;
+#pragma unroll 2
+        for (long long c = 0; c < D; c += V) {
+            const lk_att_vec16 kv = *reinterpret_cast<const lk_att_vec16*>(kr + c);
+            const $T* kp = reinterpret_cast<const $T*>(&kv);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float kf = lk_load(kp, e);
+#pragma unroll
+                for (int r = 0; r < LK_ATT_ROWS; ++r)
+                    if (r < rows) acc[r] = __fmaf_rn(qs[r * D + c + e], kf, acc[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < LK_ATT_ROWS; ++r) {
+            if (j < L[r]) {
+                float score = lk_round(S, acc[r]);
+                if (has_scale) score = lk_round(C, score * scale);
+                s[r * T + j] = score;
+                mx[r] = fmaxf(mx[r], score);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < LK_ATT_ROWS; ++r) {
+        if (r < rows) lk_softmax_block(s + r * T, L[r], mx[r], smem, tid, S, C);
+    }
+    __syncthreads();
+    const int runs = (int)(D / V);
+    const int groups = blockDim.x / runs;
+    const int c = tid % runs;
+    const int g = tid / runs;
+    float o[LK_ATT_ROWS][V];
+#pragma unroll
+    for (int r = 0; r < LK_ATT_ROWS; ++r)
+#pragma unroll
+        for (int e = 0; e < V; ++e) o[r][e] = 0.0f;
+    if (g < groups) {
+        for (long long j = g; j < Lmax; j += groups) {
+            const lk_att_vec16 vv = *reinterpret_cast<const lk_att_vec16*>(vh + j * D + c * V);
+            const $T* vp = reinterpret_cast<const $T*>(&vv);
+            float vf[V];
+#pragma unroll
+            for (int e = 0; e < V; ++e) vf[e] = lk_load(vp, e);
+#pragma unroll
+            for (int r = 0; r < LK_ATT_ROWS; ++r) {
+                if (j < L[r]) {
+                    const float pj = s[r * T + j];
+#pragma unroll
+                    for (int e = 0; e < V; ++e) o[r][e] = o[r][e] + pj * vf[e];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < LK_ATT_ROWS; ++r) {
+        if (r < rows) {
+            if (g < groups) {
+#pragma unroll
+                for (int e = 0; e < V; ++e) part[g * D + c * V + e] = o[r][e];
+            }
+            __syncthreads();
+            for (long long d = tid; d < D; d += blockDim.x) {
+                float total = 0.0f;
+                for (int i = 0; i < groups; ++i) total = total + part[i * D + d];
+                lk_store(out, ((m0 + r) * H + h) * D + d, total);
+            }
+            __syncthreads();
+        }
+    }
+}
+"""
+
 _ROTARY_KV_ATTENTION = r"""
 // A decode's or verification's RotaryKVWrite and the Attention that reads its rotated
 // queries and its two caches, in one launch. Blocks [0, Hq * M) are attention's blocks
@@ -805,6 +935,7 @@ def fused_source() -> str:
     parts = [prelude(), f"#define LK_ATT_MAX_D {ATTENTION_MAX_HEAD_DIM}",
              f"#define LK_ATT_BLOCK {ATTENTION_BLOCK}",
              f"#define LK_ATT_SMEM_KEYS {ATTENTION_SMEM_KEYS}",
+             f"#define LK_ATT_ROWS {ATTENTION_ROWS}",
              f"#define LK_RKA_MAX_D {ROTARY_ATTENTION_MAX_HEAD_DIM}",
              f"#define LK_RKA_MAX_M {ROTARY_ATTENTION_MAX_ROWS}",
              "struct alignas(16) lk_att_vec16 { unsigned int words[4]; };  // one 16-byte load",
@@ -826,6 +957,8 @@ def fused_source() -> str:
         parts.append(Template(_RMS_NORM).substitute(_fields(I=a, O=b)))
         parts.append(Template(_ATTENTION).substitute(_fields(C=b), S=_TYPES[a][0],
                                                       T=_TYPES[a][1]))
+        parts.append(Template(_ATTENTION_ROWS).substitute(_fields(C=b), S=_TYPES[a][0],
+                                                           T=_TYPES[a][1]))
     for dtype in FUSED_DTYPES:
         parts.append(Template(_KV_WRITE).substitute(S=_TYPES[dtype][0], T=_TYPES[dtype][1]))
     for a, b, c in itertools.product(FUSED_DTYPES, repeat=3):
@@ -1355,14 +1488,23 @@ class FusedKernels:
         out = self._empty((1, m, heads * d), q.dtype, stream)
         if out.size == 0:
             return out
+        kvec = (d * k.itemsize) % 16 == 0 and k.data.ptr % 16 == 0 and v.data.ptr % 16 == 0
+        qs = [s // q.itemsize for s in q.strides[1:]]
+        rows = min(ATTENTION_ROWS, ATTENTION_ROWS_SMEM_FLOATS // (t + d))
+        if kvec and m > PROLOGUE_ROWS and rows >= 2:  # a prefill: rows share key loads
+            self._launcher.launch(
+                self._functions[f"attention_rows_{_suffix(q.dtype, 'q')}_"
+                                f"{_suffix(score_dtype, 'scores')}"],
+                (heads * -(-m // rows),), (ATTENTION_BLOCK,),
+                (q, k, v, pos, out, _i64(heads), _i64(m), _i64(t), _i64(d), _i64(group),
+                 *map(_i64, qs), np.int32(scale is not None),
+                 np.float32(0.0 if scale is None else scale), np.int32(rows)),
+                stream, rows * (d + t) * 4)
+            return out
         # scores in global scratch only for caches longer than the shared array holds
         scratch = self._empty((heads * m * t if t > ATTENTION_SMEM_KEYS else 1,),
                               np.float32, stream)
         groups = ATTENTION_BLOCK // d if d <= ATTENTION_BLOCK else 1
-        qs = [s // q.itemsize for s in q.strides[1:]]
-        # key and value rows in 16-byte loads where each row is whole vectors and both caches
-        # are aligned
-        kvec = (d * k.itemsize) % 16 == 0 and k.data.ptr % 16 == 0 and v.data.ptr % 16 == 0
         self._launch(name, heads * m, ATTENTION_BLOCK,
                      (q, k, v, pos, out, scratch, _i64(heads), _i64(m), _i64(t), _i64(d),
                       _i64(group), *map(_i64, qs), np.int32(scale is not None),
