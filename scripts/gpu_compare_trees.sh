@@ -7,6 +7,8 @@
 # Usage (repo root of the new tree, the small wheels in .whl/):
 #   OUT=DIR scripts/gpu_compare_trees.sh OLD_TREE_DIR [EXTRA_PYTEST_ARGS...]
 # EXTRA_PYTEST_ARGS (optional) run first, in this tree. Writes $OUT/compare.txt.
+# COMPARE_ENV=NAME times one tree twice instead, NAME=off then NAME=on (a switch's A/B, e.g.
+# LOCKSTEP_DEPENDENT_LAUNCH); PROFILE=1 adds scripts/gpu_profile_decode.py (VERIFY=5) to each.
 set -uo pipefail
 OLD=$(cd "$1" && pwd); shift
 NEW=$PWD
@@ -27,14 +29,25 @@ if [ $# -gt 0 ]; then
 fi
 PYTHONPATH=/tmp/site:$NEW "$PY" scripts/build_smollm2_shape.py "$PKG" float16-static \
   >> "$LOG" 2>&1 || status=1
-for tree in "$OLD" "$NEW"; do
-  step "tree $tree"
+if [ -n "${COMPARE_ENV:-}" ]; then
+  sides=("$NEW off" "$NEW on")
+else
+  sides=("$OLD -" "$NEW -")
+fi
+for side in "${sides[@]}"; do
+  tree=${side% *} value=${side##* }
+  step "tree $tree${COMPARE_ENV:+, $COMPARE_ENV=$value}"
   ( cd "$tree" && export PYTHONPATH=/tmp/site:$tree PYTHONUNBUFFERED=1
+    [ -n "${COMPARE_ENV:-}" ] && export "$COMPARE_ENV=$value"
     timeout 150 "$PY" -m harness.cli bench-forward --engines native-cuda --packages "$PKG" \
       --prefill 512 --rows 1,5 --prefix 64 --repeats 10 --warmup 2
     LOCKSTEP_NATIVE_CUDA_GRAPHS=on timeout 90 "$PY" -m harness.cli bench --engines native-cuda \
       --baseline native-cuda --packages "$PKG" --ignore-eos --max-new-tokens 128 --repeats 3 \
-      --warmup 2 --pipelined ) >> "$LOG" 2>&1 || status=1
+      --warmup 2 --pipelined
+    if [ -n "${PROFILE:-}" ]; then
+      VERIFY=5 PREFILL=512 REPLAYS=200 timeout 90 "$PY" scripts/gpu_profile_decode.py "$PKG" \
+        | grep -v "^ \{2,\}[0-9]" | grep -v "^$"
+    fi ) >> "$LOG" 2>&1 || status=1
 done
 step "compare status $status"
 exit $status

@@ -4,10 +4,10 @@
 #     SmolLM2 conversions made beside it on the CPU; then SmolLM2 parity in
 #     float32/float16/bfloat16 on native-cuda, ort-cuda and hf-cuda.
 #   speed CHECKPOINT: everything timed, alone on the GPU: the dtype bench (native-cuda,
-#     ort-cuda, hf-cuda; float16 with the plain and the pipelined greedy loop), the caches and
-#     single forwards of scripts/gpu_speed.sh (SPEED_PARTS adds its loop and selfspec parts),
-#     scripts/gpu_genai.sh's bench when SPEED_GENAI is set, then
-#     scripts/gpu_profile_decode.py (a prefill of 512 profiled too).
+#     ort-cuda, hf-cuda; float16 and bfloat16 with the plain and the pipelined greedy loop),
+#     the caches and single forwards of scripts/gpu_speed.sh (SPEED_PARTS adds its loop and
+#     selfspec parts), scripts/gpu_genai.sh's bench when SPEED_GENAI is set, then
+#     scripts/gpu_profile_decode.py (a prefill of 512 and a verification of 5 rows too).
 #   brief CHECKPOINT: what a short device budget holds, in one call: the nightly run, then
 #     SmolLM2 parity in float16 and bfloat16 on native-cuda and ort-cuda, the float16 bench
 #     with the pipelined loop (native-cuda, ort-cuda, hf-cuda) and the single forwards
@@ -171,11 +171,13 @@ else
       --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" --ignore-eos \
       --max-new-tokens 128 --repeats 3 --warmup 2 --json "$OUT/bench-float16.json" || return 1
     "$PY" -m harness.cli bench --engines native-cuda,ort-cuda,hf-cuda --baseline hf-cuda \
-      --packages "$PKG/smollm2-static-float16" --ignore-eos --max-new-tokens 128 --repeats 3 \
-      --warmup 2 --pipelined --json "$OUT/bench-float16-pipelined.json"
+      --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" --ignore-eos \
+      --max-new-tokens 128 --repeats 3 --warmup 2 --pipelined \
+      --json "$OUT/bench-float16-pipelined.json"
   }
-  # run 10: 216 s of a 220 s limit (three tables, hf-cuda compiling its forward in each)
-  step bench 300 bash -c "$(declare -f bench_dtypes); PY=$PY PKG=$PKG OUT=\$OUT bench_dtypes"
+  # run 13: 213 s (three tables, hf-cuda compiling its forward in each); the pipelined table
+  # has bfloat16 beside float16 since run 14 (the device's figures, without the host's loop)
+  step bench 330 bash -c "$(declare -f bench_dtypes); PY=$PY PKG=$PKG OUT=\$OUT bench_dtypes"
   # the caches (float16, captured, both loops) and the single forwards; the pipelined loop
   # is in the bench above; self-speculation with SPEED_PARTS="... selfspec"
   step speed 200 env REPEATS=3 PARTS="${SPEED_PARTS:-cache forward}" CACHE_DTYPES=float16 \
@@ -184,7 +186,7 @@ else
     step genai 150 env PARTS=bench REPEATS=2 bash scripts/gpu_genai.sh "$GGUF"
   fi
   # where a native-cuda decode step's time goes (diagnostic: docs/PERFORMANCE.md's bounds)
-  step profile 60 env PREFILL=512 "$PY" scripts/gpu_profile_decode.py \
+  step profile 80 env PREFILL=512 VERIFY=5 "$PY" scripts/gpu_profile_decode.py \
     "$PKG/smollm2-static-float16" "$PKG/smollm2-static-float32"
   # one report of the run: the correctness phase's SmolLM2 parity (when it ran on this
   # machine) with every bench table of this phase as its speed section

@@ -9,7 +9,8 @@ importable, one replay under torch's CUPTI profiler (every kernel's device time,
 
 Usage (repo root, on a CUDA machine): python scripts/gpu_profile_decode.py PACKAGE [...]
 Environment: TOKENS (default 128), REPLAYS (default 200), PREFILL (tokens of a prefill whose
-kernels and host work are profiled too; default 0, none).
+kernels and host work are profiled too; default 0, none), VERIFY (rows of a verification
+forward whose VERIFY graph is timed and profiled beside the PRIMARY one; default 0, none).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import time
 TOKENS = int(os.environ.get("TOKENS", "128"))
 REPLAYS = int(os.environ.get("REPLAYS", "200"))
 PREFILL = int(os.environ.get("PREFILL", "0"))  # tokens of a profiled prefill (0: none)
+VERIFY = int(os.environ.get("VERIFY", "0"))  # rows of a profiled verification (0: none)
 
 
 def decode_steps(engine, prompt):
@@ -51,11 +53,11 @@ def profile_host(engine, prompt) -> str:
     return top_functions(profiler)
 
 
-def replay_ms(engine, cp) -> float:
-    """Device ms of one PRIMARY replay, the graph launched REPLAYS times back to back."""
+def replay_ms(engine, cp, slot: str = "PRIMARY") -> float:
+    """Device ms of one replay of a slot's graph, launched REPLAYS times back to back."""
     from engines.native.graph_slots import GraphSlot
 
-    state = engine.slots[GraphSlot.PRIMARY]
+    state = engine.slots[GraphSlot[slot]]
     if state.graph is None:
         return float("nan")
     start, stop = cp.cuda.Event(), cp.cuda.Event()
@@ -69,8 +71,9 @@ def replay_ms(engine, cp) -> float:
     return cp.cuda.get_elapsed_time(start, stop) / REPLAYS
 
 
-def kernel_table(engine) -> str:
-    """One replay under torch's profiler (CUPTI sees CuPy's kernels too), by kernel name."""
+def kernel_table(engine, slot: str = "PRIMARY") -> str:
+    """Five replays of a slot's graph under torch's profiler (CUPTI sees CuPy's kernels
+    too), by kernel name."""
     try:
         import torch
         from torch.profiler import ProfilerActivity, profile
@@ -78,13 +81,33 @@ def kernel_table(engine) -> str:
         return f"(no kernel table: torch unavailable: {exc})"
     from engines.native.graph_slots import GraphSlot
 
-    state = engine.slots[GraphSlot.PRIMARY]
+    state = engine.slots[GraphSlot[slot]]
     torch.cuda.init()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             state.graph.launch(engine.stream)
         engine.synchronize()
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+
+
+def verify_profile(engine, cp, prompt) -> str:
+    """A verification forward of VERIFY rows after the prompt (captured on its second
+    call), its VERIFY graph timed back to back and profiled: what a verification costs over
+    the PRIMARY replay, kernel by kernel."""
+    from engines.workflow.session import DecodeSession
+
+    vocab = engine.package.spec.vocab_size
+    rows = [(5 * i + 11) % vocab for i in range(VERIFY)]
+    session = DecodeSession(engine)
+    session.forward(prompt, "prefill")
+    start = session.position
+    for _ in range(3):
+        session.truncate(start)
+        session.forward(rows, "verify")
+    engine.synchronize()
+    device = replay_ms(engine, cp, "VERIFY")
+    return (f"VERIFY graph replay ({VERIFY} rows), back to back: {device:.3f} ms a forward\n"
+            + kernel_table(engine, "VERIFY"))
 
 
 def prefill_table(engine) -> str:
@@ -164,6 +187,8 @@ def main(paths: list[str]) -> int:
         print(f"host share of a step: {statistics.median(walls) - device:.3f} ms")
         print(profile_host(engine, prompt))
         print(kernel_table(engine))
+        if VERIFY:
+            print(verify_profile(engine, cp, prompt))
         if PREFILL:
             print(prefill_table(engine))
             print(prefill_host(engine))

@@ -122,6 +122,19 @@ __device__ __forceinline__ void lk_store(lk_bf16* p, long long i, float v) {
     p[i].bits = lk_float_to_bf16(v);
 }
 
+// Programmatic dependent launch (dependent_launch.py): a kernel launched with the
+// programmatic serialization attribute may start while the kernel ahead of it on the stream
+// still runs. Every kernel calls this before it reads or writes anything another kernel
+// touches (only weight prefetches, hints, come first): it waits until the kernel ahead has
+// finished and its writes are visible, then lets the next kernel's blocks start, so their
+// prefetches overlap this kernel's work. Launched without the attribute it returns at once.
+__device__ __forceinline__ void lk_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // A warp's 32 values added in one fixed butterfly (xor 16, 8, 4, 2, 1): every lane gets
 // the sum. Every GEMV and block reduction sums its lanes this way.
 __device__ __forceinline__ float lk_warp_sum(float v) {
@@ -166,6 +179,7 @@ __device__ __forceinline__ void lk_gemv_chunk_$S(const $T* __restrict__ xr,
 extern "C" __global__ void gemv_rows_$S(const $T* __restrict__ x, const $T* __restrict__ w,
                                         $T* __restrict__ out, long long M, long long K,
                                         long long N, long long w_is_nk) {
+    lk_grid_wait();
     const int lane = threadIdx.x & 31;
     const long long n = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (n >= N) return;  // uniform across the warp: the shuffles see all 32 lanes
@@ -387,6 +401,8 @@ extern "C" __global__ void gemv_vec_$S(const $T* __restrict__ x, const $T* __res
                                        long long N, long long w_nstep, long long w_kstep,
                                        int vec, int team) {
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
+    if (vec && w_kstep == 1 && w_nstep == K) lk_gemv_prefetch_$S(w, K, N, team, blockIdx.x);
+    lk_grid_wait();
     lk_gemv_vec_block_$S<LK_GEMV_ROWS, true>(x, w, out, M, K, N, w_nstep, w_kstep, vec, team,
                                               blockIdx.x, part);
 }
@@ -396,6 +412,8 @@ extern "C" __global__ void gemv_vec_$S(const $T* __restrict__ x, const $T* __res
 // rest weight 2; each with its own team, so every column's arithmetic is the single launch's.
 extern "C" __global__ void gemv_vec3_$S(LK_GEMV3_PARAMS($T)) {
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
+    lk_gemv3_prefetch_$S(w0, w1, w2, K, N0, N1, N2, team0, team1, team2, blocks0, blocks1);
+    lk_grid_wait();
     lk_gemv3_$S<LK_GEMV_ROWS>(x, w0, w1, w2, out0, out1, out2, M, K, N0, N1, N2, team0,
                               team1, team2, blocks0, blocks1, part);
 }
@@ -500,6 +518,7 @@ extern "C" __global__ void gemv_tile_$S(const $T* __restrict__ x, const $T* __re
                                         long long N, int team, int tile_rows) {
     extern __shared__ __align__(16) unsigned char lk_tile_smem[];
     __shared__ float part[LK_GEMV_ROWS * LK_TILE_COLS * LK_TILE_WARPS];
+    lk_grid_wait();
     lk_gemv_tile_block_$S(x, w, out, M, K, N, team, tile_rows, blockIdx.x,
                           reinterpret_cast<float*>(lk_tile_smem), part);
 }
@@ -510,6 +529,7 @@ extern "C" __global__ void gemv_tile_$S(const $T* __restrict__ x, const $T* __re
 extern "C" __global__ void gemv_tile3_$S(LK_GEMV3_PARAMS($T), int tile_rows) {
     extern __shared__ __align__(16) unsigned char lk_tile_smem[];
     __shared__ float part[LK_GEMV_ROWS * LK_TILE_COLS * LK_TILE_WARPS];
+    lk_grid_wait();
     const long long blk = blockIdx.x;
     const bool first = blk < blocks0, second = !first && blk < blocks0 + blocks1;
     const long long b = first ? blk : (second ? blk - blocks0 : blk - blocks0 - blocks1);
@@ -532,6 +552,7 @@ extern "C" __global__ void bmm_$S(const $T* __restrict__ a, const $T* __restrict
                                   long long as3, long long a_sm, long long a_sk, long long bs0,
                                   long long bs1, long long bs2, long long bs3, long long b_sk,
                                   long long b_sn) {
+    lk_grid_wait();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= total) return;
     const long long n = idx % N;
@@ -560,6 +581,7 @@ _SUM = r"""
 // x viewed as [outer, L, inner] (C order); out[o, i] = sum_l x[o, l, i], l ascending.
 extern "C" __global__ void sum_axis_$S(const $T* __restrict__ x, $T* __restrict__ out,
                                        long long outer, long long L, long long inner) {
+    lk_grid_wait();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= outer * inner) return;
     const long long o = idx / inner;
@@ -706,7 +728,7 @@ class CudaKernels:
             self._module = cupy.RawModule(code=KERNEL_SOURCE, options=COMPILE_OPTIONS)
             # Compile and load now: loading a module inside a stream capture is not allowed.
             self._functions = {name: self._module.get_function(name) for name in KERNEL_NAMES}
-        self._launcher = KernelLauncher(cupy)
+        self._launcher = KernelLauncher(cupy, self.device_id, dependent=True)
 
     # -- checks ------------------------------------------------------------------------------
     def _on_device(self, array, what: str) -> None:

@@ -186,6 +186,7 @@ extern "C" __global__ void add_rms_norm_${SI}_${SD}_${SO}(
         const $TI* __restrict__ res, const $TD* __restrict__ delta,
         const $TI* __restrict__ gain, $TI* __restrict__ sum_out, $TO* __restrict__ out,
         long long rows, long long n, float eps) {
+    lk_grid_wait();
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;  // whole warps only: no barrier follows
     const long long base = row * n;
@@ -200,6 +201,7 @@ extern "C" __global__ void rms_norm_${SI}_${SO}(const $TI* __restrict__ x,
                                                 const $TI* __restrict__ gain,
                                                 $TO* __restrict__ out, long long rows,
                                                 long long n, float eps) {
+    lk_grid_wait();
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;  // whole warps only: no barrier follows
     const long long base = row * n;
@@ -226,6 +228,7 @@ extern "C" __global__ void norm_gemv_${SI}_${SD}_${SO}(
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
     $TO* xs = reinterpret_cast<$TO*>(lk_prologue_smem);
     lk_gemv3_prefetch_${SO}(w0, w1, w2, K, N0, N1, N2, team0, team1, team2, blocks0, blocks1);
+    lk_grid_wait();
     for (long long m = threadIdx.x >> 5; m < M; m += blockDim.x >> 5) {
         lk_norm_row_${SI}_${SD}_${SO}(res + m * K, delta ? delta + m * K : delta, gain,
                                       (sum_out && blockIdx.x == 0) ? sum_out + m * K : ($TI*)0,
@@ -304,6 +307,7 @@ extern "C" __global__ void rotary_${SX}_${SC}_${SO}(
         long long cb, long long ch, long long cm, long long cd,
         long long sb, long long sh, long long sm, long long sd,
         int pairs, int has_scale, float scale) {
+    lk_grid_wait();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= total) return;
     lk_rotary_${SX}_${SC}_${SO}(x, cosv, sinv, out, idx, H, M, D, xb, xh, xm, xd, cb, ch, cm,
@@ -320,6 +324,7 @@ extern "C" __global__ void rotary2_${SX}_${SC}_${SO}(
         const $TC* __restrict__ cosv, const $TC* __restrict__ sinv, long long M, long long D,
         long long cb, long long ch, long long cm, long long cd,
         long long sb, long long sh, long long sm, long long sd, int pairs) {
+    lk_grid_wait();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < total_a) {
         lk_rotary_${SX}_${SC}_${SO}(xa, cosv, sinv, out_a, idx, Ha, M, D, ab, ah, am, ad, cb,
@@ -388,6 +393,7 @@ extern "C" __global__ void rotary_kv_${SX}_${SC}_${SO}(
         const $TO* __restrict__ old_v, const $TO* __restrict__ new_v, $TO* __restrict__ cache_v,
         long long runs_v, long long Hv, long long vb, long long vh, long long vm,
         const long long* __restrict__ pos, long long C) {
+    lk_grid_wait();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < total_q) {
         lk_rotary_${SX}_${SC}_${SO}(xq, cosv, sinv, out_q, idx, Hq, M, D, qb, qh, qm, qd, cb,
@@ -419,6 +425,7 @@ __device__ __forceinline__ float lk_swiglu_${SG}_${SC}_${SO}(const $TG* __restri
 extern "C" __global__ void swiglu_${SG}_${SC}_${SO}(const $TG* __restrict__ gate,
                                                    const $TG* __restrict__ up,
                                                    $TO* __restrict__ out, long long n) {
+    lk_grid_wait();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     lk_store(out, i, lk_swiglu_${SG}_${SC}_${SO}(gate, up, i));
@@ -438,6 +445,7 @@ extern "C" __global__ void swiglu_gemv_${SG}_${SC}_${SO}(
     constexpr int VG = 16 / sizeof($TG);
     $TO* xs = reinterpret_cast<$TO*>(lk_prologue_smem);
     lk_gemv_prefetch_${SO}(w, K, N, team, blockIdx.x);
+    lk_grid_wait();
     if (gvec) {
 #pragma unroll 2
         for (long long c = threadIdx.x; c < M * K / VG; c += blockDim.x) {
@@ -512,6 +520,7 @@ extern "C" __global__ void kv_write2v_${S}(
         long long runs_b, long long H_b, long long D_b, long long bb, long long bh,
         long long bm,
         const long long* __restrict__ pos, long long C, long long M) {
+    lk_grid_wait();
     const long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (v < runs_a) {
         lk_kv_write_vec_${S}(old_a, new_a, pos, out_a, v, H_a, C, D_a, M, ab, ah, am);
@@ -527,6 +536,7 @@ extern "C" __global__ void kv_write_${S}(const $T* __restrict__ old, const $T* _
                                          long long C, long long D, long long M,
                                          long long nb, long long nh, long long nm,
                                          long long nd) {
+    lk_grid_wait();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= total) return;
     lk_kv_write_${S}(old, nw, pos, out, idx, H, C, D, M, nb, nh, nm, nd);
@@ -542,6 +552,7 @@ extern "C" __global__ void kv_write2_${S}(
         long long total_b, long long H_b, long long D_b, long long bb, long long bh,
         long long bm, long long bd,
         const long long* __restrict__ pos, long long C, long long M) {
+    lk_grid_wait();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < total_a) {
         lk_kv_write_${S}(old_a, new_a, pos, out_a, idx, H_a, C, D_a, M, ab, ah, am, ad);
@@ -576,6 +587,7 @@ extern "C" __global__ void attention_${S}_${SC}(
     __shared__ float part[LK_ATT_BLOCK * (16 / sizeof($T))];  // groups x D partial sums
     __shared__ float smem[33];
     __shared__ float s_keys[LK_ATT_SMEM_KEYS];  // the scores, where T fits (else scratch)
+    lk_grid_wait();
     const $T* S = 0;
     const $TC* C = 0;
     constexpr int V = 16 / sizeof($T);
@@ -684,6 +696,7 @@ extern "C" __global__ void attention_rows_${S}_${SC}(
     __shared__ float part[LK_ATT_BLOCK * (16 / sizeof($T))];  // groups x D partial sums
     __shared__ float smem[33];
     __shared__ long long Ls[LK_ATT_ROWS];
+    lk_grid_wait();
     const $T* S = 0;
     const $TC* C = 0;
     constexpr int V = 16 / sizeof($T);
@@ -817,6 +830,7 @@ extern "C" __global__ void rotary_kv_attention_${SX}_${SC}_${SO}(
         long long runs_v, long long Hv, long long vb, long long vh, long long vm,
         const long long* __restrict__ pos, long long C, long long group, int has_scale,
         float scale, $TO* __restrict__ out) {
+    lk_grid_wait();
     const long long att_blocks = Hq * M;
     if ((long long)blockIdx.x >= att_blocks) {
         const long long v = ((long long)blockIdx.x - att_blocks) * blockDim.x + threadIdx.x;
@@ -1036,7 +1050,7 @@ class FusedKernels:
         with self._device:
             module = cupy.RawModule(code=FUSED_SOURCE, options=COMPILE_OPTIONS)
             self._functions = {name: module.get_function(name) for name in FUSED_NAMES}
-        self._launcher = KernelLauncher(cupy)
+        self._launcher = KernelLauncher(cupy, self.device_id, dependent=True)
 
     def on(self, stream) -> StreamKernels:
         """These kernels with every launch on ``stream`` (what a backend holds)."""

@@ -14,6 +14,8 @@ The driver copies the parameters when the launch is issued (and a stream capture
 them into the graph's node), so one buffer per thread and argument format can be rewritten
 by the next launch. A call with an argument of any other kind goes through CuPy's own
 launch, so nothing changes for it; so does a callable that is not a compiled kernel.
+A launcher made with ``dependent=True`` (for modules whose every kernel calls
+``lk_grid_wait`` first) launches through ``dependent_launch`` where the device supports it.
 """
 from __future__ import annotations
 
@@ -60,12 +62,16 @@ class KernelLauncher:
     the same arguments and effect as ``function(grid, block, args, stream=stream,
     shared_mem=shared_mem)``, with the argument handling done by ``struct``."""
 
-    def __init__(self, cupy):
+    def __init__(self, cupy, device_id: int | None = None, dependent: bool = False):
+        from engines.native.dependent_launch import dependent_launch_for
+
         self._ndarray = cupy.ndarray
         self._driver = cupy.cuda.driver
         self._current_stream = cupy.cuda.get_current_stream
         self._local = threading.local()
         self._pointers: dict[Any, int] = {}
+        self.dependent = (dependent_launch_for(cupy, device_id)
+                          if dependent and device_id is not None else None)
 
     def _frame(self, fmt: str) -> _Frame:
         frames = getattr(self._local, "frames", None)
@@ -129,6 +135,9 @@ class KernelLauncher:
         pointers): what ``launch`` ends with, and what a step memo replays."""
         frame = self._frame(fmt)
         frame.pack_into(frame.buffer, 0, *values)
+        if self.dependent is not None:
+            self.dependent.launch(pointer, grid, block, shared_mem, stream.ptr, frame.params[1])
+            return
         self._driver.launchKernel(pointer, grid[0], grid[1], grid[2], block[0], block[1],
                                   block[2], shared_mem, stream.ptr, frame.params[1], 0)
 
