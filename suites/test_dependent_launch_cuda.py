@@ -56,9 +56,11 @@ def _logits(cp, package, steps: int = 8, verify: int = 3) -> list[np.ndarray]:
         kept = []
 
         def keep(out):  # to the host now: a graph's next replay rewrites its output
+            token = session.last_token(out["logits"])
+            engine.synchronize()  # the copy below runs on CuPy's current stream, not the engine's
             host = cp.asnumpy(out["logits"])
             kept.append(host.view(f"u{host.itemsize}"))
-            return session.last_token(out["logits"])
+            return token
 
         token = keep(session.forward(list(package.spec.prompts[0]), "prefill"))
         for _ in range(steps):
