@@ -193,3 +193,20 @@ def test_a_kernel_that_touches_memory_before_waiting_is_named(planted):
                "    lk_grid_wait();\n    y[threadIdx.x] = part[0];\n}\n")
     assert kernels_waiting_late(control) == []
     assert kernels_waiting_late(control + planted) == [re.search(r"void (\w+)", planted)[1]]
+
+
+def test_plain_launches_inside_the_context_and_dependent_again_after(monkeypatch):
+    from engines.native.kernel_launch import plain_launches
+
+    entry = FakeEntry()
+    monkeypatch.setenv(dependent_launch.ENV, "on")
+    monkeypatch.setattr(dependent_launch, "_driver_entry", lambda: entry)
+    cupy = _LauncherCupy()
+    launcher = KernelLauncher(cupy, 0, dependent=True)
+    with plain_launches():
+        with plain_launches():  # nested: still plain, and plain after the inner one
+            launcher.launch(_Function(), (1,), (32,), (np.int64(1),), _Stream())
+        launcher.launch_packed(0xF00D, (1, 1, 1), (32, 1, 1), "q", [5], _Stream(), 0)
+    assert len(cupy.plain) == 2 and not entry.calls
+    launcher.launch(_Function(), (1,), (32,), (np.int64(1),), _Stream())
+    assert len(cupy.plain) == 2 and len(entry.calls) == 1

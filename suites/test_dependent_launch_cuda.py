@@ -96,3 +96,35 @@ def test_dependent_launches_give_the_plain_launches_bits(cp, packages, package_n
     assert len(dependent) == len(plain)
     for step, (a, b) in enumerate(zip(dependent, plain)):
         np.testing.assert_array_equal(a, b, err_msg=f"{package_name}: forward {step}")
+
+
+def test_a_verification_launches_plain_and_a_prefill_or_decode_dependent(cp, packages,
+                                                                         monkeypatch):
+    """kernel_launch.plain_launches around a verify forward (eager and captured alike)."""
+    from engines.registry import get_engine_class
+    from engines.workflow.session import DecodeSession
+
+    capability = int(cp.cuda.Device(0).compute_capability)
+    dependent = capability >= 90 and dependent_launch.requested()
+    launched = []
+    original = dependent_launch.DependentLaunch.launch
+
+    def counted(self, *args):
+        launched.append(args[0])
+        return original(self, *args)
+
+    monkeypatch.setattr(dependent_launch.DependentLaunch, "launch", counted)
+    package = packages["tiny_llama_static"]
+    engine = get_engine_class("native-cuda")(package)
+    try:
+        session = DecodeSession(engine)
+        counts = {}
+        for phase, tokens in (("prefill", list(package.spec.prompts[0])), ("decode", [5]),
+                              ("verify", [5, 6, 7])):
+            before = len(launched)
+            session.forward(tokens, phase)  # a slot's first use: eager, then the capture
+            counts[phase] = len(launched) - before
+    finally:
+        engine.close()
+    assert counts["verify"] == 0
+    assert (counts["prefill"] > 0 and counts["decode"] > 0) is dependent, counts

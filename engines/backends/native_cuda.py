@@ -33,6 +33,7 @@ touch. Any other op on one is an ``ExecutionError`` naming it.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,6 +46,7 @@ from engines.native.bf16 import model_uses_bf16
 from engines.native.capacity_cache import CapacityCells, capacity_plan
 from engines.native.graph_slots import (CaptureError, CupyGraphDevice, GraphSlots,
                                         forward_positions, graphs_default)
+from engines.native.kernel_launch import plain_launches
 
 
 def matmul_weight_shapes(model: onnx.ModelProto) -> set[tuple[int, int]]:
@@ -187,8 +189,10 @@ class NativeCudaEngine(Engine):
         cells = self._capacity.get(component)
         if cells is not None:  # pasts as capacity buffers (lengths from their shapes)
             feeds, lengths = cells.feeds(feeds, positions)
-        out = self.slots.run(component, feeds, phase, lambda f: self._eager(plan, f),
-                             lambda inputs: self._capture_body(plan, inputs), positions)
+        # a verification launches plain, eager or captured (kernel_launch.plain_launches)
+        with plain_launches() if phase == "verify" else contextlib.nullcontext():
+            out = self.slots.run(component, feeds, phase, lambda f: self._eager(plan, f),
+                                 lambda inputs: self._capture_body(plan, inputs), positions)
         if cells is not None:  # presents as views of their first P + M slots
             out = cells.outputs(out, lengths, positions)
         self.publish_memory()
