@@ -125,12 +125,18 @@ class _Function:
     ptr = 0xF00D
 
 
-def test_a_dependent_launcher_sends_every_packed_launch_through_the_entry(monkeypatch):
+@pytest.fixture
+def dependent(monkeypatch):
+    """(the fake entry, the fake CuPy, a dependent launcher on them)."""
     entry = FakeEntry()
     monkeypatch.setenv(dependent_launch.ENV, "on")
     monkeypatch.setattr(dependent_launch, "_driver_entry", lambda: entry)
     cupy = _LauncherCupy()
-    launcher = KernelLauncher(cupy, 0, dependent=True)
+    return entry, cupy, KernelLauncher(cupy, 0, dependent=True)
+
+
+def test_a_dependent_launcher_sends_every_packed_launch_through_the_entry(dependent):
+    entry, cupy, launcher = dependent
     launcher.launch(_Function(), (3,), (64,), (_Array(0xA0), np.int64(7)), _Stream(), 16)
     launcher.launch_packed(0xF00D, (1, 1, 1), (32, 1, 1), "q", [5], _Stream(), 0)  # a memo's
     assert [c["grid"] for c in entry.calls] == [(3, 1, 1), (1, 1, 1)]
@@ -195,14 +201,10 @@ def test_a_kernel_that_touches_memory_before_waiting_is_named(planted):
     assert kernels_waiting_late(control + planted) == [re.search(r"void (\w+)", planted)[1]]
 
 
-def test_plain_launches_inside_the_context_and_dependent_again_after(monkeypatch):
+def test_plain_launches_inside_the_context_and_dependent_again_after(dependent):
     from engines.native.kernel_launch import plain_launches
 
-    entry = FakeEntry()
-    monkeypatch.setenv(dependent_launch.ENV, "on")
-    monkeypatch.setattr(dependent_launch, "_driver_entry", lambda: entry)
-    cupy = _LauncherCupy()
-    launcher = KernelLauncher(cupy, 0, dependent=True)
+    entry, cupy, launcher = dependent
     with plain_launches():
         with plain_launches():  # nested: still plain, and plain after the inner one
             launcher.launch(_Function(), (1,), (32,), (np.int64(1),), _Stream())
