@@ -7,7 +7,10 @@
 #     ort-cuda, hf-cuda; float16 and bfloat16 with the plain and the pipelined greedy loop),
 #     the caches and single forwards of scripts/gpu_speed.sh (SPEED_PARTS adds its loop and
 #     selfspec parts), scripts/gpu_genai.sh's bench when SPEED_GENAI is set, then
-#     scripts/gpu_profile_decode.py (a prefill of 512 and a verification of 5 rows too).
+#     scripts/gpu_profile_decode.py (a prefill of 512 and a verification of 5 rows too);
+#     with SPEED_PARITY set, then SmolLM2 parity in float16, bfloat16 and float32 on
+#     native-cuda and ort-cuda, packed with the rest and in the phase's report (so one call
+#     brings back every record: the device returns at most 8 files).
 #   brief CHECKPOINT: what a short device budget holds, in one call: the nightly run, then
 #     SmolLM2 parity in float16 and bfloat16 on native-cuda and ort-cuda, the float16 bench
 #     with the pipelined loop (native-cuda, ort-cuda, hf-cuda) and the single forwards
@@ -188,9 +191,15 @@ else
   # where a native-cuda decode step's time goes (diagnostic: docs/PERFORMANCE.md's bounds)
   step profile 80 env PREFILL=512 VERIFY=5 "$PY" scripts/gpu_profile_decode.py \
     "$PKG/smollm2-static-float16" "$PKG/smollm2-static-float32"
-  # one report of the run: the correctness phase's SmolLM2 parity (when it ran on this
-  # machine) with every bench table of this phase as its speed section
-  parity=/tmp/lockstep-session/correctness/dtypes/evidence
+  if [ -n "${SPEED_PARITY:-}" ]; then  # after the timed steps: nothing else on the GPU then
+    step parity 90 "$PY" -m harness.cli run --engines native-cuda,ort-cuda \
+      --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16,$PKG/smollm2-static-float32" \
+      --max-prompts 2 --max-new-tokens 32 --evidence-dir "$W/parity/evidence"
+  fi
+  # one report of the run: this phase's SmolLM2 parity (SPEED_PARITY), else the correctness
+  # phase's (when it ran on this machine), with every bench table of this phase
+  parity=$W/parity/evidence
+  [ -d "$parity" ] || parity=/tmp/lockstep-session/correctness/dtypes/evidence
   if [ -d "$parity" ]; then
     tables=("$W"/bench/bench-*.json)
     [ -e "${tables[0]}" ] && tables=(--bench "${tables[@]}") || tables=()
