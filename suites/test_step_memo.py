@@ -13,7 +13,7 @@ import struct
 import numpy as np
 import pytest
 
-from engines.native.kernel_launch import RECORDING, KernelLauncher
+from engines.native.kernel_launch import KernelLauncher, note_allocation
 from engines.native.step_memo import StepMemo
 
 
@@ -131,10 +131,7 @@ class Kernels:
         self.function = Function()
 
     def empty(self, shape, dtype):
-        out = self.cupy.empty(shape, dtype)
-        if RECORDING.recorder is not None:
-            RECORDING.recorder.allocation(out, STREAM)
-        return out
+        return note_allocation(self.cupy.empty(shape, dtype), STREAM)
 
     def double(self, x):
         """out = f(x) into a fresh [rows, n] output; returns a [1, rows, n] view of it."""

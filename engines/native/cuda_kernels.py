@@ -50,7 +50,7 @@ import numpy as np
 
 from engines.errors import ExecutionError, ResidencyError
 from engines.native.dtype_names import dtype_name
-from engines.native.kernel_launch import RECORDING, KernelLauncher
+from engines.native.kernel_launch import KernelLauncher, note_allocation
 
 GEMV_ROWS_PER_CHUNK = 16  # rows that share one pass over the weights
 GEMV_WARPS_PER_BLOCK = 4  # output columns per block of 128 threads
@@ -757,9 +757,7 @@ class CudaKernels:
         if out is None:
             with self._device, stream:
                 out = self._cupy.empty(shape, dtype=dtype)
-            if RECORDING.recorder is not None:  # a step memo records this step
-                RECORDING.recorder.allocation(out, stream)
-            return out
+            return note_allocation(out, stream)
         self._on_device(out, what)
         self._contiguous(out, what)
         if tuple(out.shape) != tuple(shape) or out.dtype != dtype:

@@ -33,7 +33,7 @@ from engines.native.cuda_kernels import (_TYPES, COMPILE_OPTIONS, GEMV_WARPS_PER
                                          _elem_strides, gemv_team, gemv_vec_defines,
                                          gemv_vec_device_source, prelude)
 from engines.native.dtype_names import dtype_name
-from engines.native.kernel_launch import RECORDING, KernelLauncher
+from engines.native.kernel_launch import KernelLauncher, note_allocation
 
 FUSED_DTYPES = tuple(d for d in ("float32", "float16", "bfloat16") if d in _TYPES)
 BLOCK = 256  # threads for the elementwise kernels
@@ -1066,9 +1066,7 @@ class FusedKernels:
     def _empty(self, shape, dtype, stream):
         with self._device, stream:
             out = self._cupy.empty(shape, dtype=dtype)
-        if RECORDING.recorder is not None:  # a step memo records this step
-            RECORDING.recorder.allocation(out, stream)
-        return out
+        return note_allocation(out, stream)
 
     def _contiguous(self, array, stream):
         """A C-contiguous copy (or ``array`` itself); a bfloat16 array's bits move as uint16,
@@ -1497,18 +1495,20 @@ class FusedKernels:
                                  value=(q.dtype.name, k.dtype.name, v.dtype.name),
                                  remedy="cast them to one dtype")
         pos = self._positions(positions, m, stream)
-        name = f"attention_{_suffix(q.dtype, 'q')}_{_suffix(score_dtype, 'scores')}"
+        kinds = f"{_suffix(q.dtype, 'q')}_{_suffix(score_dtype, 'scores')}"
+        name = f"attention_{kinds}"
         k, v = self._contiguous(k, stream), self._contiguous(v, stream)
         out = self._empty((1, m, heads * d), q.dtype, stream)
         if out.size == 0:
             return out
+        # key and value rows in 16-byte loads where each row is whole vectors and both caches
+        # are aligned
         kvec = (d * k.itemsize) % 16 == 0 and k.data.ptr % 16 == 0 and v.data.ptr % 16 == 0
-        qs = [s // q.itemsize for s in q.strides[1:]]
+        qs = _elem_strides(q)[1:]
         rows = min(ATTENTION_ROWS, ATTENTION_ROWS_SMEM_FLOATS // (t + d))
         if kvec and m > PROLOGUE_ROWS and rows >= 2:  # a prefill: rows share key loads
             self._launcher.launch(
-                self._functions[f"attention_rows_{_suffix(q.dtype, 'q')}_"
-                                f"{_suffix(score_dtype, 'scores')}"],
+                self._functions[f"attention_rows_{kinds}"],
                 (heads * -(-m // rows),), (ATTENTION_BLOCK,),
                 (q, k, v, pos, out, _i64(heads), _i64(m), _i64(t), _i64(d), _i64(group),
                  *map(_i64, qs), np.int32(scale is not None),

@@ -59,6 +59,15 @@ class _Recording(threading.local):
 RECORDING = _Recording()
 
 
+def note_allocation(array, stream):
+    """``array``, allocated by a kernel family for the step being run: told to the step
+    memo recording this thread's step, if one is."""
+    recorder = RECORDING.recorder
+    if recorder is not None:
+        recorder.allocation(array, stream)
+    return array
+
+
 class _Plain(threading.local):
     """Whether this thread's launches are plain for now (``plain_launches``)."""
     active = False
