@@ -213,6 +213,40 @@ def test_layer_skip_drafter_with_every_block_is_the_target(tiny_gguf, tmp_path):
     assert not np.allclose(logits(short, "drafter"), logits(short, "target"))
 
 
+def test_layer_skip_drafter_keeps_no_second_copy_of_the_target_weights(tiny_gguf, tmp_path):
+    """The drafter's initializers point into target.onnx.data (one copy on disk) and load
+    the values a drafter written alone has; a donor whose bytes differ shares nothing."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    from harness.convert.writer import point_at_donor_data
+
+    folder = convert(tiny_gguf, tmp_path / "d", draft_layers=1).folder
+    drafter = onnx.load(str(folder / "drafter.onnx"), load_external_data=False)
+    external = [t for t in drafter.graph.initializer if uses_external_data(t)]
+    assert external and {ExternalDataInfo(t).location for t in external} == {"target.onnx.data"}
+    assert not (folder / "drafter.onnx.data").exists()
+    loaded = onnx.load(str(folder / "drafter.onnx"))
+    for tensor in loaded.graph.initializer:
+        assert tensor.raw_data  # every shared tensor loads from the target's file
+
+    # the drafter with its bytes in memory, shared with a copy of the target whose largest
+    # tensor has four bytes changed: that tensor keeps its own bytes, every other is shared
+    own = onnx.load(str(folder / "drafter.onnx"))
+    donor = tmp_path / "donor"
+    donor.mkdir()
+    target = onnx.load(str(folder / "target.onnx"))
+    victim = max(target.graph.initializer, key=lambda t: len(t.raw_data))
+    victim.raw_data = bytes(b ^ 0xFF for b in victim.raw_data[:4]) + victim.raw_data[4:]
+    changed, changed_bytes = victim.name, len(victim.raw_data)
+    onnx.save_model(target, str(donor / "target.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="target.onnx.data",
+                    size_threshold=1024)
+    total = sum(len(t.raw_data) for t in own.graph.initializer if len(t.raw_data) >= 1024)
+    shared = point_at_donor_data(own, donor / "target.onnx")
+    kept = {t.name for t in own.graph.initializer if t.HasField("raw_data")}
+    assert changed in kept and 0 < shared == total - changed_bytes
+
+
 @pytest.mark.claim("token_identity", "spec_equals_greedy")
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_layer_skip_drafter_declares_a_draft_section_and_speculates_like_greedy(
