@@ -2,6 +2,7 @@
 that pile up in the cache can be listed and pruned (by age, size or newest N)."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -78,6 +79,75 @@ def test_a_killed_convert_leaves_nothing_after_the_next_convert(tmp_path):
     assert len(left) == 1 and str(killed.pid) in left[0].name
     convert(gguf, out)
     assert sorted(p.name for p in out.parent.iterdir()) == ["pkg"]
+
+
+# -- a disk without room for the conversion ---------------------------------------------------
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path):
+    pytest.importorskip("gguf", reason="the converter needs the 'real' extra (make real)")
+    pytest.importorskip("tokenizers", reason="the converter needs the 'real' extra (make real)")
+    from suites.convert_support import write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path / "tiny.gguf")
+
+
+def _free(monkeypatch, free: int) -> None:
+    import collections
+
+    from harness.convert import disk_room
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(disk_room.shutil, "disk_usage", lambda path: usage(free, 0, free))
+
+
+def test_convert_refuses_up_front_when_the_disk_lacks_room(tiny_checkpoint, tmp_path,
+                                                           monkeypatch, capsys):
+    """Named: the folder, what the package needs, what is free, and how to make room;
+    nothing is written, not even a staging folder."""
+    from harness.convert import disk_room, read_checkpoint
+
+    ckpt = read_checkpoint(tiny_checkpoint, with_tokenizer=False)
+    needed = disk_room.package_bytes(ckpt.weights, "float32")
+    _free(monkeypatch, needed - 1)
+    out = tmp_path / "out" / "pkg"
+    assert main(["convert", str(tiny_checkpoint), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"needs about {needed / 1e6:.0f} MB in {out.parent}" in err
+    assert "field output folder" in err and "lockstep cache prune" in err
+    assert "Traceback" not in err
+    assert not out.parent.exists() or not any(out.parent.iterdir())
+    _free(monkeypatch, needed)  # the control: exactly enough room converts
+    assert main(["convert", str(tiny_checkpoint), "-o", str(out)]) == 0
+    assert (out / "package.yaml").is_file()
+
+
+@pytest.mark.parametrize("code, named", [(errno.ENOSPC, True), (errno.EDQUOT, True),
+                                         (errno.EACCES, False)])
+def test_a_write_that_runs_out_of_room_is_named_and_leaves_no_partial_package(
+        tiny_checkpoint, tmp_path, monkeypatch, code, named):
+    """Another process filled the disk after the check: the half-written package goes and
+    the error names the folder and the remedy. Any other OSError is not dressed up."""
+    import harness.convert as convert
+
+    from engines.errors import InputError
+
+    def write_and_fail(ckpt, staged, *args, **kwargs):
+        staged.mkdir(parents=True)
+        (staged / "target.onnx.data").write_bytes(b"\0" * 4096)
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(convert, "write_converted", write_and_fail)
+    out = tmp_path / "out" / "pkg"
+    with pytest.raises((InputError, OSError)) as caught:
+        convert.convert(tiny_checkpoint, out)
+    if named:
+        assert isinstance(caught.value, InputError)
+        assert caught.value.field == "output folder" and caught.value.value == str(out.parent)
+        assert "ran out of room" in str(caught.value) and "remedy:" in str(caught.value)
+    else:
+        assert not isinstance(caught.value, InputError) and caught.value.errno == code
+    assert list(out.parent.iterdir()) == []
 
 
 # -- lockstep cache list / prune --------------------------------------------------------------
