@@ -8,7 +8,9 @@
 #   OUT=DIR scripts/gpu_compare_trees.sh OLD_TREE_DIR [EXTRA_PYTEST_ARGS...]
 # EXTRA_PYTEST_ARGS (optional) run first, in this tree. Writes $OUT/compare.txt.
 # COMPARE_ENV=NAME times one tree twice instead, NAME=off then NAME=on (a switch's A/B, e.g.
-# LOCKSTEP_DEPENDENT_LAUNCH); PROFILE=1 adds scripts/gpu_profile_decode.py (VERIFY=5) to each.
+# LOCKSTEP_DEPENDENT_LAUNCH); PROFILE=1 adds scripts/gpu_profile_decode.py (VERIFY=5) to each;
+# ROWS_PROBE=1 adds this tree's scripts/gpu_rows_probe.py (ROWS=5) run against each tree's
+# kernels; FORWARD_ROWS (default 1,5) are bench-forward's --rows.
 set -uo pipefail
 OLD=$(cd "$1" && pwd); shift
 NEW=$PWD
@@ -40,13 +42,16 @@ for side in "${sides[@]}"; do
   ( cd "$tree" && export PYTHONPATH=/tmp/site:$tree PYTHONUNBUFFERED=1
     [ -n "${COMPARE_ENV:-}" ] && export "$COMPARE_ENV=$value"
     timeout 150 "$PY" -m harness.cli bench-forward --engines native-cuda --packages "$PKG" \
-      --prefill 512 --rows 1,5 --prefix 64 --repeats 10 --warmup 2
+      --prefill 512 --rows "${FORWARD_ROWS:-1,5}" --prefix 64 --repeats 10 --warmup 2
     LOCKSTEP_NATIVE_CUDA_GRAPHS=on timeout 90 "$PY" -m harness.cli bench --engines native-cuda \
       --baseline native-cuda --packages "$PKG" --ignore-eos --max-new-tokens 128 --repeats 3 \
       --warmup 2 --pipelined
     if [ -n "${PROFILE:-}" ]; then
       VERIFY=5 PREFILL=512 REPLAYS=200 timeout 90 "$PY" scripts/gpu_profile_decode.py "$PKG" \
         | grep -v "^ \{2,\}[0-9]" | grep -v "^$"
+    fi
+    if [ -n "${ROWS_PROBE:-}" ]; then
+      ROWS=5 timeout 120 "$PY" "$NEW/scripts/gpu_rows_probe.py"
     fi ) >> "$LOG" 2>&1 || status=1
 done
 step "compare status $status"
