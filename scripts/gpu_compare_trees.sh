@@ -9,8 +9,8 @@
 # EXTRA_PYTEST_ARGS (optional) run first, in this tree. Writes $OUT/compare.txt.
 # COMPARE_ENV=NAME times one tree twice instead, NAME=off then NAME=on (a switch's A/B, e.g.
 # LOCKSTEP_DEPENDENT_LAUNCH); PROFILE=1 adds scripts/gpu_profile_decode.py (VERIFY=5) to each;
-# ROWS_PROBE=1 adds this tree's scripts/gpu_rows_probe.py (ROWS=5, LAUNCHES=30) run against each tree's
-# kernels; FORWARD_ROWS (default 1,5) are bench-forward's --rows.
+# ROWS_PROBE=1 adds this tree's scripts/gpu_rows_probe.py (ROWS=5, LAUNCHES=30) run against
+# each tree's kernels; FORWARD_ROWS (default 1,5) are bench-forward's --rows.
 set -uo pipefail
 OLD=$(cd "$1" && pwd); shift
 NEW=$PWD
