@@ -10,7 +10,8 @@ importable, one replay under torch's CUPTI profiler (every kernel's device time,
 Usage (repo root, on a CUDA machine): python scripts/gpu_profile_decode.py PACKAGE [...]
 Environment: TOKENS (default 128), REPLAYS (default 200), PREFILL (tokens of a prefill whose
 kernels and host work are profiled too; default 0, none), VERIFY (rows of a verification
-forward whose VERIFY graph is timed and profiled beside the PRIMARY one; default 0, none).
+forward whose VERIFY graph is timed and profiled beside the PRIMARY one, and whose single
+forward is timed beside an M = 1 one, host and device apart; default 0, none).
 """
 from __future__ import annotations
 
@@ -107,7 +108,42 @@ def verify_profile(engine, cp, prompt) -> str:
     engine.synchronize()
     device = replay_ms(engine, cp, "VERIFY")
     return (f"VERIFY graph replay ({VERIFY} rows), back to back: {device:.3f} ms a forward\n"
-            + kernel_table(engine, "VERIFY"))
+            + kernel_table(engine, "VERIFY") + "\n" + single_forward_split(engine, prompt))
+
+
+def single_forward_split(engine, prompt, repeats: int = 20) -> str:
+    """What ``bench-forward`` times, taken apart: a forward of M = 1 (decode, PRIMARY) and of
+    M = VERIFY (verify, VERIFY) after the prompt, each from the same cache, timed to the
+    forward's return (the host's enqueueing) and to its token's readback (the device done);
+    then the host functions of the verification forwards under cProfile."""
+    from engines.workflow.session import DecodeSession
+
+    vocab = engine.package.spec.vocab_size
+    session = DecodeSession(engine)
+    session.forward(prompt, "prefill")
+    start = session.position
+    lines, profiler = [], cProfile.Profile()
+    for m, phase in ((1, "decode"), (VERIFY, "verify")):
+        rows = [(5 * i + 11) % vocab for i in range(m)]
+        enqueued, done = [], []
+        for rep in range(repeats + 3):
+            session.truncate(start)
+            engine.synchronize()
+            if phase == "verify" and rep >= 3:
+                profiler.enable()
+            t0 = time.perf_counter()
+            out = session.forward(rows, phase)
+            t1 = time.perf_counter()
+            session.last_token(out["logits"])
+            t2 = time.perf_counter()
+            profiler.disable()
+            if rep >= 3:  # the first ones capture
+                enqueued.append((t1 - t0) * 1e3)
+                done.append((t2 - t0) * 1e3)
+        lines.append(f"single forward M = {m} ({phase}): enqueued in "
+                     f"{statistics.median(enqueued):.3f} ms, token back at "
+                     f"{statistics.median(done):.3f} ms (medians of {repeats})")
+    return "\n".join(lines) + "\n" + top_functions(profiler, rows=20)
 
 
 def prefill_table(engine) -> str:
