@@ -214,8 +214,9 @@ def test_layer_skip_drafter_with_every_block_is_the_target(tiny_gguf, tmp_path):
 
 
 def test_layer_skip_drafter_keeps_no_second_copy_of_the_target_weights(tiny_gguf, tmp_path):
-    """The drafter's initializers point into target.onnx.data (one copy on disk) and load
-    the values a drafter written alone has; a donor whose bytes differ shares nothing."""
+    """The drafter's initializers point into target.onnx.data (one copy on disk) and every
+    one of them loads (their values: a drafter of every block computes the target's logits,
+    the test above); a tensor whose bytes differ from the donor's keeps its own copy."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     from harness.convert.writer import point_at_donor_data
