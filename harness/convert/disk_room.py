@@ -51,9 +51,10 @@ def require_room(folder: Path, needed: int, what: str) -> None:
             remedy=REMEDY)
 
 
-def disk_full(err: OSError, folder: Path, what: str) -> InputError | None:
-    """The clear error for a write into ``folder`` that ran out of room; None otherwise."""
-    if err.errno not in FULL:
+def disk_full(err: BaseException, folder: Path, what: str) -> InputError | None:
+    """The clear error for a write into ``folder`` that ran out of room; None for any other
+    failure."""
+    if not isinstance(err, OSError) or err.errno not in FULL:
         return None
     free = shutil.disk_usage(_existing(folder)).free
     return InputError(
