@@ -47,11 +47,13 @@ CONFIGS["bfloat16-mixed-d64"] = LlamaConfig(cache="static", heads=6, kv_heads=2,
 ROWS = 5  # the recorded forward's M
 # the kinds a plan without the GEMV prologues records, then those a default plan adds
 KINDS = ("RMSNorm", "AddRMSNorm", "Rotary2", "SwiGLU", "Attention", "KVWrite2", "MatMulN")
-PROLOGUE_KINDS = ("NormMatMul", "SwiGLUMatMul", "RotaryKVWrite", "RotaryKVAttention")
+PROLOGUE_KINDS = ("NormMatMul", "SwiGLUMatMul", "NormGLU", "RotaryKVWrite",
+                  "RotaryKVAttention")
 # each one-launch kind -> its launcher (FusedKernels), which answers None when it cannot
-LAUNCHERS = {"NormMatMul": "norm_gemv", "SwiGLUMatMul": "swiglu_gemv",
+LAUNCHERS = {"NormMatMul": "norm_gemv", "SwiGLUMatMul": "swiglu_gemv", "NormGLU": "norm_glu",
              "RotaryKVWrite": "rotary_kv", "RotaryKVAttention": "rotary_kv_attention"}
-ROW_KINDS = [k for k in KINDS if k != "KVWrite2"] + ["Rotary", "NormMatMul", "SwiGLUMatMul"]
+ROW_KINDS = [k for k in KINDS if k != "KVWrite2"] + ["Rotary", "NormMatMul", "SwiGLUMatMul",
+                                                     "NormGLU"]
 
 
 @pytest.fixture(scope="module")
@@ -105,14 +107,15 @@ def _record(config: LlamaConfig, plan) -> dict:
 def recorded_calls(name: str) -> dict:
     """Every fused kind's last call (``_record``): the norms, SwiGLU, MatMulN, Rotary2,
     KVWrite2 and Attention from a plan without the one-launch pairs (so each kernel is tested
-    alone), the pairs from a plan without RotaryKVAttention (which takes RotaryKVWrite in),
-    and RotaryKVAttention from the default plan."""
+    alone), the pairs from a plan without RotaryKVAttention (which takes RotaryKVWrite in)
+    and NormGLU (which takes the gate/up NormMatMul and SwiGLUMatMul's SwiGLU), and
+    RotaryKVAttention and NormGLU from the default plan."""
     from engines.native.fusion import driver
 
     config = CONFIGS[name]
     model = llama_model(config)
-    pairs = (driver.norm_matmul.match, driver.swiglu_matmul.match, driver.rotary_kv.match,
-             driver.rotary_kv_attention.match)
+    pairs = (driver.norm_matmul.match, driver.norm_glu.match, driver.swiglu_matmul.match,
+             driver.rotary_kv.match, driver.rotary_kv_attention.match)
 
     def without(*recognisers):
         with pytest.MonkeyPatch.context() as mp:
@@ -122,7 +125,7 @@ def recorded_calls(name: str) -> dict:
 
     calls = without(*pairs)
     assert set(calls) == set(KINDS), sorted(calls)
-    prologues = without(driver.rotary_kv_attention.match)
+    prologues = without(driver.rotary_kv_attention.match, driver.norm_glu.match)
     prologues.update(_record(config, plan_module.Plan(model, NumpyArrayBackend())))
     assert set(PROLOGUE_KINDS) <= set(prologues), sorted(prologues)
     calls.update({kind: prologues[kind] for kind in PROLOGUE_KINDS})
@@ -144,7 +147,7 @@ def _device(args, backend):
 
 def _rows(kind: str, args, a: int, b: int, kernel=None):
     """The inputs of rows [a, b) of a row-structured fused node."""
-    if kind == "NormMatMul":
+    if kind in ("NormMatMul", "NormGLU"):
         kind = "AddRMSNorm" if kernel.add else "RMSNorm"
     if kind in ("RMSNorm", "MatMulN"):
         return [args[0][:, a:b]] + list(args[1:])

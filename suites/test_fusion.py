@@ -97,10 +97,10 @@ def test_builtin_fixtures_fused_equal_unfused_bitwise(packages, name):
         static = any(d.HasField("dim_value") for i in model.graph.input
                      if i.name.startswith("past_key_")
                      for d in list(i.type.tensor_type.shape.dim)[2:3])
-        # every norm but the last becomes its q/k/v or gate/up GEMV's prologue (the first
-        # reads the embedding); the head reads the last, and every SwiGLU the down GEMV's
-        want = {"Attention": layers, "Rotary2": layers, "SwiGLUMatMul": layers,
-                "NormMatMul": 2 * layers, "AddRMSNorm": 1}
+        # every norm but the last becomes its q/k/v GEMV's prologue or its gate/up GEMV's
+        # with SwiGLU as the epilogue (the first reads the embedding); the head reads the last
+        want = {"Attention": layers, "Rotary2": layers, "NormGLU": layers,
+                "NormMatMul": layers, "AddRMSNorm": 1}
         if static:  # a layer's rotation, its key and value writes and its attention, one node
             want["RotaryKVAttention"] = want.pop("Rotary2")
             del want["Attention"]
@@ -176,16 +176,18 @@ def _kinds(plan) -> dict:
     """The plan's fusions, with RMSNorm and AddRMSNorm counted together as ``norms`` (which
     norm reads a residual add depends on the placement and the biases), and the GEMVs with
     a prologue counted as what they fold: a NormMatMul as a norm (and a MatMulN when it has
-    two or three weights), a SwiGLUMatMul as a SwiGLU, a RotaryKVWrite as a Rotary2 and a
-    KVWrite2, a RotaryKVAttention as those two and an Attention."""
+    two or three weights), a NormGLU as a norm, a MatMulN and a SwiGLU, a SwiGLUMatMul as a
+    SwiGLU, a RotaryKVWrite as a Rotary2 and a KVWrite2, a RotaryKVAttention as those two
+    and an Attention."""
     kinds = dict(plan.fusions)
     folded = [s.node for s in plan.steps if s.node.domain == FUSED_DOMAIN
-              and s.node.op_type == "NormMatMul"]
-    assert kinds.pop("NormMatMul", 0) == len(folded)
+              and s.node.op_type in ("NormMatMul", "NormGLU")]
+    glus = kinds.pop("NormGLU", 0)
+    assert kinds.pop("NormMatMul", 0) + glus == len(folded)
     groups = sum(1 for n in folded if len(n.input) - (3 if _attr(n, "add") else 2) >= 2)
     if groups:
         kinds["MatMulN"] = kinds.get("MatMulN", 0) + groups
-    swiglus = kinds.pop("SwiGLUMatMul", 0)
+    swiglus = kinds.pop("SwiGLUMatMul", 0) + glus
     if swiglus:
         kinds["SwiGLU"] = kinds.get("SwiGLU", 0) + swiglus
     attended = kinds.pop("RotaryKVAttention", 0)  # a RotaryKVWrite and an Attention
@@ -230,13 +232,14 @@ def test_each_precision_and_layout_fuses_everything(dtype, precision, layout):
     c = LlamaConfig(cache="static", dtype=dtype, precision=precision, rope_layout=layout)
     fused = assert_fused_equals_unfused(llama_model(c), [1, 17, 42, 5])
     assert _kinds(fused) == _expected_fusions(c)
-    # every norm but the head's is its GEMV's prologue, every SwiGLU the down GEMV's
-    assert fused.fusions["NormMatMul"] == 2 * c.layers and fused.fusions["AddRMSNorm"] == 1
-    assert fused.fusions["SwiGLUMatMul"] == c.layers
+    # every norm but the head's is its GEMV's prologue, every SwiGLU the gate/up GEMV's
+    # epilogue (so the down projection is a plain MatMul)
+    assert fused.fusions["NormMatMul"] == c.layers and fused.fusions["AddRMSNorm"] == 1
+    assert fused.fusions["NormGLU"] == c.layers and "SwiGLUMatMul" not in fused.fusions
     # the static cache's writes rotate, and each layer's attention reads them in the same node
     assert fused.fusions["RotaryKVAttention"] == c.layers
     kinds = {s.node.op_type for s in fused.steps if s.node.domain == FUSED_DOMAIN}
-    assert kinds == {"RotaryKVAttention", "SwiGLUMatMul", "NormMatMul", "AddRMSNorm"}
+    assert kinds == {"RotaryKVAttention", "NormGLU", "NormMatMul", "AddRMSNorm"}
     # nothing the fused nodes replaced is left: no Softmax, Sigmoid, Sqrt, Neg, Where or Add
     left = {s.node.op_type for s in fused.steps}
     assert not left & {"Softmax", "Sigmoid", "Sqrt", "Reciprocal", "Neg", "Where", "Equal",
@@ -273,6 +276,20 @@ def test_an_intermediate_read_elsewhere_blocks_its_fusion():
     assert _kinds(fused)["MatMulN"] == 4
 
 
+def test_a_gate_read_elsewhere_keeps_swiglu_as_the_down_gemvs_prologue():
+    """A layer whose gate projection is also a graph output cannot store only SwiGLU of the
+    pair (NormGLU): its SwiGLU becomes the down GEMV's prologue instead (SwiGLUMatMul), the
+    other layers keep NormGLU, and every output is still the unfused graph's."""
+    model = llama_model(LlamaConfig())
+    gate = next(n for n in model.graph.node if n.op_type == "Sigmoid").input[0]
+    model.graph.output.append(helper.make_tensor_value_info(gate, onnx.TensorProto.FLOAT,
+                                                            None))
+    fused = assert_fused_equals_unfused(model, [1, 5, 7])
+    layers = LlamaConfig().layers
+    assert fused.fusions["SwiGLUMatMul"] == 1 and fused.fusions["NormGLU"] == layers - 1
+    assert fused.fusions["NormMatMul"] == layers + 1  # q/k/v of each, and that gate/up
+
+
 def test_unfused_plan_is_the_graph_node_for_node():
     model = llama_model(LlamaConfig(cache="static"))
     plain = Plan(model, NumpyArrayBackend(), fuse=False)
@@ -304,7 +321,7 @@ def test_profile_wraps_every_step_of_the_fused_plan_and_changes_nothing():
 
     _same_bits(fused.run(feeds, profile=profile), fused.run(feeds))
     assert seen == [s.node.op_type for s in fused.steps]
-    assert {"RotaryKVAttention", "NormMatMul", "SwiGLUMatMul", "AddRMSNorm"} <= set(seen)
+    assert {"RotaryKVAttention", "NormMatMul", "NormGLU", "AddRMSNorm"} <= set(seen)
 
 
 def test_a_fused_node_given_a_shape_it_cannot_take_names_the_field():
@@ -342,4 +359,8 @@ def test_fused_source_has_every_kernel_for_every_dtype():
         assert {f"kv_write_{s}", f"rms_norm_{s}_{s}", f"attention_{s}_{s}",
                 f"add_rms_norm_{s}_{s}_{s}", f"kv_write2_{s}", f"rotary2_{s}_{s}_{s}",
                 f"gemv_vec_{s}", f"gemv_vec3_{s}",
-                f"rotary_{s}_{s}_{s}", f"swiglu_{s}_{s}_{s}"} <= names
+                f"rotary_{s}_{s}_{s}", f"swiglu_{s}_{s}_{s}", f"norm_gemv_{s}_{s}_{s}",
+                f"swiglu_gemv_{s}_{s}_{s}", f"norm_glu_{s}_{s}_{s}"} <= names
+        if dtype != "float32":  # a mixed graph: residual stream and SwiGLU in float32
+            assert {f"norm_gemv_f32_{s}_{s}", f"swiglu_gemv_{s}_f32_{s}",
+                    f"norm_glu_f32_{s}_f32"} <= names

@@ -41,6 +41,7 @@ NORM_ROWS_PER_BLOCK = 4  # a norm kernel's block: one warp a row (lk_norm_row)
 PROLOGUE_BLOCK = 32 * GEMV_WARPS_PER_BLOCK  # threads of a GEMV block with a prologue
 PROLOGUE_BYTES = 40 * 1024  # shared memory for the rows a GEMV's prologue stages
 PROLOGUE_ROWS = 8  # rows a GEMV with a prologue takes (decode, verification up to width 7)
+assert PROLOGUE_ROWS <= 2 * GEMV_WARPS_PER_BLOCK  # lk_norm_prologue: two rows a warp at most
 # (wide, narrow): a GEMV with a prologue in dtype `narrow` whose norm keeps its residual
 # stream (or whose SwiGLU computes) in `wide`: uniform graphs, and mixed ones over float32
 PROLOGUE_PAIRS = tuple(sorted({(d, d) for d in FUSED_DTYPES}
@@ -143,40 +144,78 @@ __device__ __forceinline__ void lk_softmax_block(float* s, long long L, float mx
 """
 
 _NORM_ROW = r"""
-// One row of n, by one warp (lane l takes i = l, l + 32, ...; a fixed butterfly adds the
-// lanes): s = res (+ delta read as $TD, the folded Cast up, the sum rounded to $TI when
-// delta is given), stored to sum_out when given; then y = s * (1 / sqrt(mean(s * s) + eps))
-// * gain, rounded to $TI after each op as the unfused graph stores it, stored as $TO (the
-// folded Cast) to out, in global or shared memory. The second pass recomputes s exactly as
-// the first stored it. rms_norm, add_rms_norm and the GEMVs with a norm prologue all run
-// this, so a row's bits never depend on which of them ran it or on how many rows there are.
+// P rows of n by one warp, row p at res + p * stride (delta, sum_out and out likewise):
+// lane l takes i = l, l + 32, ...; a fixed butterfly adds the lanes. s = res (+ delta read
+// as $TD, the folded Cast up, the sum rounded to $TI when delta is given), stored to sum_out
+// when given; then y = s * (1 / sqrt(mean(s * s) + eps)) * gain, rounded to $TI after each
+// op as the unfused graph stores it, stored as $TO (the folded Cast) to out, in global or
+// shared memory. The second pass recomputes s exactly as the first stored it. The rows of
+// one warp only share the loop (their loads overlap); each row's arithmetic is its own, so
+// rms_norm, add_rms_norm and the GEMVs with a norm prologue give a row the same bits
+// whichever of them ran it, with however many rows and rows a warp.
+template <int P>
+__device__ __forceinline__ void lk_norm_rows_${SI}_${SD}_${SO}(
+        const $TI* __restrict__ res, const $TD* __restrict__ delta,
+        const $TI* __restrict__ gain, $TI* __restrict__ sum_out, $TO* out, long long n,
+        long long stride, float eps, int lane) {
+    const $TI* R = 0;
+    float acc[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) acc[p] = 0.0f;
+#pragma unroll 6
+    for (long long i = lane; i < n; i += 32) {  // loads run ahead; the adds stay in order
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            float s = lk_load(res, p * stride + i);
+            if (delta) s = lk_round(R, s + lk_round(R, lk_load(delta, p * stride + i)));
+            if (sum_out) lk_store(sum_out, p * stride + i, s);
+            acc[p] += lk_round(R, s * s);
+        }
+    }
+    float inv[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+        const float total = lk_round(R, lk_warp_sum(acc[p]));
+        const float mean = lk_round(R, total / (float)n);
+        inv[p] = lk_round(R, 1.0f / lk_round(R, sqrtf(lk_round(R, mean + eps))));
+    }
+#pragma unroll 6
+    for (long long i = lane; i < n; i += 32) {
+        const float g = lk_load(gain, i);
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            float s = lk_load(res, p * stride + i);
+            if (delta) s = lk_round(R, s + lk_round(R, lk_load(delta, p * stride + i)));
+            const float y = lk_round(R, s * inv[p]);
+            lk_store(out, p * stride + i, lk_round(R, y * g));
+        }
+    }
+}
+
+// One row (lk_norm_rows with P = 1).
 __device__ __forceinline__ void lk_norm_row_${SI}_${SD}_${SO}(
         const $TI* __restrict__ res, const $TD* __restrict__ delta,
         const $TI* __restrict__ gain, $TI* __restrict__ sum_out, $TO* out, long long n,
         float eps, int lane) {
-    const $TI* R = 0;
-    float acc = 0.0f;
-#pragma unroll 6
-    for (long long i = lane; i < n; i += 32) {  // loads run ahead; the adds stay in order
-        float s = lk_load(res, i);
-        if (delta) s = lk_round(R, s + lk_round(R, lk_load(delta, i)));
-        if (sum_out) lk_store(sum_out, i, s);
-        acc += lk_round(R, s * s);
-    }
-    acc += __shfl_xor_sync(0xffffffffu, acc, 16);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 8);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    const float total = lk_round(R, acc);
-    const float mean = lk_round(R, total / (float)n);
-    const float inv = lk_round(R, 1.0f / lk_round(R, sqrtf(lk_round(R, mean + eps))));
-#pragma unroll 6
-    for (long long i = lane; i < n; i += 32) {
-        float s = lk_load(res, i);
-        if (delta) s = lk_round(R, s + lk_round(R, lk_load(delta, i)));
-        const float y = lk_round(R, s * inv);
-        lk_store(out, i, lk_round(R, y * lk_load(gain, i)));
+    lk_norm_rows_${SI}_${SD}_${SO}<1>(res, delta, gain, sum_out, out, n, 0, eps, lane);
+}
+
+// A GEMV's norm prologue: M <= 2 * warps rows of K normalised into xs by the block; warp w
+// takes row w and, when M > warps, row w + warps in the same pass (lk_norm_rows<2>), so 5
+// to 8 rows cost about the latency of one, not of two in turn. Block 0 stores the sums.
+__device__ __forceinline__ void lk_norm_prologue_${SI}_${SD}_${SO}(
+        const $TI* __restrict__ res, const $TD* __restrict__ delta,
+        const $TI* __restrict__ gain, $TI* __restrict__ sum_out, $TO* xs, long long M,
+        long long K, float eps) {
+    const int warps = blockDim.x >> 5, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long at = (long long)w * K;
+    $TI* sums = (sum_out && blockIdx.x == 0) ? sum_out + at : ($TI*)0;
+    const $TD* d = delta ? delta + at : delta;
+    if (w + warps < M) {
+        lk_norm_rows_${SI}_${SD}_${SO}<2>(res + at, d, gain, sums, xs + at, K,
+                                          (long long)warps * K, eps, lane);
+    } else if (w < M) {
+        lk_norm_rows_${SI}_${SD}_${SO}<1>(res + at, d, gain, sums, xs + at, K, 0, eps, lane);
     }
 }
 
@@ -212,10 +251,9 @@ extern "C" __global__ void rms_norm_${SI}_${SO}(const $TI* __restrict__ x,
 
 _NORM_GEMV = r"""
 // RMSNorm (after the residual add when delta is given) of M <= LK_PROLOGUE_ROWS rows of K,
-// staged as $TO in shared memory by every block (warp w normalises rows w, w + warps, ...;
-// block 0 also stores the sums), then up to three GEMVs over the staged rows exactly as
-// gemv_vec3 runs them (lk_gemv3): one launch where the norm and the q/k/v (or gate/up, or
-// the head) were two, the same bits. The block's weight rows are asked into L2 first, so
+// staged as $TO in shared memory by every block (lk_norm_prologue), then up to three
+// GEMVs over the staged rows exactly as gemv_vec3 runs them (lk_gemv3): one launch where
+// the norm and the q/k/v (or gate/up, or the head) were two, the same bits. The block's weight rows are asked into L2 first, so
 // their reads from memory overlap the norm.
 extern "C" __global__ void norm_gemv_${SI}_${SD}_${SO}(
         const $TI* __restrict__ res, const $TD* __restrict__ delta,
@@ -229,14 +267,60 @@ extern "C" __global__ void norm_gemv_${SI}_${SD}_${SO}(
     $TO* xs = reinterpret_cast<$TO*>(lk_prologue_smem);
     lk_gemv3_prefetch_${SO}(w0, w1, w2, K, N0, N1, N2, team0, team1, team2, blocks0, blocks1);
     lk_grid_wait();
-    for (long long m = threadIdx.x >> 5; m < M; m += blockDim.x >> 5) {
-        lk_norm_row_${SI}_${SD}_${SO}(res + m * K, delta ? delta + m * K : delta, gain,
-                                      (sum_out && blockIdx.x == 0) ? sum_out + m * K : ($TI*)0,
-                                      xs + m * K, K, eps, threadIdx.x & 31);
-    }
+    lk_norm_prologue_${SI}_${SD}_${SO}(res, delta, gain, sum_out, xs, M, K, eps);
     __syncthreads();
     lk_gemv3_${SO}<LK_PROLOGUE_ROWS>(xs, w0, w1, w2, out0, out1, out2, M, K, N0, N1, N2,
                                      team0, team1, team2, blocks0, blocks1, part);
+}
+"""
+
+_NORM_GLU = r"""
+// RMSNorm (after the residual add when delta is given) of M <= LK_PROLOGUE_ROWS rows of K
+// staged as $TO in shared memory (lk_norm_prologue), then the gate and the up projections
+// side by side: the block's first LK_GEMV_WARPS / 2 warps compute its gate columns, the
+// others the same columns of up (teams of `team` warps, 1 or 2: gemv_vec's column code),
+// staged as $TO exactly as the two GEMVs store them; then SwiGLU of each pair (lk_swiglu,
+// the swiglu kernel's element, in $TC), stored as $TO. Bit for bit norm_gemv over (gate,
+// up) then swiglu: one launch where there were two, and SwiGLU computed once an element,
+// where swiglu_gemv's every block computes it for every row.
+extern "C" __global__ void norm_glu_${SI}_${SO}_${SC}(
+        const $TI* __restrict__ res, const $TO* __restrict__ delta,
+        const $TI* __restrict__ gain, $TI* __restrict__ sum_out, float eps,
+        const $TO* __restrict__ wg, const $TO* __restrict__ wu, $TO* __restrict__ out,
+        long long M, long long K, long long N, int team) {
+    extern __shared__ __align__(16) unsigned char lk_prologue_smem[];
+    __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
+    __shared__ $TO staged[LK_PROLOGUE_ROWS * LK_GEMV_WARPS];
+    constexpr int HALF = LK_GEMV_WARPS / 2;
+    constexpr int V = 16 / sizeof($TO);
+    $TO* xs = reinterpret_cast<$TO*>(lk_prologue_smem);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int pairs = HALF / team;
+    const long long n = (long long)blockIdx.x * pairs + (warp % HALF) / team;
+    const bool valid = n < N;  // every thread stays for the block's barriers
+    const int tt = (warp % team) * 32 + lane;
+    const $TO* wr = (warp < HALF ? wg : wu) + (valid ? n : 0) * K;
+    if (valid) {
+        for (long long c = tt; c < K / V; c += 32 * team) {
+            asm volatile("prefetch.global.L2 [%0];" :: "l"(wr + c * V));
+        }
+    }
+    lk_grid_wait();
+    lk_norm_prologue_${SI}_${SO}_${SO}(res, delta, gain, sum_out, xs, M, K, eps);
+    __syncthreads();
+    // a team's total lands at staged[m * LK_GEMV_WARPS + its first warp]
+    switch (M) {
+$gcases
+    }
+    // (the chunk ends with a barrier: every staged value is in)
+    for (int t = threadIdx.x; t < M * pairs; t += blockDim.x) {
+        const int m = t / pairs, j = t % pairs;
+        const long long col = (long long)blockIdx.x * pairs + j;
+        if (col < N) {
+            const $TO* g = staged + m * LK_GEMV_WARPS + j * team;
+            lk_store(out, m * N + col, lk_swiglu_${SO}_${SC}_${SO}(g, g + HALF, 0));
+        }
+    }
 }
 """
 
@@ -943,6 +1027,16 @@ def _fields(**dtypes: str) -> dict[str, str]:
     return out
 
 
+def _glu_cases(dtype: str) -> str:
+    """norm_glu's switch over M: gemv_vec's column chunk for M rows, its totals stored to
+    the block's staging array (row stride LK_GEMV_WARPS, at the team's first warp)."""
+    suffix = _TYPES[dtype][0]
+    return "\n".join(
+        f"        case {r}: lk_gemv_vec_chunk_{suffix}<{r}, true, LK_GEMV_WARPS>(xs, wr, staged, "
+        f"K, LK_GEMV_WARPS, 1, warp, 0, valid, tt, team * 32, warp, team, lane, part); break;"
+        for r in range(1, PROLOGUE_ROWS + 1))
+
+
 def fused_source() -> str:
     """The module: the shared prelude, then every fused kernel for every dtype combination
     the fused nodes can carry (storage, compute, output)."""
@@ -967,6 +1061,8 @@ def fused_source() -> str:
         # GEMV's dtype or in float32 (a mixed graph), the delta and the output in the GEMV's
         parts.append(Template(_NORM_GEMV).substitute(_fields(I=wide, D=narrow, O=narrow)))
         parts.append(Template(_SWIGLU_GEMV).substitute(_fields(G=narrow, C=wide, O=narrow)))
+        parts.append(Template(_NORM_GLU).substitute(_fields(I=wide, O=narrow, C=wide),
+                                                    gcases=_glu_cases(narrow)))
     for a, b in itertools.product(FUSED_DTYPES, repeat=2):
         parts.append(Template(_RMS_NORM).substitute(_fields(I=a, O=b)))
         parts.append(Template(_ATTENTION).substitute(_fields(C=b), S=_TYPES[a][0],
@@ -1027,6 +1123,14 @@ def broadcast_element_strides(table_shape: tuple, table_strides: tuple, itemsize
             return None
         out.append(0 if extent == 1 or own == 1 else table_strides[j] // itemsize)
     return tuple(out)
+
+
+def _prologue_rows(x) -> int:
+    """The rows of x [..., K] if a GEMV with a prologue takes that many (1 to
+    PROLOGUE_ROWS), else 0."""
+    k = x.shape[-1]
+    rows = x.size // k if k else 0
+    return rows if 0 < rows <= PROLOGUE_ROWS else 0
 
 
 def _blocks(count: int, threads: int) -> int:
@@ -1137,34 +1241,45 @@ class FusedKernels:
                 and all(w.ndim == 2 and w.shape[1] == k and w.dtype == dtype
                         and w.flags.c_contiguous and w.data.ptr % 16 == 0 for w in weights))
 
+    def _norm_operands(self, residual, delta, gain, out_dtype, weights, stream):
+        """A norm prologue's operands, contiguous, and the sum's output (None without a
+        delta): (residual, delta, total, rows, k), or None where a GEMV with a norm
+        prologue cannot take them."""
+        k = residual.shape[-1]
+        rows = _prologue_rows(residual)
+        for value, what in ((residual, "residual"), (gain, "gain")):
+            self._check(value, what)
+        if delta is not None:
+            self._check(delta, "delta")
+        if gain.shape != (k,) or gain.dtype != residual.dtype \
+                or (delta is not None and (delta.shape != residual.shape
+                                           or delta.dtype != out_dtype)) \
+                or not self._prologue_fits(rows, k, out_dtype, weights):
+            return None
+        residual = self._contiguous(residual, stream)
+        total = None
+        if delta is not None:
+            delta = self._contiguous(delta, stream)
+            total = self._empty(residual.shape, residual.dtype, stream)
+        return residual, delta, total, rows, k
+
     def norm_gemv(self, residual, delta, gain, eps: float, out_dtype, weights, *, stream):
         """RMSNorm of residual (+ delta) [..., K] followed by ``x @ W_i^T`` for each cached
         [N_i, K] weight (one to three) in one launch: (the sum when delta is given, then)
         each product [..., N_i], bit for bit ``add_rms_norm``/``rms_norm`` then
         ``gemv_many``/``gemv_rows``. None where the launch cannot take the operands (the
         caller runs the two steps)."""
-        k = residual.shape[-1]
-        rows = residual.size // k if k else 0
-        if not 0 < rows <= PROLOGUE_ROWS:
+        if not _prologue_rows(residual):
             return None  # decided first: a prefill's every norm asks
-        for value, what in ((residual, "residual"), (gain, "gain")):
-            self._check(value, what)
-        if delta is not None:
-            self._check(delta, "delta")
-        if not 1 <= len(weights) <= 3 or gain.shape != (k,) or gain.dtype != residual.dtype                 or (delta is not None and delta.shape != residual.shape)                 or not self._prologue_fits(rows, k, out_dtype, weights):
-            return None
-        if delta is not None and delta.dtype != out_dtype:
-            return None
         narrow = _suffix(out_dtype, "out")
         name = f"norm_gemv_{_suffix(residual.dtype, 'residual')}_{narrow}_{narrow}"
-        if name not in self._functions:
+        if not 1 <= len(weights) <= 3 or name not in self._functions:
             return None
-        residual = self._contiguous(residual, stream)
+        operands = self._norm_operands(residual, delta, gain, out_dtype, weights, stream)
+        if operands is None:
+            return None
+        residual, delta, total, rows, k = operands
         lead = tuple(residual.shape[:-1])
-        total = None
-        if delta is not None:
-            delta = self._contiguous(delta, stream)
-            total = self._empty(residual.shape, residual.dtype, stream)
         outs = [self._empty(lead + (w.shape[0],), out_dtype, stream) for w in weights]
         itemsize = np.dtype(out_dtype).itemsize
         ws = list(weights) + [weights[-1]] * (3 - len(weights))
@@ -1182,16 +1297,53 @@ class FusedKernels:
             stream, rows * k * itemsize)
         return ((total,) if total is not None else ()) + tuple(outs)
 
+    def norm_glu(self, residual, delta, gain, eps: float, out_dtype, weights, compute_dtype,
+                 glu_dtype, *, stream):
+        """RMSNorm of residual (+ delta) [..., K], then ``x @ Wg^T`` and ``x @ Wu^T`` for the
+        cached [N, K] gate and up weights, then SwiGLU of the pair computed in
+        ``compute_dtype``, in one launch: (the sum when delta is given, then) the SwiGLU
+        [..., N] as ``glu_dtype``, bit for bit ``norm_gemv`` then ``swiglu``. None where the
+        launch cannot take the operands: SwiGLU's output in another dtype than the
+        projections', a team of four warps a column, or no instance for the dtypes."""
+        if not _prologue_rows(residual) or len(weights) != 2 \
+                or weights[0].shape != weights[1].shape \
+                or np.dtype(glu_dtype) != np.dtype(out_dtype):
+            return None
+        name = (f"norm_glu_{_suffix(residual.dtype, 'residual')}_{_suffix(out_dtype, 'out')}_"
+                f"{_suffix(compute_dtype, 'compute')}")
+        if name not in self._functions:
+            return None
+        itemsize = np.dtype(out_dtype).itemsize
+        n, k = weights[0].shape
+        team = gemv_team(n, k, itemsize)  # the team norm_gemv gives each of the two
+        if team > GEMV_WARPS_PER_BLOCK // 2:
+            return None
+        operands = self._norm_operands(residual, delta, gain, out_dtype, weights, stream)
+        if operands is None:
+            return None
+        residual, delta, total, rows, k = operands
+        out = self._empty(tuple(residual.shape[:-1]) + (n,), out_dtype, stream)
+        pairs = GEMV_WARPS_PER_BLOCK // 2 // team
+        null = np.uint64(0)
+        self._launcher.launch(
+            self._functions[name], (-(-n // pairs),), (PROLOGUE_BLOCK,),
+            (residual, null if delta is None else delta, self._contiguous(gain, stream),
+             null if total is None else total, np.float32(eps), weights[0], weights[1], out,
+             _i64(rows), _i64(k), _i64(n), np.int32(team)),
+            stream, rows * k * itemsize)
+        return ((total,) if total is not None else ()) + (out,)
+
     def swiglu_gemv(self, gate, up, compute_dtype, out_dtype, weight, *, stream):
         """``swiglu(gate, up) @ W^T`` for a cached [N, K] weight in one launch, bit for bit
         ``swiglu`` then ``gemv_rows``; None where the launch cannot take the operands."""
         k = gate.shape[-1]
-        rows = gate.size // k if k else 0
-        if not 0 < rows <= PROLOGUE_ROWS:
+        rows = _prologue_rows(gate)
+        if not rows:
             return None  # decided first: a prefill's every layer asks
         self._check(gate, "gate")
         self._check(up, "up")
-        if up.shape != gate.shape or up.dtype != gate.dtype                 or not self._prologue_fits(rows, k, out_dtype, [weight]):
+        if up.shape != gate.shape or up.dtype != gate.dtype \
+                or not self._prologue_fits(rows, k, out_dtype, [weight]):
             return None
         name = (f"swiglu_gemv_{_suffix(gate.dtype, 'gate')}_"
                 f"{_suffix(compute_dtype, 'compute')}_{_suffix(out_dtype, 'out')}")
@@ -1548,6 +1700,11 @@ class StreamKernels:
     def swiglu_gemv(self, gate, up, compute_dtype, out_dtype, weight):
         return self.kernels.swiglu_gemv(gate, up, compute_dtype, out_dtype, weight,
                                         stream=self.stream)
+
+    def norm_glu(self, residual, delta, gain, eps, out_dtype, weights, compute_dtype,
+                 glu_dtype):
+        return self.kernels.norm_glu(residual, delta, gain, eps, out_dtype, weights,
+                                     compute_dtype, glu_dtype, stream=self.stream)
 
     def rotary(self, x, cos, sin, layout, compute_dtype, scale, out_dtype):
         return self.kernels.rotary(x, cos, sin, layout, compute_dtype, scale, out_dtype,

@@ -37,8 +37,8 @@ from engines.native.kernel_launch import RECORDING
 
 # The op types whose device path is launches of the two kernel families and nothing else
 # (where an operand takes another path, the allocation check refuses that key).
-MEMO_OPS = frozenset({"NormMatMul", "SwiGLUMatMul", "RotaryKVAttention", "MatMul",
-                      "MatMulN", "AddRMSNorm", "RMSNorm", "SwiGLU", "RotaryKVWrite",
+MEMO_OPS = frozenset({"NormMatMul", "NormGLU", "SwiGLUMatMul", "RotaryKVAttention",
+                      "MatMul", "MatMulN", "AddRMSNorm", "RMSNorm", "SwiGLU", "RotaryKVWrite",
                       "Attention", "Rotary", "Rotary2"})
 KEYS_PER_STEP = 8  # signatures a step remembers (prefill lengths, M = 1, verify widths)
 _REFUSED = object()

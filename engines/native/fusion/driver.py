@@ -12,19 +12,21 @@ from collections.abc import Sequence
 
 import onnx
 
-from . import (attention, kv_pair, kv_write, matmul_siblings, norm_matmul, residual_norm,
-               rms_norm, rotary, rotary_kv, rotary_kv_attention, rotary_pair, swiglu,
-               swiglu_matmul)
+from . import (attention, kv_pair, kv_write, matmul_siblings, norm_glu, norm_matmul,
+               residual_norm, rms_norm, rotary, rotary_kv, rotary_kv_attention, rotary_pair,
+               swiglu, swiglu_matmul)
 from .graph_view import FUSED_DOMAIN, GraphView
 
 # Order matters where one pattern builds on another: kv_pair and rotary_pair pair the
 # nodes of kv_write and rotary, residual_norm extends rms_norm's, norm_matmul and
-# swiglu_matmul take the norms, SwiGLUs and MatMulNs the passes before them made, rotary_kv
-# the pairs of rotary_pair and kv_pair, rotary_kv_attention rotary_kv's node and attention's.
+# swiglu_matmul take the norms, SwiGLUs and MatMulNs the passes before them made (norm_glu a
+# gate/up NormMatMul and its SwiGLU first, so swiglu_matmul takes only the SwiGLUs left),
+# rotary_kv the pairs of rotary_pair and kv_pair, rotary_kv_attention rotary_kv's node and
+# attention's.
 RECOGNISERS = (kv_write.match, kv_pair.match, attention.match, rms_norm.match,
                residual_norm.match, rotary.match, rotary_pair.match, swiglu.match,
-               matmul_siblings.match, norm_matmul.match, swiglu_matmul.match, rotary_kv.match,
-               rotary_kv_attention.match)
+               matmul_siblings.match, norm_matmul.match, norm_glu.match, swiglu_matmul.match,
+               rotary_kv.match, rotary_kv_attention.match)
 
 
 def fuse_nodes(nodes: Sequence[onnx.NodeProto], initializers,

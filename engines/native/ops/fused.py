@@ -138,6 +138,39 @@ class NormMatMul(AddRMSNorm):
         return normed[:-1] + _products(be, normed[-1], weights)
 
 
+class NormGLU(NormMatMul):
+    """A NormMatMul over gate and up whose two products only a SwiGLU reads (``glu_up``,
+    ``glu_to``: SwiGLU's Casts): outputs the sum (when ``add``), then SwiGLU of the pair, bit
+    for bit the NormMatMul's and the SwiGLU's own nodes. On the device decode and verify rows
+    are one launch (a block computes gate and up column n together and stores their SwiGLU);
+    elsewhere NormMatMul runs, then SwiGLU."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.glu_up = int(self.attr("glu_up", 0))
+        self.glu_to = int(self.attr("glu_to", 0))
+
+    def __call__(self, be, *inputs):
+        lead = 3 if self.add else 2
+        norm_in, weights = inputs[:lead], list(inputs[lead:])
+        device = _device(be, *norm_in)
+        residual = norm_in[0]
+        delta = norm_in[1] if self.add else None
+        summed = _np(self.up) if self.up else (delta.dtype if self.add else residual.dtype)
+        out = _np(self.to) if self.to else residual.dtype
+        if device is not None and summed == residual.dtype and len(weights) == 2:
+            compute = _np(self.glu_up) if self.glu_up else out
+            glu_out = _np(self.glu_to) if self.glu_to else compute
+            cached = be.cached_transposes(weights, out)
+            if cached is not None:
+                got = device.norm_glu(residual, delta, norm_in[-1], float(self.eps), out,
+                                      cached, compute, glu_out)
+                if got is not None:
+                    return got
+        *summed_out, gate, up = NormMatMul.__call__(self, be, *inputs)
+        return tuple(summed_out) + (swiglu(self, be, gate, up, self.glu_up, self.glu_to),)
+
+
 def _products(be, a, weights) -> tuple:
     """MatMulN's arithmetic: each ``a @ w``, in one launch on the device where it can."""
     if len(weights) > 1 and _device(be, a, *weights) is not None:
@@ -279,16 +312,22 @@ class SwiGLU(_Fused):
         self.to = int(self.attr("to", 0))
 
     def __call__(self, be, gate, up):
-        device = _device(be, gate, up)
-        if device is not None and gate.dtype == up.dtype and gate.shape == up.shape:
-            compute = _np(self.up) if self.up else gate.dtype
-            return (device.swiglu(gate, up, compute, _np(self.to) if self.to else compute),)
-        xp = be.xp
-        g, u = self.cast(be, gate, self.up), self.cast(be, up, self.up)
-        e = xp.exp(-xp.abs(g))
-        one = g.dtype.type(1)
-        sig = xp.where(g >= 0, one / (one + e), e / (one + e))
-        return (self.cast(be, xp.multiply(xp.multiply(g, sig), u), self.to),)
+        return (swiglu(self, be, gate, up, self.up, self.to),)
+
+
+def swiglu(kernel: _Fused, be, gate, up, up_to: int, to: int):
+    """SwiGLU's arithmetic with its Casts (``up_to`` before, ``to`` after; 0: none): one
+    launch on the device, the unfused ops' arithmetic call for call elsewhere."""
+    device = _device(be, gate, up)
+    if device is not None and gate.dtype == up.dtype and gate.shape == up.shape:
+        compute = _np(up_to) if up_to else gate.dtype
+        return device.swiglu(gate, up, compute, _np(to) if to else compute)
+    xp = be.xp
+    g, u = kernel.cast(be, gate, up_to), kernel.cast(be, up, up_to)
+    e = xp.exp(-xp.abs(g))
+    one = g.dtype.type(1)
+    sig = xp.where(g >= 0, one / (one + e), e / (one + e))
+    return kernel.cast(be, xp.multiply(xp.multiply(g, sig), u), to)
 
 
 class SwiGLUMatMul(SwiGLU):
