@@ -245,20 +245,54 @@ def test_backends_and_the_contract_sit_below_the_workflow(path):
                    for m in _imports(path))
 
 
-@pytest.mark.parametrize("cls_path", ["engines.backends.ort_cuda:OrtCudaEngine",
-                                      "engines.backends.ort_cpu:OrtCpuEngine"])
-def test_engines_that_cannot_run_bfloat16_say_so_before_loading(cls_path):
-    """Seen on the H200 and here: these engines refuse a bfloat16 package as unavailable,
-    naming the dtype and the engines that can run it (not as a crash mid-load)."""
-    import importlib
+def test_ort_cpu_says_it_cannot_run_bfloat16_before_loading():
+    """Seen here: onnxruntime's CPU provider has no bfloat16 kernels for the graph's ops;
+    the engine refuses a bfloat16 package as unavailable, naming the dtype and the engines
+    that can run it (not as a crash mid-load)."""
     from types import SimpleNamespace
 
+    from engines.backends.ort_cpu import OrtCpuEngine
     from engines.errors import EngineUnavailable
 
-    module, _, name = cls_path.partition(":")
-    cls = getattr(importlib.import_module(module), name)
     package = SimpleNamespace(spec=SimpleNamespace(dtype="bfloat16"))
     with pytest.raises(EngineUnavailable) as info:
-        cls(package)
+        OrtCpuEngine(package)
     assert info.value.field == "package.dtype" and info.value.value == "bfloat16"
     assert "native-host" in info.value.remedy
+
+
+# onnxruntime-gpu 1.31.1's words on the H200 (docs/evidence/2026-12-01-h200-run6), and the
+# other form its session creation uses for a kernel no provider has
+GAP_MESSAGES = [
+    ("[ONNXRuntimeError] : 1 : FAIL : Provider type for ReduceMax node with name "
+     "'/model/mask/ReduceMax' is not set.", "ReduceMax", "/model/mask/ReduceMax"),
+    ("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for "
+     "Trilu(14) node with name 'causal'", "Trilu", "causal"),
+]
+
+
+@pytest.mark.parametrize("message,op,node", GAP_MESSAGES)
+def test_ort_cuda_reports_a_missing_kernel_as_the_package_it_cannot_run(message, op, node):
+    """ort-cuda tries every package (a bfloat16 graph may have a kernel for every op) and
+    turns a session refused for a missing kernel into EngineUnavailable naming the dtype,
+    the op and the node, with the engines that can run it."""
+    from engines.backends.ort_kernel_gaps import kernel_gap_unavailable, missing_kernel
+
+    assert missing_kernel(RuntimeError(message)) == (op, node)
+    err = kernel_gap_unavailable(RuntimeError(message), "ort-cuda", "model.onnx", "bfloat16")
+    assert err.field == "package.dtype" and err.value == "bfloat16"
+    assert op in str(err) and repr(node) in str(err) and "model.onnx" in str(err)
+    assert "native-cuda" in err.remedy and "--dtype float16" in err.remedy
+
+
+@pytest.mark.parametrize("message", [
+    "[ONNXRuntimeError] : 3 : NO_SUCHFILE : Load model from x.onnx failed: file not found",
+    "CUDA failure 2: out of memory",
+    "Provider type for node is not set",  # no op named: not the form read
+])
+def test_other_session_failures_are_not_taken_for_a_missing_kernel(message):
+    """Anything else stays the error it is (the engine re-raises it)."""
+    from engines.backends.ort_kernel_gaps import kernel_gap_unavailable, missing_kernel
+
+    assert missing_kernel(RuntimeError(message)) is None
+    assert kernel_gap_unavailable(RuntimeError(message), "ort-cuda", "m.onnx", "float16") is None

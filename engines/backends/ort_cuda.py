@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 import numpy as np
 import onnx
 
+from engines.backends.ort_kernel_gaps import kernel_gap_unavailable
 from engines.cuda_support import REMEDY as CUPY_REMEDY
 from engines.cuda_support import cuda_availability, import_cupy
 from engines.engine import Availability, Engine
@@ -500,15 +501,6 @@ class OrtCudaEngine(Engine):
         cache is an ``InputError``. ``poison_graph_outputs`` fills the fixed outputs with
         NaN before every graph run (tests: a replay that writes nothing cannot pass).
         ``log_severity_level``: onnxruntime's (0 verbose .. 4 fatal) for these sessions."""
-        if package is not None and package.spec.dtype == "bfloat16":
-            # seen on the H200 with onnxruntime-gpu 1.31.1 (docs/evidence/2026-12-01-h200-run6)
-            raise EngineUnavailable(
-                "onnxruntime's CUDA provider does not load this bfloat16 package: session "
-                "creation fails with 'Provider type for ReduceMax node ... is not set' (no "
-                "bfloat16 kernel for an op of the graph)",
-                field="package.dtype", value="bfloat16",
-                remedy="run it on native-host, onnx-reference or hf-cuda, or convert with "
-                       "--dtype float16")
         ok, reason, remedy = _probe()
         if not ok:
             raise EngineUnavailable(f"ort-cuda is unavailable: {reason}", field="engine",
@@ -590,8 +582,14 @@ class OrtCudaEngine(Engine):
                 folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
                 saved = folder / "optimized.onnx"
                 options.optimized_model_filepath = str(saved)
-            session = ort.InferenceSession(str(path), sess_options=options,
-                                           providers=[(PROVIDER, provider)])
+            try:
+                session = ort.InferenceSession(str(path), sess_options=options,
+                                               providers=[(PROVIDER, provider)])
+            except Exception as exc:  # a provider without a kernel: the package, not a crash
+                gap = kernel_gap_unavailable(exc, self.name, path.name, self.package.spec.dtype)
+                if gap is not None:
+                    raise gap from exc
+                raise
             if PROVIDER not in session.get_providers():
                 raise EngineUnavailable(
                     f"onnxruntime created the session for {path.name} without {PROVIDER} "
