@@ -19,20 +19,23 @@
 #     self-check and the GPU suites (no matrix) with SmolLM2's float16 conversion beside
 #     them, its parity on native-cuda (2 prompts) and the float16 bench with the pipelined
 #     loop (native-cuda, hf-cuda); ort-cuda beside native-cuda in both where it is available.
+#   parity CHECKPOINT: what a kernel change needs before it lands, about 450 s: the GPU
+#     suites with the SmolLM2 conversions made beside them on the CPU, then SmolLM2 parity in
+#     float16, bfloat16 (static and dynamic) and float32 on native-cuda and ort-cuda.
 #   coverage CHECKPOINT: side by side on the GPU, nothing timed: the tiny architecture
 #     checkpoints (scripts/gpu_architectures.sh), the long contexts
 #     (scripts/gpu_long_context.sh), and onnxruntime-genai's parity (scripts/gpu_genai.sh, its
 #     matrix and the builder's graph imported and run on native-cuda; its bench runs in speed),
 #     then scripts/gpu_profile_decode.py alone (where a decode step's time goes).
 # Usage (repo root, wheels in .whl/, onnxruntime-gpu in /tmp/site):
-#   OUT=DIR scripts/gpu_evidence.sh correctness|speed|brief|decode|coverage CHECKPOINT
+#   OUT=DIR scripts/gpu_evidence.sh correctness|speed|brief|decode|parity|coverage CHECKPOINT
 # Each step has its own time limit (a step that overruns is cut, and says so in
 # summary.txt); every step's files are packed into $OUT/<phase>.tgz (again after each step),
 # its exit status and the last lines of its log into $OUT/summary-<phase>.txt. Exit: non-zero
 # when any step failed.
 set -uo pipefail
-PHASE=${1:?usage: $0 correctness|speed|brief|decode|coverage CHECKPOINT}
-GGUF=$(realpath "${2:?usage: $0 correctness|speed|brief|decode|coverage CHECKPOINT}")
+PHASE=${1:?usage: $0 correctness|speed|brief|decode|parity|coverage CHECKPOINT}
+GGUF=$(realpath "${2:?usage: $0 correctness|speed|brief|decode|parity|coverage CHECKPOINT}")
 OUT=${OUT:-$PWD/out}
 PY=${PY:-python3}
 export PY PYTHONUNBUFFERED=1
@@ -151,6 +154,16 @@ print(',ort-cuda' if a('ort-cuda').ok else '')" 2>/dev/null)
   "$PY" -m harness.cli report "$W/dtypes/evidence" --no-catch-matrix -o "$W/report.html" \
     --title "lockstep H200 ${LOCKSTEP_COMMIT:-}: SmolLM2 float16 parity and speed" \
     "${tables[@]}" >> "$SUMMARY" 2>&1 || status=1
+elif [ "$PHASE" = parity ]; then  # a kernel change before it lands: suites, then every dtype
+  OUT="$W/convert" timeout 280 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
+    > "$W/convert.txt" 2>&1 &
+  converting=$!
+  step suites 280 env LOCKSTEP_SUITES_ONLY=1 scripts/gpu_run.sh \
+    "not print_decode_ms and not print_device_ms"
+  wait "$converting" || { status=1; echo "== convert: failed" >> "$SUMMARY"; }
+  step parity 150 "$PY" -m harness.cli run --engines native-cuda,ort-cuda \
+    --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16,$PKG/smollm2-dynamic-bfloat16,$PKG/smollm2-static-float32" \
+    --max-prompts 2 --max-new-tokens 32 --evidence-dir "$W/parity/evidence"
 elif [ "$PHASE" = coverage ]; then  # correctness only, side by side on the GPU
   step architectures 300 env PYTHONPATH="$PYTHONPATH" bash scripts/gpu_architectures.sh &
   ar=$!
