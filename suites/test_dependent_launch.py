@@ -154,7 +154,7 @@ def test_a_dependent_launcher_sends_every_packed_launch_through_the_entry(depend
 
 _BEFORE_WAIT = re.compile(r"^\s*(extern __shared__|__shared__|constexpr |\$?\w+\* xs = "
                           r"reinterpret_cast<[^>]+>\(lk_\w+_smem\);|"
-                          r"(if \([\w &=!]+\) )?lk_gemv3?_prefetch_\w+\()")
+                          r"(if \([\w &=!]+\) )?lk_(gemv3?|glu)_prefetch_\w+\()")
 
 
 def kernels_waiting_late(source: str) -> list[str]:

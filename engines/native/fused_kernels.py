@@ -283,6 +283,30 @@ _NORM_GLU = r"""
 // the swiglu kernel's element, in $TC), stored as $TO. Bit for bit norm_gemv over (gate,
 // up) then swiglu: one launch where there were two, and SwiGLU computed once an element,
 // where swiglu_gemv's every block computes it for every row.
+// The gate or up column this warp's team of norm_glu computes (gate in the block's first
+// LK_GEMV_WARPS / 2 warps, up in the others), or -1 past N.
+__device__ __forceinline__ long long lk_glu_column_${SI}_${SO}_${SC}(long long N, int team) {
+    const int warp = threadIdx.x >> 5;
+    const long long n = (long long)blockIdx.x * (LK_GEMV_WARPS / 2 / team)
+                        + (warp % (LK_GEMV_WARPS / 2)) / team;
+    return n < N ? n : -1;
+}
+
+// Ask L2 for the weight row of this warp's column (lk_gemv_prefetch for norm_glu's split):
+// a hint only, issued before the kernel waits for the one ahead.
+__device__ __forceinline__ void lk_glu_prefetch_${SI}_${SO}_${SC}(
+        const $TO* __restrict__ wg, const $TO* __restrict__ wu, long long K, long long N,
+        int team) {
+    constexpr int V = 16 / sizeof($TO);
+    const long long n = lk_glu_column_${SI}_${SO}_${SC}(N, team);
+    if (n < 0) return;
+    const $TO* wr = ((threadIdx.x >> 5) < LK_GEMV_WARPS / 2 ? wg : wu) + n * K;
+    const int tt = ((threadIdx.x >> 5) % team) * 32 + (threadIdx.x & 31);
+    for (long long c = tt; c < K / V; c += 32 * team) {
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(wr + c * V));
+    }
+}
+
 extern "C" __global__ void norm_glu_${SI}_${SO}_${SC}(
         const $TI* __restrict__ res, const $TO* __restrict__ delta,
         const $TI* __restrict__ gain, $TI* __restrict__ sum_out, float eps,
@@ -292,20 +316,15 @@ extern "C" __global__ void norm_glu_${SI}_${SO}_${SC}(
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
     __shared__ $TO staged[LK_PROLOGUE_ROWS * LK_GEMV_WARPS];
     constexpr int HALF = LK_GEMV_WARPS / 2;
-    constexpr int V = 16 / sizeof($TO);
     $TO* xs = reinterpret_cast<$TO*>(lk_prologue_smem);
+    lk_glu_prefetch_${SI}_${SO}_${SC}(wg, wu, K, N, team);
+    lk_grid_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pairs = HALF / team;
-    const long long n = (long long)blockIdx.x * pairs + (warp % HALF) / team;
-    const bool valid = n < N;  // every thread stays for the block's barriers
+    const long long n = lk_glu_column_${SI}_${SO}_${SC}(N, team);
+    const bool valid = n >= 0;  // every thread stays for the block's barriers
     const int tt = (warp % team) * 32 + lane;
     const $TO* wr = (warp < HALF ? wg : wu) + (valid ? n : 0) * K;
-    if (valid) {
-        for (long long c = tt; c < K / V; c += 32 * team) {
-            asm volatile("prefetch.global.L2 [%0];" :: "l"(wr + c * V));
-        }
-    }
-    lk_grid_wait();
     lk_norm_prologue_${SI}_${SO}_${SO}(res, delta, gain, sum_out, xs, M, K, eps);
     __syncthreads();
     // a team's total lands at staged[m * LK_GEMV_WARPS + its first warp]
