@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import fields
@@ -143,7 +144,7 @@ def test_environment_collects_without_a_gpu_and_names_versions():
     assert env.python and env.host
     assert env.numpy == np.__version__
     commit = env.git_commit
-    assert commit is None or (len(commit) == 40 and int(commit, 16) >= 0)
+    assert commit is None or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", commit)
     try:
         import cupy  # noqa: F401
     except ImportError:
@@ -187,6 +188,21 @@ def test_environment_commit_is_not_an_enclosing_checkouts_head(tmp_path, monkeyp
     assert ev.collect_environment().git_commit is None
     assert ev.git_commit(snapshot) is None
     assert ev.git_commit(tmp_path / "outer") == outer_head  # its own top level: its HEAD
+
+
+def test_environment_commit_says_dirty_where_tracked_files_changed(tmp_path, monkeypatch):
+    """A work tree whose tracked files differ from HEAD (a copied tree whose .git names
+    another commit than the code it holds) records HEAD with -dirty; an untracked file
+    alone (evidence written into the tree) does not make it dirty."""
+    monkeypatch.delenv("LOCKSTEP_COMMIT", raising=False)
+    repo = tmp_path / "repo"
+    head = _commit_repo(repo)
+    (repo / "notes.txt").write_text("untracked")
+    assert ev.git_commit(repo) == head
+    (repo / "f.txt").write_text("changed")
+    assert ev.git_commit(repo) == head + "-dirty"
+    _git(repo, "checkout", "-q", "--", "f.txt")
+    assert ev.git_commit(repo) == head
 
 
 def test_environment_commit_empty_lockstep_commit_falls_back_to_git(tmp_path, monkeypatch):

@@ -8,7 +8,9 @@ import. GPU facts only when CuPy imports and a device answers. Anything unknown 
 Which commit: ``LOCKSTEP_COMMIT`` where set (a copied tree, e.g. a ``git archive`` snapshot,
 has no ``.git`` of its own); otherwise ``git rev-parse HEAD`` only where lockstep's own folder
 is the top level of the work tree git finds (a snapshot placed inside another checkout must
-not record that checkout's HEAD); otherwise None.
+not record that checkout's HEAD), with ``-dirty`` after it where tracked files differ from
+that commit (seen on the GPU machine: a copied work tree whose ``.git`` named another
+commit than the code it held); otherwise None.
 
 Which GPU: ``gpu_index`` is the index nvidia-smi gives it (from ``CUDA_VISIBLE_DEVICES``, which
 a pytest-xdist worker of ``lockstep run --devices`` is pinned with; ``LOCKSTEP_GPU`` names the
@@ -152,8 +154,9 @@ def _same_path(a: str | Path, b: str | Path) -> bool:
 
 def git_commit(cwd: Path | None = None, environ: Mapping[str, str] | None = None) -> str | None:
     """The commit of the tree lockstep runs from: ``LOCKSTEP_COMMIT`` where set and non-empty,
-    else git's HEAD where ``cwd`` (lockstep's repository root) is itself the top level of the
-    work tree git reports, else None (no git, no commits, not a repo, or a tree without its
+    else git's HEAD (``-dirty`` after it where tracked files differ) where ``cwd``
+    (lockstep's repository root) is itself the top level of the work tree git reports, else
+    None (no git, no commits, not a repo, or a tree without its
     own ``.git`` nested in another checkout, whose HEAD is some other commit)."""
     env = os.environ if environ is None else environ
     pinned = (env.get("LOCKSTEP_COMMIT") or "").strip()
@@ -169,7 +172,21 @@ def git_commit(cwd: Path | None = None, environ: Mapping[str, str] | None = None
     if done.returncode != 0 or len(lines) != 2 or not _same_path(lines[0], root):
         return None
     commit = lines[1].strip()
-    return commit or None
+    if not commit:
+        return None
+    return commit + "-dirty" if _tracked_changes(root) else commit
+
+
+def _tracked_changes(root: Path) -> bool:
+    """Whether tracked files differ from HEAD (git's own ``-dirty``); unknown counts as
+    changed, so a record never claims a clean commit it could not check."""
+    try:
+        done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                              cwd=root, capture_output=True, text=True, timeout=10,
+                              check=False)
+    except (OSError, subprocess.SubprocessError):
+        return True
+    return done.returncode != 0 or bool(done.stdout.strip())
 
 
 def collect_environment() -> Environment:
