@@ -120,22 +120,34 @@ class NormMatMul(AddRMSNorm):
         self.add = int(self.attr("add", 0))
 
     def __call__(self, be, *inputs):
+        got = self.one_launch(be, inputs, lambda device, *args: device.norm_gemv(*args))
+        if got is not None:
+            return got
+        norm_in, weights = self.split(inputs)
+        normed = (AddRMSNorm.__call__(self, be, *norm_in) if self.add
+                  else RMSNorm.__call__(self, be, *norm_in))
+        return normed[:-1] + _products(be, normed[-1], weights)
+
+    def split(self, inputs) -> tuple[tuple, list]:
+        """(the norm's inputs, the weights)."""
         lead = 3 if self.add else 2
-        norm_in, weights = inputs[:lead], list(inputs[lead:])
+        return tuple(inputs[:lead]), list(inputs[lead:])
+
+    def one_launch(self, be, inputs, launch):
+        """``launch(device, residual, delta, gain, eps, out dtype, cached weights)`` where the
+        device kernels take the norm (its sum kept in the residual's dtype), else None."""
+        norm_in, weights = self.split(inputs)
         residual, gain = norm_in[0], norm_in[-1]
         delta = norm_in[1] if self.add else None
         device = _device(be, *norm_in)
         summed = _np(self.up) if self.up else (delta.dtype if self.add else residual.dtype)
+        if device is None or summed != residual.dtype:
+            return None
         out = _np(self.to) if self.to else residual.dtype
-        if device is not None and summed == residual.dtype:
-            cached = be.cached_transposes(weights, out)
-            if cached is not None:
-                got = device.norm_gemv(residual, delta, gain, float(self.eps), out, cached)
-                if got is not None:
-                    return got
-        normed = (AddRMSNorm.__call__(self, be, *norm_in) if self.add
-                  else RMSNorm.__call__(self, be, *norm_in))
-        return normed[:-1] + _products(be, normed[-1], weights)
+        cached = be.cached_transposes(weights, out)
+        if cached is None:
+            return None
+        return launch(device, residual, delta, gain, float(self.eps), out, cached)
 
 
 class NormGLU(NormMatMul):
@@ -151,24 +163,16 @@ class NormGLU(NormMatMul):
         self.glu_to = int(self.attr("glu_to", 0))
 
     def __call__(self, be, *inputs):
-        lead = 3 if self.add else 2
-        norm_in, weights = inputs[:lead], list(inputs[lead:])
-        device = _device(be, *norm_in)
-        residual = norm_in[0]
-        delta = norm_in[1] if self.add else None
-        summed = _np(self.up) if self.up else (delta.dtype if self.add else residual.dtype)
-        out = _np(self.to) if self.to else residual.dtype
-        if device is not None and summed == residual.dtype and len(weights) == 2:
-            compute = _np(self.glu_up) if self.glu_up else out
-            glu_out = _np(self.glu_to) if self.glu_to else compute
-            cached = be.cached_transposes(weights, out)
-            if cached is not None:
-                got = device.norm_glu(residual, delta, norm_in[-1], float(self.eps), out,
-                                      cached, compute, glu_out)
-                if got is not None:
-                    return got
-        *summed_out, gate, up = NormMatMul.__call__(self, be, *inputs)
-        return tuple(summed_out) + (swiglu(self, be, gate, up, self.glu_up, self.glu_to),)
+        got = self.one_launch(be, inputs, self._norm_glu)
+        if got is not None:
+            return got
+        *summed, gate, up = NormMatMul.__call__(self, be, *inputs)
+        return tuple(summed) + (swiglu(self, be, gate, up, self.glu_up, self.glu_to),)
+
+    def _norm_glu(self, device, residual, delta, gain, eps, out, cached):
+        compute = _np(self.glu_up) if self.glu_up else out
+        glu_out = _np(self.glu_to) if self.glu_to else compute
+        return device.norm_glu(residual, delta, gain, eps, out, cached, compute, glu_out)
 
 
 def _products(be, a, weights) -> tuple:
