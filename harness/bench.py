@@ -133,6 +133,7 @@ class BenchPlan:
     ignore_eos: bool = False
     warmup_steps: int = WARMUP_STEPS
     pipelined: bool = False  # greedy decodes queue each next forward before the id is read
+    interleave: bool = False  # every package's engines loaded at once, timed in one rotation
 
     @property
     def total_decodes(self) -> int:
@@ -156,7 +157,7 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
                max_new_tokens: int = 32, baseline: str | type[Engine] = REFERENCE_ENGINE,
                warmup: int = 1, prompt: Sequence[int] | None = None,
                ignore_eos: bool = False, warmup_steps: int = WARMUP_STEPS,
-               pipelined: bool = False) -> BenchPlan:
+               pipelined: bool = False, interleave: bool = False) -> BenchPlan:
     """Validate a benchmark request and resolve its packages; nothing is timed yet.
 
     ``engines`` are names (or ``Engine`` subclasses); the baseline joins them when missing,
@@ -164,7 +165,8 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
     ``packages`` are fixture names, folders or loaded packages. ``width`` (speculative only)
     defaults to each package's ``max_width``. ``prompt`` defaults to each package's first.
     ``ignore_eos`` times exactly ``max_new_tokens`` tokens (either mode); ``warmup_steps``
-    decode steps of each timed decode are left out of the steady decode median."""
+    decode steps of each timed decode are left out of the steady decode median;
+    ``interleave`` times every package's engines in one rotation (``run_bench``)."""
     from harness.packages import resolve_package
 
     if mode not in MODES:
@@ -175,7 +177,8 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
                          value=width, remedy="use mode speculative, or drop the width")
     if width is not None:
         check_count(width, "width", "give a speculative width of 1 or more")
-    for flag, given in (("ignore_eos", ignore_eos), ("pipelined", pipelined)):
+    for flag, given in (("ignore_eos", ignore_eos), ("pipelined", pipelined),
+                        ("interleave", interleave)):
         if not isinstance(given, bool):
             raise InputError(f"{flag} must be True or False", field=flag, value=given,
                              remedy=f"pass {flag}=True or False")
@@ -219,7 +222,8 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
         w = check_width(spec, width if width is not None or sp is None else sp.max_width)
         targets.append(BenchTarget(package, ids, w, f"{sp.kind}/w{w}"))
     return BenchPlan(tuple(entries.items()), tuple(targets), mode, repeats, warmup,
-                     max_new_tokens, base_name, ignore_eos, warmup_steps, pipelined)
+                     max_new_tokens, base_name, ignore_eos, warmup_steps, pipelined,
+                     interleave)
 
 
 # -- the floor -------------------------------------------------------------------------------
@@ -452,90 +456,122 @@ def run_bench(plan: BenchPlan, on_decode: Callable[[int, str], None] | None = No
     """Time every engine on every target of the plan; one row per (package, engine, mode).
 
     Per package every available engine is loaded, warmed up (``warmup`` greedy decodes, and
-    in speculative mode one speculative decode too), then timed in turns. An engine that
-    cannot run here is an ``unavailable`` row with its reason (so is one that declares no
-    speculative decoding, in speculative mode); one that fails is an ``error`` row.
-    ``bandwidth(residency)`` measures a residency's copy bandwidth for the floor (default
-    :func:`measure_bandwidth`, once per residency per run, with every engine idle).
-    ``on_decode(n, description)`` is told of every n decodes done (or skipped)."""
+    in speculative mode one speculative decode too), then timed in turns. With
+    ``plan.interleave`` every package's engines are loaded first and the turns go over all
+    of them (repeat r of every row before repeat r+1 of any), so a ratio across packages
+    (a dtype, a cache) is measured side by side too. An engine that cannot run here is an
+    ``unavailable`` row with its reason (so is one that declares no speculative decoding, in
+    speculative mode); one that fails is an ``error`` row. ``bandwidth(residency)``
+    measures a residency's copy bandwidth for the floor (default :func:`measure_bandwidth`,
+    once per residency per run, with every engine idle). ``on_decode(n, description)`` is
+    told of every n decodes done (or skipped)."""
     tell = on_decode or (lambda n, text: None)
     measure = bandwidth or measure_bandwidth
     bandwidths: dict[str, Bandwidth] = {}
-    per = plan.warmup + plan.repeats + (1 if plan.mode == "speculative" else 0)
     rows: list[BenchRow] = []
-    for target in plan.targets:
-        name = target.package.spec.name
-        live: dict[str, tuple[Engine, BenchRow, type[Engine]]] = {}
-        for engine_name, cls in plan.engines:
-            row = BenchRow(name, engine_name, target.label, OK, prompt=list(target.prompt),
-                           max_new_tokens=plan.max_new_tokens, ignore_eos=plan.ignore_eos,
-                           residency=cls.residency)
-            rows.append(row)
-            avail = cls.availability()
-            if not avail.ok:
-                row.status, row.reason = UNAVAILABLE, avail.reason
-                tell(per, f"{name} · {engine_name}: unavailable")
-                continue
-            if target.width is not None and not cls.speculative:
-                row.status = UNAVAILABLE
-                row.reason = (f"engine {engine_name!r} declares no speculative decoding (it "
-                              f"decodes by itself)" if cls.decodes_itself else
-                              f"engine {engine_name!r} declares no speculative decoding")
-                tell(per, f"{name} · {engine_name}: unavailable")
-                continue
-            engine, done = None, 0
-            try:
-                engine = cls(target.package)
-                for _ in range(plan.warmup):
-                    timed_decode(engine, target.prompt, plan.max_new_tokens, None,
-                                 plan.ignore_eos, plan.pipelined)
-                    done += 1
-                    tell(1, f"{name} · {engine_name} · warm-up")
-                if target.width is not None:
-                    timed_decode(engine, target.prompt, plan.max_new_tokens, target.width,
-                                 plan.ignore_eos)
-                    done += 1
-                    tell(1, f"{name} · {engine_name} · warm-up {target.label}")
-            except Exception as exc:  # any failure is this engine's row, the others go on
-                row.status, row.reason = _failure(exc, cls, plan)
-                tell(per - done, f"{name} · {engine_name}: {row.status}")
-                if engine is not None:
-                    engine.close()
-                continue
-            live[engine_name] = (engine, row, cls)
-        measured: dict[str, tuple[list, list[float]]] = {n: ([], []) for n in live}
+    groups = [plan.targets] if plan.interleave else [(t,) for t in plan.targets]
+    for group in groups:
+        loaded = [(target, _load(plan, target, rows, tell)) for target in group]
         for r in range(plan.repeats):
-            for engine_name, (engine, row, cls) in live.items():
-                if row.status != OK:
-                    continue
-                try:
-                    result, wall = timed_decode(engine, target.prompt, plan.max_new_tokens,
-                                                target.width, plan.ignore_eos, plan.pipelined)
-                except Exception as exc:
-                    row.status, row.reason = _failure(exc, cls, plan)
-                    tell(plan.repeats - r, f"{name} · {engine_name}: {row.status}")
-                    continue
-                measured[engine_name][0].append(result)
-                measured[engine_name][1].append(wall)
-                tell(1, f"{name} · {engine_name} · {target.label} · repeat {r + 1}/{plan.repeats}")
-        nbytes: int | None = None
-        if any(row.status == OK for _, row, _ in live.values()):
-            try:
-                nbytes = weight_bytes(target.package)
-            except Exception as exc:  # a floor is a figure, never a reason to fail
-                nbytes = None
-                for _, row, _ in live.values():
-                    _note(row, f"no floor: weight bytes unknown ({_reason(exc)})")
-        for engine_name, (engine, row, _cls) in live.items():
-            if row.status == OK:
-                _summarise(row, *measured[engine_name], plan)
-            if row.status == OK:
-                engine.synchronize()
-                if row.residency not in bandwidths:
-                    bandwidths[row.residency] = measure(row.residency)
-                _attach_floor(row, nbytes, bandwidths[row.residency])
-            engine.close()
+            for target, (live, measured) in loaded:
+                _time_turn(plan, target, live, measured, r, tell)
+        for target, (live, measured) in loaded:
+            _finish(plan, target, live, measured, bandwidths, measure)
     return attach_ratios(rows, plan.baseline)
+
+
+_Live = dict[str, tuple[Engine, BenchRow, type[Engine]]]
+
+
+def _load(plan: BenchPlan, target: BenchTarget, rows: list[BenchRow],
+          tell: Callable[[int, str], None]) -> tuple[_Live, dict[str, tuple[list, list]]]:
+    """Each engine's row for ``target`` (appended to ``rows``), and the engines that loaded
+    and warmed up, by name, with their empty measurements."""
+    per = plan.warmup + plan.repeats + (1 if plan.mode == "speculative" else 0)
+    name = target.package.spec.name
+    live: _Live = {}
+    for engine_name, cls in plan.engines:
+        row = BenchRow(name, engine_name, target.label, OK, prompt=list(target.prompt),
+                       max_new_tokens=plan.max_new_tokens, ignore_eos=plan.ignore_eos,
+                       residency=cls.residency)
+        rows.append(row)
+        avail = cls.availability()
+        if not avail.ok:
+            row.status, row.reason = UNAVAILABLE, avail.reason
+            tell(per, f"{name} · {engine_name}: unavailable")
+            continue
+        if target.width is not None and not cls.speculative:
+            row.status = UNAVAILABLE
+            row.reason = (f"engine {engine_name!r} declares no speculative decoding (it "
+                          f"decodes by itself)" if cls.decodes_itself else
+                          f"engine {engine_name!r} declares no speculative decoding")
+            tell(per, f"{name} · {engine_name}: unavailable")
+            continue
+        engine, done = None, 0
+        try:
+            engine = cls(target.package)
+            for _ in range(plan.warmup):
+                timed_decode(engine, target.prompt, plan.max_new_tokens, None,
+                             plan.ignore_eos, plan.pipelined)
+                done += 1
+                tell(1, f"{name} · {engine_name} · warm-up")
+            if target.width is not None:
+                timed_decode(engine, target.prompt, plan.max_new_tokens, target.width,
+                             plan.ignore_eos)
+                done += 1
+                tell(1, f"{name} · {engine_name} · warm-up {target.label}")
+        except Exception as exc:  # any failure is this engine's row, the others go on
+            row.status, row.reason = _failure(exc, cls, plan)
+            tell(per - done, f"{name} · {engine_name}: {row.status}")
+            if engine is not None:
+                engine.close()
+            continue
+        live[engine_name] = (engine, row, cls)
+    return live, {n: ([], []) for n in live}
+
+
+def _time_turn(plan: BenchPlan, target: BenchTarget, live: _Live,
+               measured: dict[str, tuple[list, list]], r: int,
+               tell: Callable[[int, str], None]) -> None:
+    """Repeat ``r`` of every live engine on ``target``, one after another."""
+    name = target.package.spec.name
+    for engine_name, (engine, row, cls) in live.items():
+        if row.status != OK:
+            continue
+        try:
+            result, wall = timed_decode(engine, target.prompt, plan.max_new_tokens,
+                                        target.width, plan.ignore_eos, plan.pipelined)
+        except Exception as exc:
+            row.status, row.reason = _failure(exc, cls, plan)
+            tell(plan.repeats - r, f"{name} · {engine_name}: {row.status}")
+            continue
+        measured[engine_name][0].append(result)
+        measured[engine_name][1].append(wall)
+        tell(1, f"{name} · {engine_name} · {target.label} · repeat {r + 1}/{plan.repeats}")
+
+
+def _finish(plan: BenchPlan, target: BenchTarget, live: _Live,
+            measured: dict[str, tuple[list, list]], bandwidths: dict[str, Bandwidth],
+            measure: Callable[[str], Bandwidth]) -> None:
+    """Summarise each live row, attach its floor (bandwidth measured with the engine idle,
+    once per residency), and close the engines."""
+    nbytes: int | None = None
+    if any(row.status == OK for _, row, _ in live.values()):
+        try:
+            nbytes = weight_bytes(target.package)
+        except Exception as exc:  # a floor is a figure, never a reason to fail
+            nbytes = None
+            for _, row, _ in live.values():
+                _note(row, f"no floor: weight bytes unknown ({_reason(exc)})")
+    for engine_name, (engine, row, _cls) in live.items():
+        if row.status == OK:
+            _summarise(row, *measured[engine_name], plan)
+        if row.status == OK:
+            engine.synchronize()
+            if row.residency not in bandwidths:
+                bandwidths[row.residency] = measure(row.residency)
+            _attach_floor(row, nbytes, bandwidths[row.residency])
+        engine.close()
 
 
 def bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
@@ -566,7 +602,8 @@ def write_json(rows: Sequence[BenchRow], path: Path, plan: BenchPlan | None = No
         "settings": None if plan is None else {
             "mode": plan.mode, "repeats": plan.repeats, "warmup": plan.warmup,
             "max_new_tokens": plan.max_new_tokens, "ignore_eos": plan.ignore_eos,
-            "pipelined": plan.pipelined, "warmup_steps": plan.warmup_steps, "baseline": plan.baseline,
+            "pipelined": plan.pipelined, "interleave": plan.interleave,
+            "warmup_steps": plan.warmup_steps, "baseline": plan.baseline,
             "engines": [n for n, _ in plan.engines],
             "packages": [t.package.spec.name for t in plan.targets]},
         "bandwidth": bandwidths_of(rows),

@@ -3,14 +3,16 @@
 #   correctness CHECKPOINT: the nightly run (scripts/gpu_run.sh: GPU suites, matrix) with the
 #     SmolLM2 conversions made beside it on the CPU; then SmolLM2 parity in
 #     float32/float16/bfloat16 on native-cuda, ort-cuda and hf-cuda.
-#   speed CHECKPOINT: everything timed, alone on the GPU: the dtype bench (native-cuda,
-#     ort-cuda, hf-cuda; float16 and bfloat16 with the plain and the pipelined greedy loop),
-#     the caches and single forwards of scripts/gpu_speed.sh (SPEED_PARTS adds its loop and
-#     selfspec parts), scripts/gpu_genai.sh's bench when SPEED_GENAI is set, then
+#   speed CHECKPOINT: everything timed, alone on the GPU: the dtype bench (float16 and
+#     bfloat16 with the pipelined greedy loop beside ort-cuda and hf-cuda, packages
+#     interleaved; float32 beside ort-cuda), the caches and single forwards of
+#     scripts/gpu_speed.sh (SPEED_PARTS adds its loop and selfspec parts),
+#     scripts/gpu_genai.sh's bench when SPEED_GENAI is set, then
 #     scripts/gpu_profile_decode.py (a prefill of 512 and a verification of 5 rows too);
 #     with SPEED_PARITY set, then SmolLM2 parity in float16, bfloat16 and float32 on
 #     native-cuda and ort-cuda, packed with the rest and in the phase's report (so one call
-#     brings back every record: the device returns at most 8 files).
+#     brings back every record: the device returns at most 8 files); last, the plain
+#     greedy loop's float16 and bfloat16 table with every peer.
 #   brief CHECKPOINT: what a short device budget holds, in one call: the nightly run, then
 #     SmolLM2 parity in float16 and bfloat16 on native-cuda and ort-cuda, the float16 bench
 #     with the pipelined loop (native-cuda, ort-cuda, hf-cuda) and the single forwards
@@ -22,20 +24,22 @@
 #   parity CHECKPOINT: what a kernel change needs before it lands, about 450 s: the GPU
 #     suites with the SmolLM2 conversions made beside them on the CPU, then SmolLM2 parity in
 #     float16, bfloat16 (static and dynamic) and float32 on native-cuda and ort-cuda.
+#   convert CHECKPOINT: the SmolLM2 conversions every phase uses, alone (on the CPU: a
+#     staging call makes them beside a share of the GPU suites, scripts/gpu_staged_suites.sh)
 #   coverage CHECKPOINT: side by side on the GPU, nothing timed: the tiny architecture
 #     checkpoints (scripts/gpu_architectures.sh), the long contexts
 #     (scripts/gpu_long_context.sh), and onnxruntime-genai's parity (scripts/gpu_genai.sh, its
 #     matrix and the builder's graph imported and run on native-cuda; its bench runs in speed),
 #     then scripts/gpu_profile_decode.py alone (where a decode step's time goes).
 # Usage (repo root, wheels in .whl/, onnxruntime-gpu in /tmp/site):
-#   OUT=DIR scripts/gpu_evidence.sh correctness|speed|brief|decode|parity|coverage CHECKPOINT
+#   OUT=DIR scripts/gpu_evidence.sh correctness|speed|brief|decode|parity|convert|coverage CHECKPOINT
 # Each step has its own time limit (a step that overruns is cut, and says so in
 # summary.txt); every step's files are packed into $OUT/<phase>.tgz (again after each step),
 # its exit status and the last lines of its log into $OUT/summary-<phase>.txt. Exit: non-zero
 # when any step failed.
 set -uo pipefail
-PHASE=${1:?usage: $0 correctness|speed|brief|decode|parity|coverage CHECKPOINT}
-GGUF=$(realpath "${2:?usage: $0 correctness|speed|brief|decode|parity|coverage CHECKPOINT}")
+PHASE=${1:?usage: $0 correctness|speed|brief|decode|parity|convert|coverage CHECKPOINT}
+GGUF=$(realpath "${2:?usage: $0 correctness|speed|brief|decode|parity|convert|coverage CHECKPOINT}")
 OUT=${OUT:-$PWD/out}
 PY=${PY:-python3}
 export PY PYTHONUNBUFFERED=1
@@ -172,6 +176,8 @@ elif [ "$PHASE" = parity ]; then  # a kernel change before it lands: suites, the
   step parity 150 "$PY" -m harness.cli run --engines native-cuda,ort-cuda \
     --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16,$PKG/smollm2-dynamic-bfloat16,$PKG/smollm2-static-float32" \
     --max-prompts 2 --max-new-tokens 32 --evidence-dir "$W/parity/evidence"
+elif [ "$PHASE" = convert ]; then  # the SmolLM2 conversions alone, on the CPU
+  step convert 300 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all"
 elif [ "$PHASE" = coverage ]; then  # correctness only, side by side on the GPU
   step architectures 300 env PYTHONPATH="$PYTHONPATH" bash scripts/gpu_architectures.sh &
   ar=$!
@@ -189,23 +195,21 @@ else
   OUT="$W/convert" timeout 200 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
     > "$W/convert.txt" 2>&1 || status=1
   wait "$warming" || { status=1; echo "== warm kernels: failed" >> "$SUMMARY"; }
-  # every dtype beside its peers, each table one process: float32; float16 and bfloat16;
-  # float16 again with the pipelined greedy loop (transformers' generate runs its own loop)
+  # the headline first (run 15 lost it to the step's limit): float16 and bfloat16 with the
+  # pipelined greedy loop beside both peers (transformers' generate runs its own loop), the
+  # packages interleaved so the dtype ratio is taken side by side too; then float32 against
+  # ort-cuda (its target; transformers' float32 is none), then the plain loop's table
   bench_dtypes() {
     "$PY" -m harness.cli bench --engines native-cuda,ort-cuda,hf-cuda --baseline hf-cuda \
+      --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" --ignore-eos \
+      --max-new-tokens 128 --repeats 3 --warmup 2 --pipelined --interleave \
+      --json "$OUT/bench-float16-pipelined.json" || return 1
+    "$PY" -m harness.cli bench --engines native-cuda,ort-cuda --baseline ort-cuda \
       --packages "$PKG/smollm2-static-float32" --ignore-eos --max-new-tokens 128 --repeats 3 \
       --warmup 2 --json "$OUT/bench-float32.json" || return 1
-    "$PY" -m harness.cli bench --engines native-cuda,ort-cuda,hf-cuda --baseline hf-cuda \
-      --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" --ignore-eos \
-      --max-new-tokens 128 --repeats 3 --warmup 2 --json "$OUT/bench-float16.json" || return 1
-    "$PY" -m harness.cli bench --engines native-cuda,ort-cuda,hf-cuda --baseline hf-cuda \
-      --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" --ignore-eos \
-      --max-new-tokens 128 --repeats 3 --warmup 2 --pipelined \
-      --json "$OUT/bench-float16-pipelined.json"
   }
-  # run 13: 213 s (three tables, hf-cuda compiling its forward in each); the pipelined table
-  # has bfloat16 beside float16 since run 14 (the device's figures, without the host's loop)
-  step bench 330 bash -c "$(declare -f bench_dtypes); PY=$PY PKG=$PKG OUT=\$OUT bench_dtypes"
+  # run 14: 56 s and 109 s for these two tables (hf-cuda compiling its forward in the first)
+  step bench 240 bash -c "$(declare -f bench_dtypes); PY=$PY PKG=$PKG OUT=\$OUT bench_dtypes"
   # the caches (float16, captured, both loops) and the single forwards; the pipelined loop
   # is in the bench above; self-speculation with SPEED_PARTS="... selfspec"
   step speed 200 env REPEATS=3 PARTS="${SPEED_PARTS:-cache forward}" CACHE_DTYPES=float16 \
@@ -223,6 +227,11 @@ else
       --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16,$PKG/smollm2-dynamic-bfloat16,$PKG/smollm2-static-float32" \
       --max-prompts 2 --max-new-tokens 32 --evidence-dir "$W/parity/evidence"
   fi
+  # last, as time allows: the plain greedy loop's float16 and bfloat16 table, every peer
+  step plain 120 "$PY" -m harness.cli bench --engines native-cuda,ort-cuda,hf-cuda \
+    --baseline hf-cuda --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" \
+    --ignore-eos --max-new-tokens 128 --repeats 3 --warmup 2 --interleave \
+    --json "$W/bench/bench-float16.json"
   # one report of the run: this phase's SmolLM2 parity (SPEED_PARITY), else the correctness
   # phase's (when it ran on this machine), with every bench table of this phase
   parity=$W/parity/evidence

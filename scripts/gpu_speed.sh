@@ -53,7 +53,7 @@ for dtype in $CACHE_DTYPES; do
       LOCKSTEP_NATIVE_CUDA_GRAPHS=$graphs "$PY" -m harness.cli bench --engines native-cuda \
         --baseline native-cuda \
         --packages "$PKG/smollm2-static-$dtype,$PKG/smollm2-dynamic-$dtype" --ignore-eos \
-        --max-new-tokens "$BENCH_TOKENS" --repeats "$REPEATS" --warmup 2 \
+        --max-new-tokens "$BENCH_TOKENS" --repeats "$REPEATS" --warmup 2 --interleave \
         $([ "$loop" = pipelined ] && echo --pipelined) \
         --json "$JS/cache-$dtype-graphs-$graphs-$loop.json" >> "$LOG" 2>&1 || status=1
     done

@@ -96,6 +96,39 @@ def test_the_capacity_plan_is_the_append_plan_bit_for_bit(name):
     assert s.cells.copies == 2
 
 
+def test_a_replays_presents_are_made_once_per_step_and_only_for_lasting_buffers():
+    """A graph slot writes the same output buffers every replay (``lasting``), so a step
+    seen before hands out the views it handed then; an eager forward's fresh buffers are
+    viewed anew and change nothing kept; buffers of a new capture drop what was kept, and
+    ``forget`` (a slot reset) drops it too, so no dropped buffer is held."""
+    c, model, spec = _decoder()
+    found, _ = capacity_plan(model, spec, "target")
+    cells = CapacityCells(found, np)
+    shape = (1, c.kv_heads, found.max_context, c.head_dim)
+    slot = {cell.output: np.zeros(shape, np.float32) for cell in found.cells}
+    at = {cell.output: 4 for cell in found.cells}
+    first = cells.outputs(slot, at, 1, lasting=True)
+    eager = {name: buffer.copy() for name, buffer in slot.items()}
+    fresh = cells.outputs(eager, at, 1)
+    again = cells.outputs(slot, at, 1, lasting=True)
+    longer = cells.outputs(slot, {name: 5 for name in slot}, 1, lasting=True)
+    for name, buffer in slot.items():
+        assert again[name] is first[name] and first[name].base is buffer
+        assert first[name].shape[2] == 5 and longer[name].shape[2] == 6
+        assert fresh[name] is not first[name] and fresh[name].base is eager[name]
+    assert len(cells._steady) == 2
+    # the last views handed out are recognised by identity as the next pasts
+    feeds, lengths = cells.feeds({n.replace("present", "past"): v for n, v in longer.items()},
+                                 1)
+    assert set(lengths.values()) == {6} and cells.recognised == len(slot) and cells.copies == 0
+    assert all(feeds[n.replace("present", "past")] is slot[n] for n in slot)
+    recaptured = {name: buffer.copy() for name, buffer in slot.items()}
+    moved = cells.outputs(recaptured, at, 1, lasting=True)
+    assert len(cells._steady) == 1 and all(moved[n].base is recaptured[n] for n in slot)
+    cells.forget()
+    assert cells._steady == {} and cells._steady_buffers == () and cells._handed == {}
+
+
 def test_capacity_feeds_have_one_signature_per_forward_width():
     """What makes the step capturable: the graph slot's signature does not grow with P."""
     s = _Stepper(*_decoder())

@@ -201,6 +201,22 @@ def test_engines_are_timed_in_turns():
     assert timed == ["first", "second", "ort-cpu"] * 3
 
 
+@pytest.mark.parametrize("interleave", [False, True])
+def test_interleave_times_every_package_in_one_rotation(interleave):
+    """By default a package's engines are timed in turns, one package after another; with
+    ``interleave`` repeat r of every (package, engine) comes before repeat r+1 of any, so a
+    ratio across packages is measured side by side. The rows and figures are the same."""
+    marks = []
+    plan = hb.plan_bench(["native-host"], [SMALL, "tiny_llama"], repeats=2, max_new_tokens=NEW,
+                         warmup=1, baseline="native-host", interleave=interleave)
+    rows = hb.run_bench(plan, lambda n, text: marks.append(text), bandwidth=FAKE_BW)
+    timed = [t.split(" · ")[0] for t in marks if "repeat" in t]
+    pair = [SMALL, "tiny_llama"]
+    assert timed == (pair * 2 if interleave else [SMALL, SMALL, "tiny_llama", "tiny_llama"])
+    assert [(r.package, r.status, r.repeats) for r in rows] == [(n, hb.OK, 2) for n in pair]
+    assert all(r.ratio == 1.0 and r.floor_ms is not None for r in rows)
+
+
 @pytest.mark.parametrize("synchronizes", [True, False])
 def test_the_engine_is_synchronised_before_and_after_every_decode(synchronizes):
     log: list[str] = []
@@ -250,6 +266,7 @@ def test_speculative_rows_report_rounds():
     ({"warmup_steps": -1}, "warmup_steps"),
     ({"warmup_steps": 1.5}, "warmup_steps"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"interleave": 1}, "interleave"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"max_new_tokens": 10_000}, "max_new_tokens"),  # past the package's context
     ({"prompt": [1, 10_000]}, "prompt[1]"),
@@ -282,7 +299,7 @@ def test_json_holds_the_rows_and_settings(greedy_rows, tmp_path):
     data = json.loads(path.read_text())
     assert data["kind"] == "lockstep-bench" and data["format"] == hb.FORMAT
     assert data["settings"]["baseline"] == "ort-cpu" and data["settings"]["repeats"] == 3
-    assert data["settings"]["ignore_eos"] is False
+    assert data["settings"]["ignore_eos"] is False and data["settings"]["interleave"] is False
     assert data["settings"]["warmup_steps"] == hb.WARMUP_STEPS
     assert data["bandwidth"] == [{"residency": "host", "gb_per_s": 10.0, "how": "fake 10.0 GB/s"}]
     for row in data["rows"]:
@@ -317,6 +334,20 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys, monkeypatch):
         assert "n/a" in text and f"native-cuda ({SMALL}): unavailable" in text
     rows = {r["engine"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["ort-cpu"]["ratio"] == 1.0 and rows["native-host"]["ratio"] > 0
+
+
+def test_cli_interleave_reaches_the_plan_and_the_title(tmp_path, capsys, monkeypatch):
+    from harness.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    out = tmp_path / "bench.json"
+    status = main(["bench", "--engines", "native-host", "--baseline", "native-host",
+                   "--packages", f"{SMALL},tiny_llama", "--repeats", "1", "--max-new-tokens",
+                   str(NEW), "--interleave", "--json", str(out)])
+    assert status == 0 and "packages interleaved" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["settings"]["interleave"] is True
+    assert [r["package"] for r in data["rows"]] == [SMALL, "tiny_llama"]
 
 
 def test_the_cli_default_of_warmup_steps_is_the_bench_default():

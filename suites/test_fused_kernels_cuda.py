@@ -338,8 +338,8 @@ def test_prefill_attention_rows_equal_each_row_alone(cp, stream, backend, dtype,
 def test_copy_many_moves_every_byte_in_one_launch_and_reuses_its_table(cp, stream):
     """``CupyGraphDevice.copy_many`` (a graph slot's replay): the bytes of each pair land as
     ``copy`` puts them, aligned or not, odd sizes included; 130 copies are two launches (the
-    argument limit); the same pointers again build no new table; a strided pair still
-    copies (by ``copy``)."""
+    argument limit); the same pointers again build no new table; a strided pair has no
+    ``copy_entry`` and still copies (by ``copy``)."""
     from engines.native.batched_copy import MAX_ENTRIES
     from engines.native.graph_slots import CupyGraphDevice
 
@@ -358,7 +358,9 @@ def test_copy_many_moves_every_byte_in_one_launch_and_reuses_its_table(cp, strea
                   for _ in range(MAX_ENTRIES - 2)]
         for dst, _src in pairs:
             dst.fill(0)
-    device.copy_many(pairs)
+    copies = [(dst, src, device.copy_entry(dst, src)) for dst, src in pairs]
+    assert [entry is None for *_pair, entry in copies[:5]] == [False] * 4 + [True]
+    device.copy_many(copies)
     batched = device._batched
     assert batched.launches == 2 and batched.builds == 1  # 130 contiguous copies, 1 strided
     for dst, src in pairs:
@@ -366,7 +368,7 @@ def test_copy_many_moves_every_byte_in_one_launch_and_reuses_its_table(cp, strea
     with stream:
         for _dst, src in pairs[:2]:
             src[...] = src * 2 + 1  # new values, same pointers
-    device.copy_many(pairs)
+    device.copy_many(copies)
     assert batched.launches == 4 and batched.builds == 1
     for dst, src in pairs[:2]:
         assert cp.asnumpy(dst, stream=stream).tobytes() == cp.asnumpy(src, stream=stream).tobytes()

@@ -19,16 +19,24 @@ from suites.test_graph_slots_host import (FakeDevice, Harness, replay_fed_its_st
 
 
 class BatchingDevice(FakeDevice):
-    """The fake device with a batched copy: one event per call, the pairs recorded."""
+    """The fake device with a batched copy: one event per call, the pairs recorded, and each
+    copy entry it was asked for (a pair's addresses, as the CUDA device's are)."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.batches: list[list[tuple[np.ndarray, np.ndarray]]] = []
+        self.batches: list[list[tuple[np.ndarray, int]]] = []  # (dst, id of src)
+        self.entries_made: list[tuple[int, int]] = []
 
-    def copy_many(self, pairs):
+    def copy_entry(self, dst, src):
+        entry = (dst.ctypes.data, src.ctypes.data)
+        self.entries_made.append(entry)
+        return entry
+
+    def copy_many(self, copies):
         self.events.append("copy_many")
-        self.batches.append(list(pairs))
-        for dst, src in pairs:
+        self.batches.append([(dst, id(src)) for dst, src, _entry in copies])
+        for dst, src, entry in copies:
+            assert entry == (dst.ctypes.data, src.ctypes.data)  # a kept entry still holds
             np.copyto(dst, src)
 
 
@@ -48,6 +56,32 @@ def test_a_replay_copies_its_feeds_in_one_batch_before_the_launch():
     assert all(len(batch) == 3 for batch in h.device.batches)  # tokens, positions, state_in
     assert h.counters(GraphSlot.PRIMARY).replays == plain.counters(GraphSlot.PRIMARY).replays == 5
     assert h.counters(GraphSlot.PRIMARY).captures == 1
+
+
+def test_a_state_cell_fed_back_keeps_its_copy_entry_and_nothing_else_is_held():
+    """A steady replay asks the device for no copy entry of a state cell fed back from the
+    slot's own output (its addresses cannot change while the slot holds it); a new feed
+    (tokens, positions, a state made elsewhere) gets a fresh entry every time, and the slot
+    keeps no reference to it past its replay (a kept array would stay allocated)."""
+    import weakref
+
+    h = Harness(device=BatchingDevice())
+    eager_state = zeros_state()
+    out = h.run(GraphSlot.PRIMARY, toy_feeds([1], 0, eager_state))
+    state = out["state_out"]  # the capture's eager result: not the slot's buffer
+    out = h.run(GraphSlot.PRIMARY, toy_feeds([2], 1, state))
+    assert len(h.device.entries_made) == 3  # tokens, positions, that state
+    gone = weakref.ref(state)
+    del state
+    assert gone() is None  # the slot let it go after its replay
+    for step in range(2, 6):
+        out = h.run(GraphSlot.PRIMARY, toy_feeds([step], step, out["state_out"]))
+    assert len(h.device.entries_made) == 3 + 3 + 2 * 3  # the cell's once, then tokens, positions
+    slot = h.slots[GraphSlot.PRIMARY]
+    assert list(slot._entries) == ["state_in"]
+    assert slot._entries["state_in"][0] is slot.outputs["state_out"]
+    slot.reset()
+    assert slot._entries == {} and slot._fed == {}
 
 
 def test_a_feed_that_is_the_static_input_is_left_out_of_the_batch():

@@ -251,6 +251,40 @@ def test_a_state_cell_fed_back_from_a_static_output_reads_the_value_it_saw():
     assert h.counters(GraphSlot.PRIMARY).replays == 11
 
 
+@pytest.mark.claim("graph_replay")
+def test_a_steady_replay_is_known_without_building_a_signature(monkeypatch):
+    """A decode step feeds a state cell per kv cell: a cell fed back from the slot's own
+    output is recognised by identity, a new feed of the captured shape by its shape and
+    dtype; anything else (an output buffer under another input's name, another shape)
+    still goes through the signature and recaptures."""
+    built = []
+    real = Signature.of.__func__
+    monkeypatch.setattr(Signature, "of", classmethod(
+        lambda cls, component, feeds: built.append(component) or real(cls, component, feeds)))
+    h = Harness()
+    state = zeros_state()
+    for step in range(6):
+        want = toy(toy_feeds([step], step, state))  # before the replay overwrites the state
+        out = h.run(GraphSlot.PRIMARY, toy_feeds([step], step, state))
+        np.testing.assert_array_equal(out["logits"], want["logits"])
+        np.testing.assert_array_equal(out["state_out"], want["state_out"])
+        state = out["state_out"]
+    slot = h.slots[GraphSlot.PRIMARY]
+    c = h.counters(GraphSlot.PRIMARY)
+    assert (c.captures, c.replays) == (1, 5) and len(built) == 1  # the capture's alone
+    assert h.slots.replayed  # the outputs are the slot's own buffers
+    assert set(slot._fed) == {"state_in"} and slot._fed["state_in"] is slot.outputs["state_out"]
+    logits = slot.outputs["logits"]  # [1, 1, 4] under the [1, 4] state's name
+    swapped = h.run(GraphSlot.PRIMARY, toy_feeds([1], 6, logits))
+    assert c.invalidations == 1 and len(built) == 2 and swapped["state_out"].shape == (1, 1, 4)
+    assert not h.slots.replayed  # a capture's eager result
+    h.run("prefill", toy_feeds([1], 7, zeros_state()))
+    assert not h.slots.replayed
+    h.run(GraphSlot.PRIMARY, toy_feeds([1], 8, zeros_state()))
+    assert c.invalidations == 2 and len(built) == 3
+
+
+@pytest.mark.claim("graph_replay")
 def replay_fed_its_static_input(h: Harness):
     """A PRIMARY replay whose ``state_in`` feed is the slot's own static input (holding 3.0),
     the device's events cleared just before it: its outputs, and what it should compute."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from engines.registry import get_engine_class
@@ -121,6 +122,33 @@ def test_a_pending_token_of_an_all_nan_row_is_refused_when_asked_for():
     with pytest.raises(NonFiniteLogits) as info:
         ReadyToken(-1).result()
     assert info.value.field == "logits2d"
+
+
+def test_a_device_token_waits_once_then_hands_its_word_and_event_back():
+    """``DeviceToken``: the first ``result()`` waits on the event and reads the pinned word;
+    then (not before) the pair goes back to the ops for a later token, once; asking again
+    returns the id read; an all-NaN row (-1) is still refused, after the pair went back."""
+    from engines.errors import NonFiniteLogits
+    from engines.tensor_ops.pending import DeviceToken
+
+    class Event:
+        waits = 0
+
+        def synchronize(self):
+            Event.waits += 1
+
+    returned = []
+    word, event = np.array([41], np.int32), Event()
+    token = DeviceToken(word, event, lambda h, e: returned.append((h, e)))
+    assert returned == [] and Event.waits == 0
+    assert token.result() == 41 and token.result() == 41
+    assert Event.waits == 1 and len(returned) == 1
+    assert returned[0][0] is word and returned[0][1] is event
+    nan = DeviceToken(np.array([-1], np.int32), Event(), lambda h, e: returned.append((h, e)))
+    with pytest.raises(NonFiniteLogits):
+        nan.result()
+    assert len(returned) == 2
+    assert DeviceToken(np.array([3], np.int32), Event()).result() == 3  # nothing to hand back
 
 
 def test_bench_records_pipelined_and_refuses_a_non_bool(tmp_path):

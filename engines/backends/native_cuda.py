@@ -193,8 +193,9 @@ class NativeCudaEngine(Engine):
         with plain_launches() if phase == "verify" else contextlib.nullcontext():
             out = self.slots.run(component, feeds, phase, lambda f: self._eager(plan, f),
                                  lambda inputs: self._capture_body(plan, inputs), positions)
-        if cells is not None:  # presents as views of their first P + M slots
-            out = cells.outputs(out, lengths, positions)
+        if cells is not None:  # presents as views of their first P + M slots (a replay's
+            # outputs are the slot's own buffers: the views of a step seen before are kept)
+            out = cells.outputs(out, lengths, positions, lasting=self.slots.replayed)
         self.publish_memory()
         return out
 

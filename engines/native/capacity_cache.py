@@ -39,6 +39,7 @@ from engines.errors import InputError
 from engines.native.fusion import FUSED_DOMAIN, fuse_nodes
 
 SEQ_AXIS = 2
+STEADY_STEPS_KEPT = 4096  # replayed steps whose presents are kept (a step: 2 per kv cell)
 _ONNX = ("", "ai.onnx")
 
 
@@ -163,6 +164,11 @@ class CapacityCells:
         # id -> (view, its buffer, its length) for each present the last forward handed out:
         # fed back as a past, it is recognised by identity, with nothing of it read again
         self._handed: dict[int, tuple[Any, Any, int]] = {}
+        # a graph slot's replays write the same output buffers every time: what ``outputs``
+        # made of them, by (positions, each cell's length), made once and handed out again
+        # (``lasting`` outputs only: they live while the slot does, so nothing else is held)
+        self._steady: dict[tuple, _Steady] = {}
+        self._steady_buffers: tuple[Any, ...] = ()  # the buffers those views view
 
     def feeds(self, feeds: Mapping[str, Any], positions: int = 0
               ) -> tuple[dict[str, Any], dict[str, int]]:
@@ -206,24 +212,57 @@ class CapacityCells:
         return buffer
 
     def outputs(self, outputs: Mapping[str, Any], lengths: Mapping[str, int],
-                positions: int) -> dict[str, Any]:
-        """Each present as the view of its first P + M slots (remembered for ``feeds``)."""
+                positions: int, lasting: bool = False) -> dict[str, Any]:
+        """Each present as the view of its first P + M slots (remembered for ``feeds``).
+        ``lasting``: the outputs are a graph slot's own buffers (a replay), so the views of
+        a step seen before are the ones made then."""
         out = dict(outputs)
+        if not lasting:
+            views, self._handed = self._views(outputs, lengths, positions)
+            out.update(views)
+            return out
+        buffers = tuple(outputs[cell.output] for cell in self.plan.cells)
+        memo = self._steady
+        if (any(a is not b for a, b in zip(self._steady_buffers, buffers))
+                or len(memo) >= STEADY_STEPS_KEPT):
+            memo.clear()  # another slot's buffers, or the slot captured again: let go
+        self._steady_buffers = buffers
+        key = (positions, tuple(lengths.values()))
+        steady = memo.get(key)
+        if steady is None:
+            steady = memo[key] = _Steady(*self._views(outputs, lengths, positions))
+        out.update(steady.views)
+        self._handed = steady.handed
+        return out
+
+    def _views(self, outputs: Mapping[str, Any], lengths: Mapping[str, int], positions: int
+               ) -> tuple[dict[str, Any], dict[int, tuple[Any, Any, int]]]:
+        """(the presents by output name, what ``feeds`` recognises them by)."""
+        views: dict[str, Any] = {}
         handed: dict[int, tuple[Any, Any, int]] = {}
         c = self.plan.max_context
         for cell in self.plan.cells:
             buffer = outputs[cell.output]
             length = lengths[cell.output] + positions
             view = buffer[:, :, :length, :]
-            out[cell.output] = view
+            views[cell.output] = view
             if buffer.shape[SEQ_AXIS] == c and view.base is buffer:
                 handed[id(view)] = (view, buffer, length)
-        self._handed = handed
-        return out
+        return views, handed
 
     def forget(self) -> None:
-        """Drop the views handed out last (a reset or close: no dropped buffer is held)."""
+        """Drop the views handed out last and those kept (a reset or close: no dropped
+        buffer is held)."""
         self._handed = {}
+        self._steady, self._steady_buffers = {}, ()
+
+
+@dataclass(frozen=True)
+class _Steady:
+    """One replayed step's presents: the views by output name, and ``feeds``'s record of
+    them."""
+    views: dict[str, Any]
+    handed: dict[int, tuple[Any, Any, int]]
 
 
 def _assign(dst, src) -> None:

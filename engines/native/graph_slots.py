@@ -135,6 +135,13 @@ class SlotState:
         self.outputs: dict[str, Any] = {}
         self.allocator: Any = None
         self._keep: list[Any] = []
+        # the last replay's feeds that were this slot's own output buffers (a state cell fed
+        # back), by name: alive while the slot is, so identity stands for shape and dtype
+        self._fed: dict[str, Any] = {}
+        self._own: set[int] = set()  # ids of the output buffers
+        # by input name, for those same feeds: (the feed, the device's copy entry for it
+        # into the static input), so a steady replay computes no copy argument again
+        self._entries: dict[str, tuple[Any, Any]] = {}
         # every pool this slot made, while any allocation from it lives (cells may still
         # hold the outputs of a dropped graph)
         self._allocators: weakref.WeakSet = weakref.WeakSet()
@@ -144,6 +151,26 @@ class SlotState:
         return self._counters()
 
     # -- the forward -------------------------------------------------------------------------
+    def holds(self, component: str, feeds: Mapping[str, Any]) -> bool:
+        """Whether ``feeds`` has the captured graph's signature, decided without building
+        one (a decode step asks with a feed per kv cell): the same names, each feed the
+        output buffer the last replay was fed under that name, or a device array of its
+        static input's shape and dtype (the static inputs were made from the signature's
+        feeds)."""
+        if self.status is not SlotStatus.CAPTURED or self.signature.component != component:
+            return False
+        inputs, fed = self.inputs, self._fed
+        if len(feeds) != len(inputs):
+            return False
+        for name, value in feeds.items():
+            if fed.get(name) is value:
+                continue
+            buffer = inputs.get(name)
+            if (buffer is None or not self.device.accepts(value)
+                    or value.shape != buffer.shape or value.dtype != buffer.dtype):
+                return False
+        return True
+
     def run(self, signature: Signature, feeds: Mapping[str, Any], eager: EagerRun,
             capture_body: CaptureBody) -> Outputs:
         """One forward through the slot: capture, replay or fallback."""
@@ -155,7 +182,7 @@ class SlotState:
         if self.status is SlotStatus.FALLBACK:
             self.counters.fallbacks += 1
             return eager(feeds)
-        return self._replay(feeds)
+        return self.replay(feeds)
 
     def _first_use(self, signature: Signature, feeds: Mapping[str, Any], eager: EagerRun,
                    capture_body: CaptureBody) -> Outputs:
@@ -183,22 +210,43 @@ class SlotState:
             self.device.release(allocator)
             return result
         self.graph, self.inputs, self.outputs = graph, inputs, dict(outputs)
+        self._own = {id(buffer) for buffer in self.outputs.values()}
         self.allocator, self._keep = allocator, list(keep)
         self.status = SlotStatus.CAPTURED
         self.failure = None
         self.counters.captures += 1
         return result
 
-    def _replay(self, feeds: Mapping[str, Any]) -> Outputs:
-        # a feed that is the static buffer is already in place
-        pairs = [(buffer, feeds[name]) for name, buffer in self.inputs.items()
-                 if feeds[name] is not buffer]
-        copy_many = getattr(self.device, "copy_many", None)
-        if copy_many is not None:  # one launch for all of them (a decode feeds every kv cell)
-            copy_many(pairs)
+    def replay(self, feeds: Mapping[str, Any]) -> Outputs:
+        """Copy ``feeds`` into the static inputs and launch the graph (the signature is the
+        caller's to check: ``run`` or ``holds``)."""
+        own, kept = self._own, self._entries
+        entry_of = getattr(self.device, "copy_entry", None)
+        fed: dict[str, Any] = {}
+        entries: dict[str, tuple[Any, Any]] = {}
+        copies = []
+        for name, buffer in self.inputs.items():
+            source = feeds[name]
+            if source is buffer:
+                continue  # a feed that is the static buffer is already in place
+            lasting = id(source) in own  # a state cell fed back: alive while the slot is
+            if lasting:
+                fed[name] = source
+            if entry_of is None:
+                copies.append((buffer, source, None))
+                continue
+            hit = kept.get(name)
+            entry = hit[1] if hit is not None and hit[0] is source else entry_of(buffer,
+                                                                                  source)
+            if lasting:
+                entries[name] = (source, entry)
+            copies.append((buffer, source, entry))
+        if entry_of is not None:  # one launch for all of them (a decode feeds every kv cell)
+            self.device.copy_many(copies)
         else:
-            for buffer, source in pairs:
+            for buffer, source, _ in copies:
                 self.device.copy(buffer, source)
+        self._fed, self._entries = fed, entries
         if self.poison_outputs:
             seen: set[int] = set()
             for buffer in self.outputs.values():
@@ -226,6 +274,7 @@ class SlotState:
             self.device.synchronize()  # no queued replay may still read these buffers
         self.graph = None
         self.inputs, self.outputs, self._keep = {}, {}, []
+        self._fed, self._own, self._entries = {}, set(), {}
         allocator, self.allocator = self.allocator, None
         if allocator is not None:
             self.device.release(allocator)
@@ -261,6 +310,9 @@ class GraphSlots:
                                        lambda name=slot.value: ledger().slot(name),
                                        poison_outputs=poison_outputs)
                        for slot in GraphSlot}
+        # whether the last forward was a replay: its outputs are then a slot's own buffers,
+        # the same objects every replay until the slot captures again or is reset
+        self.replayed = False
 
     def __getitem__(self, slot: GraphSlot | str) -> SlotState:
         return self.states[slot if isinstance(slot, GraphSlot) else GraphSlot(slot)]
@@ -270,11 +322,20 @@ class GraphSlots:
 
     def run(self, component: str, feeds: Mapping[str, Any], phase: str | None,
             eager: EagerRun, capture_body: CaptureBody, positions: int | None = None) -> Outputs:
+        self.replayed = False
         slot = slot_for_phase(phase, positions) if self.enabled else None
-        if slot is None or not all(self.device.accepts(v) for v in feeds.values()):
+        if slot is None:
             return eager(feeds)
-        return self.states[slot].run(Signature.of(component, feeds), feeds, eager,
-                                     capture_body)
+        state = self.states[slot]
+        if state.holds(component, feeds):  # a replay, known without building a signature
+            self.replayed = True
+            return state.replay(feeds)
+        if not all(self.device.accepts(v) for v in feeds.values()):
+            return eager(feeds)
+        replays = state.counters.replays
+        out = state.run(Signature.of(component, feeds), feeds, eager, capture_body)
+        self.replayed = state.counters.replays != replays
+        return out
 
     def reset(self, slot: GraphSlot | str | None = None) -> None:
         """Reset one slot (or both); the other keeps its graph."""
@@ -340,17 +401,23 @@ class CupyGraphDevice:
             else:
                 self._bits(dst)[...] = self._bits(src)
 
-    def copy_many(self, pairs: list[tuple[Any, Any]]) -> None:
-        """Every ``dst[...] = src`` of ``pairs``, queued on the stream: the C-contiguous
-        ones in one kernel launch (``batched_copy``: its arguments are cached while the
-        pointers stay the same), any other one by ``copy``."""
+    def copy_entry(self, dst: Any, src: Any) -> tuple[int, int, int] | None:
+        """``(dst pointer, src pointer, nbytes)`` where one batched launch can copy ``src``
+        into ``dst`` (both C-contiguous, the same size), else None (``copy`` does it)."""
+        if src.flags.c_contiguous and dst.flags.c_contiguous and src.nbytes == dst.nbytes:
+            return int(dst.data.ptr), int(src.data.ptr), int(src.nbytes)
+        return None
+
+    def copy_many(self, copies: list[tuple[Any, Any, tuple[int, int, int] | None]]) -> None:
+        """Every ``dst[...] = src`` of ``copies`` (``(dst, src, copy_entry(dst, src))``),
+        queued on the stream: those with an entry in one kernel launch (``batched_copy``:
+        its arguments are cached while the pointers stay the same), any other by ``copy``."""
         entries = []
-        for dst, src in pairs:
-            if (src.flags.c_contiguous and dst.flags.c_contiguous
-                    and src.nbytes == dst.nbytes):
-                entries.append((int(dst.data.ptr), int(src.data.ptr), int(src.nbytes)))
-            else:
+        for dst, src, entry in copies:
+            if entry is None:
                 self.copy(dst, src)
+            else:
+                entries.append(entry)
         if entries:
             if getattr(self, "_batched", None) is None:
                 from engines.native.batched_copy import BatchedCopy

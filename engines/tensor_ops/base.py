@@ -159,7 +159,8 @@ class TensorOps(abc.ABC):
 
     def slice_axis(self, v: Any, axis: Any, start: Any, length: Any):
         """``v[..., start:start+length, ...]`` along ``axis``: a view when every extent before
-        ``axis`` is 1, else a C-contiguous copy; an empty window is host-empty."""
+        ``axis`` is 1 (``v`` itself for the whole axis), else a C-contiguous copy; an empty
+        window is host-empty."""
         self.check_resident(v, "v")
         ax = self.normalize_axis(v, axis)
         s = _int_arg(start, "start")
@@ -177,9 +178,11 @@ class TensorOps(abc.ABC):
         out_shape = v.shape[:ax] + (n,) + v.shape[ax + 1:]
         if math.prod(out_shape) == 0:
             return host_empty(out_shape, v.dtype)
-        view = v[(slice(None),) * ax + (slice(s, s + n),)]
         if math.prod(v.shape[:ax]) == 1:
-            return view
+            if s == 0 and n == extent:
+                return v  # the whole axis (a decode step's last position): v itself
+            return v[(slice(None),) * ax + (slice(s, s + n),)]
+        view = v[(slice(None),) * ax + (slice(s, s + n),)]
         return self._copy(view)
 
     def last_along_axis(self, v: Any, axis: Any):

@@ -29,6 +29,7 @@ from engines.cuda_support import import_cupy, sanctioned_readback
 from engines.errors import EngineUnavailable, InputError
 from engines.ledger import Ledger
 from engines.tensor_ops.base import TensorOps, _int_arg, dtype_name
+from engines.tensor_ops.pending import DeviceToken
 
 ARGMAX_BLOCK = 1024  # threads a row: a vocabulary of 49152 is 48 columns a thread
 ARGMAX_UNROLL = 8  # columns whose loads a thread issues together
@@ -189,6 +190,7 @@ class CudaTensorOps(TensorOps):
         self.stream = stream
         self.residency = f"cuda:{dev}"
         self._dtype_ok: dict[str, bool] = {}
+        self._token_slots_free: list[tuple[Any, Any]] = []  # (pinned word, event) to reuse
 
     @contextlib.contextmanager
     def on_stream(self):
@@ -315,19 +317,31 @@ class CudaTensorOps(TensorOps):
 
     def _argmax_feed_async(self, logits2d: Any):
         """``_argmax_feed`` whose 4-byte copy goes into pinned memory without the host
-        waiting: an event recorded behind it is what ``DeviceToken.result()`` waits on."""
-        import cupyx
-
-        from engines.tensor_ops.pending import DeviceToken
-
+        waiting: an event recorded behind it is what ``DeviceToken.result()`` waits on. The
+        pinned word and the event are reused once their token has been read (a pipelined
+        loop holds two at most), so a step allocates neither."""
         best, feed = self._argmax_and_feed(logits2d)
+        host, event = self._token_slot()
         with self.on_stream():
-            host = cupyx.empty_pinned((1,), dtype=np.int32)
             with sanctioned_readback("token_id"):
                 best.get(stream=self.stream, out=host, blocking=False)
-            event = self.stream.record()
+            event.record(self.stream)
         self.ledger.record_readback("token_id", host.nbytes)
-        return DeviceToken(host, event), feed
+        return DeviceToken(host, event, self._give_token_slot), feed
+
+    def _give_token_slot(self, host, event) -> None:
+        self._token_slots_free.append((host, event))
+
+    def _token_slot(self):
+        """A pinned int32 [1] and an event no unread token holds (made when none is free)."""
+        free = self._token_slots_free
+        if free:
+            return free.pop()
+        import cupyx
+
+        with self.on_stream():
+            host = cupyx.empty_pinned((1,), dtype=np.int32)
+        return host, self.cp.cuda.Event(disable_timing=True)
 
     def _audit_row(self, logits2d: Any) -> np.ndarray:
         """One logits row read back for the audit decode, accounted as ``logits_audit``."""

@@ -8,6 +8,7 @@ argmax, is refused when the id is asked for, as ``next_token_feed`` refuses it.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from engines.errors import NonFiniteLogits
@@ -39,17 +40,22 @@ class ReadyToken(PendingToken):
 
 class DeviceToken(PendingToken):
     """An id being copied into ``host`` (pinned, int32 [1]) on a stream; ``event`` is
-    recorded after the copy, so waiting on it waits for this copy and nothing later."""
+    recorded after the copy, so waiting on it waits for this copy and nothing later. Once
+    read, the pair goes to ``release`` (the ops reuse it for a later token), if given."""
 
-    def __init__(self, host: Any, event: Any):
+    def __init__(self, host: Any, event: Any, release: Callable[[Any, Any], None] | None = None):
         self._host = host
         self._event = event
+        self._release = release
         self._token: int | None = None
 
     def _wait(self) -> int:
         if self._token is None:
             self._event.synchronize()
             self._token = int(self._host[0])
+            if self._release is not None:
+                self._release(self._host, self._event)
+                self._host = self._event = self._release = None
         return self._token
 
 

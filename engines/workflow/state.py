@@ -69,6 +69,12 @@ class DecodeState:
                 self._restore_into[name] = ops.zeros(tuple(spec.shape), dtype_of(spec.dtype))
         self._host_copies: dict[str, np.ndarray] = {}
         self._saved_lengths: dict[str, int] | None = None
+        # per cell: its declared shape, and the sequence axis where it grows (else None);
+        # ``absorb`` checks every cell every forward, so they are read from the spec once
+        self._expect = {name: (tuple(c.spec.shape),
+                               c.spec.seq_axis if c.spec.kind == "kv"
+                               and c.spec.update == "append" else None)
+                        for name, c in cells.items()}
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -121,12 +127,17 @@ class DecodeState:
         ``positions`` new positions, and advance the position. A value of another shape or
         dtype than the cell declares is an ``ExecutionError`` naming the cell (shapes are
         host metadata: checking them reads nothing back)."""
-        for cell in self.cells.values():
+        expect = self._expect
+        for name, cell in self.cells.items():
             value = outputs[cell.spec.output]
-            expected = list(cell.spec.shape)
-            if cell.spec.kind == "kv" and cell.spec.update == "append":
-                expected[cell.spec.seq_axis] = cell.length + positions
-            if list(value.shape) != expected or value.dtype != cell.value.dtype:
+            shape, axis = expect[name]
+            if axis is None:
+                if value is cell.value:
+                    continue  # the buffer it holds, fed back (a graph replay's static output)
+                expected = shape
+            else:
+                expected = shape[:axis] + (cell.length + positions,) + shape[axis + 1:]
+            if tuple(value.shape) != expected or value.dtype != cell.value.dtype:
                 raise ExecutionError(
                     f"state output {cell.spec.output!r} has shape {tuple(value.shape)} "
                     f"{value.dtype}, expected {tuple(expected)} {cell.value.dtype} (the "

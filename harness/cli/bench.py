@@ -60,6 +60,7 @@ def bench_table(rows, plan) -> Table:
     speculative = plan.mode == "speculative"
     eos = ", eos ignored" if plan.ignore_eos else ""
     eos += ", pipelined" if plan.pipelined else ""
+    eos += ", packages interleaved" if plan.interleave else ""
     steps = plan.warmup_steps
     table = Table(title=f"lockstep bench: {plan.mode}, {plan.max_new_tokens} new tokens{eos}, "
                         f"median of {plan.repeats}, steady decode after {steps} warm-up "
@@ -136,6 +137,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="greedy decodes queue each next forward before the last token id is "
                         "read back (the same tokens; where an engine's tensor ops keep a "
                         "device feed), to time the host work hidden behind the device's")
+    p.add_argument("--interleave", action="store_true",
+                   help="load every package's engines at once and time them all in one "
+                        "rotation, so ratios across packages (dtypes, caches) are measured "
+                        "side by side too (default: one package at a time)")
     p.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS, metavar="K",
                    help=f"decode steps at the start of every timed decode left out of the "
                         f"steady decode median (default {WARMUP_STEPS})")
@@ -169,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_bench(engines, packages, mode=args.mode, width=width, repeats=args.repeats,
                       max_new_tokens=args.max_new_tokens, baseline=args.baseline,
                       warmup=args.warmup, ignore_eos=args.ignore_eos,
-                      warmup_steps=args.warmup_steps, pipelined=args.pipelined)
+                      warmup_steps=args.warmup_steps, pipelined=args.pipelined,
+                      interleave=args.interleave)
 
     from harness.cli.progress import CellProgress
 
