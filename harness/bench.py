@@ -138,8 +138,12 @@ class BenchPlan:
     @property
     def total_decodes(self) -> int:
         """Warm-up and timed decodes over the whole plan (a progress bar's total)."""
-        per = self.warmup + self.repeats + (1 if self.mode == "speculative" else 0)
-        return len(self.engines) * len(self.targets) * per
+        return len(self.engines) * len(self.targets) * self.decodes_per_engine
+
+    @property
+    def decodes_per_engine(self) -> int:
+        """Warm-up and timed decodes of one engine on one target."""
+        return self.warmup + self.repeats + (1 if self.mode == "speculative" else 0)
 
 
 @dataclass(frozen=True)
@@ -487,7 +491,7 @@ def _load(plan: BenchPlan, target: BenchTarget, rows: list[BenchRow],
           tell: Callable[[int, str], None]) -> tuple[_Live, dict[str, tuple[list, list]]]:
     """Each engine's row for ``target`` (appended to ``rows``), and the engines that loaded
     and warmed up, by name, with their empty measurements."""
-    per = plan.warmup + plan.repeats + (1 if plan.mode == "speculative" else 0)
+    per = plan.decodes_per_engine
     name = target.package.spec.name
     live: _Live = {}
     for engine_name, cls in plan.engines:

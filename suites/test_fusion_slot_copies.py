@@ -78,10 +78,11 @@ def test_a_state_cell_fed_back_keeps_its_copy_entry_and_nothing_else_is_held():
         out = h.run(GraphSlot.PRIMARY, toy_feeds([step], step, out["state_out"]))
     assert len(h.device.entries_made) == 3 + 3 + 2 * 3  # the cell's once, then tokens, positions
     slot = h.slots[GraphSlot.PRIMARY]
-    assert list(slot._entries) == ["state_in"]
-    assert slot._entries["state_in"][0] is slot.outputs["state_out"]
+    assert list(slot._fed) == ["state_in"]
+    kept, entry = slot._fed["state_in"]
+    assert kept is slot.outputs["state_out"] and entry == h.device.entries_made[3 + 2]
     slot.reset()
-    assert slot._entries == {} and slot._fed == {}
+    assert slot._fed == {}
 
 
 def test_a_feed_that_is_the_static_input_is_left_out_of_the_batch():

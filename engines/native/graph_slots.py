@@ -136,12 +136,11 @@ class SlotState:
         self.allocator: Any = None
         self._keep: list[Any] = []
         # the last replay's feeds that were this slot's own output buffers (a state cell fed
-        # back), by name: alive while the slot is, so identity stands for shape and dtype
-        self._fed: dict[str, Any] = {}
+        # back), by name, with the device's copy entry for each into its static input (None
+        # where the device has none): alive while the slot is, so identity stands for shape,
+        # dtype and pointers, and a steady replay computes no copy argument again
+        self._fed: dict[str, tuple[Any, Any]] = {}
         self._own: set[int] = set()  # ids of the output buffers
-        # by input name, for those same feeds: (the feed, the device's copy entry for it
-        # into the static input), so a steady replay computes no copy argument again
-        self._entries: dict[str, tuple[Any, Any]] = {}
         # every pool this slot made, while any allocation from it lives (cells may still
         # hold the outputs of a dropped graph)
         self._allocators: weakref.WeakSet = weakref.WeakSet()
@@ -163,7 +162,8 @@ class SlotState:
         if len(feeds) != len(inputs):
             return False
         for name, value in feeds.items():
-            if fed.get(name) is value:
+            hit = fed.get(name)
+            if hit is not None and hit[0] is value:
                 continue
             buffer = inputs.get(name)
             if (buffer is None or not self.device.accepts(value)
@@ -220,33 +220,28 @@ class SlotState:
     def replay(self, feeds: Mapping[str, Any]) -> Outputs:
         """Copy ``feeds`` into the static inputs and launch the graph (the signature is the
         caller's to check: ``run`` or ``holds``)."""
-        own, kept = self._own, self._entries
+        own, kept = self._own, self._fed
         entry_of = getattr(self.device, "copy_entry", None)
-        fed: dict[str, Any] = {}
-        entries: dict[str, tuple[Any, Any]] = {}
+        fed: dict[str, tuple[Any, Any]] = {}
         copies = []
         for name, buffer in self.inputs.items():
             source = feeds[name]
             if source is buffer:
                 continue  # a feed that is the static buffer is already in place
-            lasting = id(source) in own  # a state cell fed back: alive while the slot is
-            if lasting:
-                fed[name] = source
-            if entry_of is None:
-                copies.append((buffer, source, None))
-                continue
             hit = kept.get(name)
-            entry = hit[1] if hit is not None and hit[0] is source else entry_of(buffer,
-                                                                                  source)
-            if lasting:
-                entries[name] = (source, entry)
+            if hit is not None and hit[0] is source:
+                entry = hit[1]
+            else:
+                entry = entry_of(buffer, source) if entry_of is not None else None
+            if id(source) in own:  # a state cell fed back: alive while the slot is
+                fed[name] = (source, entry)
             copies.append((buffer, source, entry))
         if entry_of is not None:  # one launch for all of them (a decode feeds every kv cell)
             self.device.copy_many(copies)
         else:
             for buffer, source, _ in copies:
                 self.device.copy(buffer, source)
-        self._fed, self._entries = fed, entries
+        self._fed = fed
         if self.poison_outputs:
             seen: set[int] = set()
             for buffer in self.outputs.values():
@@ -274,7 +269,7 @@ class SlotState:
             self.device.synchronize()  # no queued replay may still read these buffers
         self.graph = None
         self.inputs, self.outputs, self._keep = {}, {}, []
-        self._fed, self._own, self._entries = {}, set(), {}
+        self._fed, self._own = {}, set()
         allocator, self.allocator = self.allocator, None
         if allocator is not None:
             self.device.release(allocator)

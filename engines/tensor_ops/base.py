@@ -178,12 +178,11 @@ class TensorOps(abc.ABC):
         out_shape = v.shape[:ax] + (n,) + v.shape[ax + 1:]
         if math.prod(out_shape) == 0:
             return host_empty(out_shape, v.dtype)
-        if math.prod(v.shape[:ax]) == 1:
-            if s == 0 and n == extent:
-                return v  # the whole axis (a decode step's last position): v itself
-            return v[(slice(None),) * ax + (slice(s, s + n),)]
+        leading_one = math.prod(v.shape[:ax]) == 1
+        if leading_one and s == 0 and n == extent:
+            return v  # the whole axis (a decode step's last position): v itself
         view = v[(slice(None),) * ax + (slice(s, s + n),)]
-        return self._copy(view)
+        return view if leading_one else self._copy(view)
 
     def last_along_axis(self, v: Any, axis: Any):
         """``slice_axis(v, axis, n - 1, 1)``; an axis of extent 0 has no last element."""
