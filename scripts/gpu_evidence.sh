@@ -24,6 +24,11 @@
 #   parity CHECKPOINT: what a kernel change needs before it lands, about 450 s: the GPU
 #     suites with the SmolLM2 conversions made beside them on the CPU, then SmolLM2 parity in
 #     float16, bfloat16 (static and dynamic) and float32 on native-cuda and ort-cuda.
+#   ratio CHECKPOINT: a float16/bfloat16 kernel change, with no peer brought (about 300 s
+#     after the staged suites and conversions): native-cuda's float16 and bfloat16 tables
+#     (pipelined and plain loops, packages interleaved), their SmolLM2 parity (bfloat16
+#     static and dynamic), then scripts/gpu_kernel_variants.py's tree against the kernels
+#     before run 17 (VARIANTS, default base,before) on the same two packages.
 #   convert CHECKPOINT: the SmolLM2 conversions every phase uses, alone (on the CPU: a
 #     staging call makes them beside a share of the GPU suites, scripts/gpu_staged_suites.sh)
 #   coverage CHECKPOINT: side by side on the GPU, nothing timed: the tiny architecture
@@ -32,14 +37,14 @@
 #     matrix and the builder's graph imported and run on native-cuda; its bench runs in speed),
 #     then scripts/gpu_profile_decode.py alone (where a decode step's time goes).
 # Usage (repo root, wheels in .whl/, onnxruntime-gpu in /tmp/site):
-#   OUT=DIR scripts/gpu_evidence.sh correctness|speed|brief|decode|parity|convert|coverage CHECKPOINT
+#   OUT=DIR scripts/gpu_evidence.sh correctness|speed|brief|decode|parity|ratio|convert|coverage CHECKPOINT
 # Each step has its own time limit (a step that overruns is cut, and says so in
 # summary.txt); every step's files are packed into $OUT/<phase>.tgz (again after each step),
 # its exit status and the last lines of its log into $OUT/summary-<phase>.txt. Exit: non-zero
 # when any step failed.
 set -uo pipefail
-PHASE=${1:?usage: $0 correctness|speed|brief|decode|parity|convert|coverage CHECKPOINT}
-GGUF=$(realpath "${2:?usage: $0 correctness|speed|brief|decode|parity|convert|coverage CHECKPOINT}")
+PHASE=${1:?usage: $0 correctness|speed|brief|decode|parity|ratio|convert|coverage CHECKPOINT}
+GGUF=$(realpath "${2:?usage: $0 correctness|speed|brief|decode|parity|ratio|convert|coverage CHECKPOINT}")
 OUT=${OUT:-$PWD/out}
 PY=${PY:-python3}
 export PY PYTHONUNBUFFERED=1
@@ -176,6 +181,27 @@ elif [ "$PHASE" = parity ]; then  # a kernel change before it lands: suites, the
   step parity 150 "$PY" -m harness.cli run --engines native-cuda,ort-cuda \
     --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16,$PKG/smollm2-dynamic-bfloat16,$PKG/smollm2-static-float32" \
     --max-prompts 2 --max-new-tokens 32 --evidence-dir "$W/parity/evidence"
+elif [ "$PHASE" = ratio ]; then  # a float16/bfloat16 kernel change: ratio, parity, A/B
+  OUT="$W/convert" timeout 200 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
+    > "$W/convert.txt" 2>&1 || status=1
+  pair="$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16"
+  step bench 120 "$PY" -m harness.cli bench --engines native-cuda --baseline native-cuda \
+    --packages "$pair" --ignore-eos --max-new-tokens 128 --repeats 3 --warmup 2 --pipelined \
+    --interleave --json "$W/bench/bench-float16-pipelined.json"
+  step plain 100 "$PY" -m harness.cli bench --engines native-cuda --baseline native-cuda \
+    --packages "$pair" --ignore-eos --max-new-tokens 128 --repeats 3 --warmup 2 --interleave \
+    --json "$W/bench/bench-float16.json"
+  step parity 100 "$PY" -m harness.cli run --engines native-cuda \
+    --packages "$pair,$PKG/smollm2-dynamic-bfloat16" --max-prompts 2 --max-new-tokens 32 \
+    --evidence-dir "$W/parity/evidence"
+  tables=("$W"/bench/bench-*.json)
+  [ -e "${tables[0]}" ] && tables=(--bench "${tables[@]}") || tables=()
+  "$PY" -m harness.cli report "$W/parity/evidence" --no-catch-matrix -o "$W/report.html" \
+    --title "lockstep H200 ${LOCKSTEP_COMMIT:-}: SmolLM2 float16 and bfloat16" \
+    "${tables[@]}" >> "$SUMMARY" 2>&1 || status=1
+  pack
+  step variants 240 env VARIANTS="${VARIANTS:-base,before}" "$PY" \
+    scripts/gpu_kernel_variants.py "$PKG/smollm2-static-float16" "$PKG/smollm2-static-bfloat16"
 elif [ "$PHASE" = convert ]; then  # the SmolLM2 conversions alone, on the CPU
   step convert 300 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all"
 elif [ "$PHASE" = coverage ]; then  # correctness only, side by side on the GPU

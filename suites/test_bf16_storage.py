@@ -87,20 +87,23 @@ NVCC = shutil.which("nvcc")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed here")
-@pytest.mark.parametrize("which", ["executor", "casts"])
-def test_cuda_sources_compile_with_the_bfloat16_type(tmp_path, which):
+@pytest.mark.parametrize(("which", "arch"), [("executor", "sm_90"), ("casts", "sm_90"),
+                                             ("casts", "sm_75")])
+def test_cuda_sources_compile_with_the_bfloat16_type(tmp_path, which, arch):
+    """From sm_80 the rounding to bfloat16 is the hardware's cvt; before, integers."""
     source = cuda_kernels.KERNEL_SOURCE if which == "executor" else bf16.cast_source()
     names = (("gemv_rows_bf16", "bmm_bf16", "sum_axis_bf16") if which == "executor"
              else bf16.CAST_KERNEL_NAMES)
     cu, ptx = tmp_path / "k.cu", tmp_path / "k.ptx"
     cu.write_text(source)
-    done = subprocess.run([NVCC, "-arch=sm_90", "-ptx", *cuda_kernels.COMPILE_OPTIONS,
+    done = subprocess.run([NVCC, f"-arch={arch}", "-ptx", *cuda_kernels.COMPILE_OPTIONS,
                            "-o", str(ptx), str(cu)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
     text = ptx.read_text()
     for name in names:
         assert f".entry {name}(" in text, name
+    assert ("cvt.rn.bf16.f32" in text) == (arch != "sm_75")
 
 
 def test_the_executor_kernels_cover_bfloat16():

@@ -712,10 +712,10 @@ extern "C" __global__ void attention_${S}_${SC}(
         if (kvec) {
 #pragma unroll 4
             for (long long c = 0; c < D; c += V) {
-                const lk_att_vec16 kv = *reinterpret_cast<const lk_att_vec16*>(kr + c);
-                const $T* kp = reinterpret_cast<const $T*>(&kv);
+                float kf[V];
+                lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(kr + c), kf, $T());
 #pragma unroll
-                for (int e = 0; e < V; ++e) acc = __fmaf_rn(qs[c + e], lk_load(kp, e), acc);
+                for (int e = 0; e < V; ++e) acc = __fmaf_rn(qs[c + e], kf[e], acc);
             }
         } else {
             for (long long d = 0; d < D; ++d) acc = __fmaf_rn(qs[d], lk_load(kr, d), acc);
@@ -738,12 +738,12 @@ extern "C" __global__ void attention_${S}_${SC}(
             for (int e = 0; e < V; ++e) o[e] = 0.0f;
 #pragma unroll 2
             for (long long j = g; j < L; j += groups) {
-                const lk_att_vec16 vv =
-                    *reinterpret_cast<const lk_att_vec16*>(vh + j * D + c * V);
-                const $T* vp = reinterpret_cast<const $T*>(&vv);
+                float vf[V];
+                lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(vh + j * D + c * V), vf,
+                                  $T());
                 const float pj = s[j];
 #pragma unroll
-                for (int e = 0; e < V; ++e) o[e] = o[e] + pj * lk_load(vp, e);
+                for (int e = 0; e < V; ++e) o[e] = o[e] + pj * vf[e];
             }
 #pragma unroll
             for (int e = 0; e < V; ++e) part[g * D + c * V + e] = o[e];
@@ -838,14 +838,13 @@ extern "C" __global__ void attention_rows_${S}_${SC}(
         for (int r = 0; r < LK_ATT_ROWS; ++r) acc[r] = 0.0f;
 #pragma unroll 2
         for (long long c = 0; c < D; c += V) {
-            const lk_att_vec16 kv = *reinterpret_cast<const lk_att_vec16*>(kr + c);
-            const $T* kp = reinterpret_cast<const $T*>(&kv);
+            float kf[V];
+            lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(kr + c), kf, $T());
 #pragma unroll
             for (int e = 0; e < V; ++e) {
-                const float kf = lk_load(kp, e);
 #pragma unroll
                 for (int r = 0; r < LK_ATT_ROWS; ++r)
-                    if (r < rows) acc[r] = __fmaf_rn(qs[r * D + c + e], kf, acc[r]);
+                    if (r < rows) acc[r] = __fmaf_rn(qs[r * D + c + e], kf[e], acc[r]);
             }
         }
 #pragma unroll
@@ -874,11 +873,8 @@ extern "C" __global__ void attention_rows_${S}_${SC}(
         for (int e = 0; e < V; ++e) o[r][e] = 0.0f;
     if (g < groups) {
         for (long long j = g; j < Lmax; j += groups) {
-            const lk_att_vec16 vv = *reinterpret_cast<const lk_att_vec16*>(vh + j * D + c * V);
-            const $T* vp = reinterpret_cast<const $T*>(&vv);
             float vf[V];
-#pragma unroll
-            for (int e = 0; e < V; ++e) vf[e] = lk_load(vp, e);
+            lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(vh + j * D + c * V), vf, $T());
 #pragma unroll
             for (int r = 0; r < LK_ATT_ROWS; ++r) {
                 if (j < L[r]) {
@@ -957,11 +953,16 @@ extern "C" __global__ void rotary_kv_attention_${SX}_${SC}_${SO}(
     const long long m = blockIdx.x % M;
     const long long kvh = h / group;
     const int tid = threadIdx.x;
+    // The two staging loops take few turns a thread (D at most 128 of a 256-thread block,
+    // M * D at most four turns): kept rolled, so the compiler does not unroll them into code
+    // no thread runs (unrolled, bfloat16's kernel was 1.5 times float16's, and slower).
+#pragma unroll 1
     for (long long d = tid; d < D; d += blockDim.x) {
         qs[d] = lk_round(O, lk_rotary_at_${SX}_${SC}_${SO}(xq, cosv, sinv, 0, h, m, d, D, qb, qh,
                                                              qm, qd, cb, ch, cm, cd, sb, sh, sm,
                                                              sd, pairs, scaled_q, scale_q));
     }
+#pragma unroll 1
     for (long long i = tid; i < M * D; i += blockDim.x) {
         const long long r = i / D, d = i % D;
         knew[i] = lk_round(O, lk_rotary_at_${SX}_${SC}_${SO}(xk, cosv, sinv, 0, kvh, r, d, D, kb,
@@ -987,10 +988,10 @@ extern "C" __global__ void rotary_kv_attention_${SX}_${SC}_${SO}(
             const $TO* kr = kh_old + j * D;
 #pragma unroll 4
             for (long long c = 0; c < D; c += V) {
-                const lk_att_vec16 kv = *reinterpret_cast<const lk_att_vec16*>(kr + c);
-                const $TO* kp = reinterpret_cast<const $TO*>(&kv);
+                float kf[V];
+                lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(kr + c), kf, $TO());
 #pragma unroll
-                for (int e = 0; e < V; ++e) acc = __fmaf_rn(qs[c + e], lk_load(kp, e), acc);
+                for (int e = 0; e < V; ++e) acc = __fmaf_rn(qs[c + e], kf[e], acc);
             }
         }
         float score = lk_round(O, acc);
@@ -1017,11 +1018,11 @@ extern "C" __global__ void rotary_kv_attention_${SX}_${SC}_${SO}(
 #pragma unroll
                 for (int e = 0; e < V; ++e) o[e] = o[e] + pj * vnew[hit * D + c * V + e];
             } else {
-                const lk_att_vec16 vv =
-                    *reinterpret_cast<const lk_att_vec16*>(vh_old + j * D + c * V);
-                const $TO* vp = reinterpret_cast<const $TO*>(&vv);
+                float vf[V];
+                lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(vh_old + j * D + c * V),
+                                  vf, $TO());
 #pragma unroll
-                for (int e = 0; e < V; ++e) o[e] = o[e] + pj * lk_load(vp, e);
+                for (int e = 0; e < V; ++e) o[e] = o[e] + pj * vf[e];
             }
         }
 #pragma unroll
@@ -1065,7 +1066,6 @@ def fused_source() -> str:
              f"#define LK_ATT_ROWS {ATTENTION_ROWS}",
              f"#define LK_RKA_MAX_D {ROTARY_ATTENTION_MAX_HEAD_DIM}",
              f"#define LK_RKA_MAX_M {ROTARY_ATTENTION_MAX_ROWS}",
-             "struct alignas(16) lk_att_vec16 { unsigned int words[4]; };  // one 16-byte load",
              gemv_vec_defines(), f"#define LK_PROLOGUE_ROWS {PROLOGUE_ROWS}", _COMMON]
     for dtype in FUSED_DTYPES:
         parts.append(Template(_ROUND).substitute(T=_TYPES[dtype][1]))

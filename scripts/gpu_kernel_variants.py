@@ -1,0 +1,159 @@
+"""Kernel source variants timed side by side on one device (issue 12's bfloat16 gap): each
+variant patches the kernel templates (text substitutions that must each match), the
+modules are rendered again, and a fresh process per variant builds native-cuda on every
+package, checks its greedy tokens against the first variant's (a variant may change speed,
+never a bit), and times the PRIMARY replay with CUDA events, the packages alternating.
+
+Diagnostic only: what a change to the kernels buys before it lands; the figures issue 12 is
+judged on come from ``lockstep bench``.
+
+Usage (repo root, on a CUDA machine): python scripts/gpu_kernel_variants.py PACKAGE [...]
+Environment: VARIANTS (comma list of names below, default all; "base" is the tree as it
+is, "before" the kernels before run 17's bfloat16 changes, the others one change undone), PDL_OFF (comma list of variants also timed with LOCKSTEP_DEPENDENT_LAUNCH=off),
+ROUNDS (replay timings a package per variant, default 5), TOKENS (greedy tokens compared,
+default 32), REPLAYS (replays a timing, default 200).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROUNDS = int(os.environ.get("ROUNDS", "5"))
+TOKENS = int(os.environ.get("TOKENS", "32"))
+
+# The tree before the bfloat16 step was cut (run 17), as three undoings of it: the rounding
+# in integers (not the hardware's cvt), rotary_kv_attention's keys and values converted
+# through a reinterpreted pointer (not by words), and its staging loops left to unroll.
+_HW_ROUND = """\
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return (u & 0x7fffffffu) > 0x7f800000u ? nan : h;"""
+_INT_ROUND = """\
+    if ((u & 0x7fffffffu) > 0x7f800000u) return nan;
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);"""
+_K_WORDS = """\
+                float kf[V];
+                lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(kr + c), kf, $TO());
+#pragma unroll
+                for (int e = 0; e < V; ++e) acc = __fmaf_rn(qs[c + e], kf[e], acc);"""
+_K_POINTER = """\
+                const lk_vec16 kv = *reinterpret_cast<const lk_vec16*>(kr + c);
+                const $TO* kp = reinterpret_cast<const $TO*>(&kv);
+#pragma unroll
+                for (int e = 0; e < V; ++e) acc = __fmaf_rn(qs[c + e], lk_load(kp, e), acc);"""
+_V_WORDS = """\
+                float vf[V];
+                lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(vh_old + j * D + c * V),
+                                  vf, $TO());
+#pragma unroll
+                for (int e = 0; e < V; ++e) o[e] = o[e] + pj * vf[e];"""
+_V_POINTER = """\
+                const lk_vec16 vv = *reinterpret_cast<const lk_vec16*>(vh_old + j * D + c * V);
+                const $TO* vp = reinterpret_cast<const $TO*>(&vv);
+#pragma unroll
+                for (int e = 0; e < V; ++e) o[e] = o[e] + pj * lk_load(vp, e);"""
+_ROLLED = "#pragma unroll 1\n"
+_Q_LOOP = _ROLLED + "    for (long long d = tid; d < D; d += blockDim.x) {\n        qs[d] ="
+_NEW_LOOP = _ROLLED + "    for (long long i = tid; i < M * D; i += blockDim.x) {\n"
+
+# name -> [(module, template attribute, text in the tree, text instead)]
+VARIANTS: dict[str, list[tuple[str, str, str, str]]] = {
+    "base": [],
+    "intround": [("cuda_kernels", "_PRELUDE", _HW_ROUND, _INT_ROUND)],
+    "pointer": [("fused_kernels", "_ROTARY_KV_ATTENTION", _K_WORDS, _K_POINTER),
+                ("fused_kernels", "_ROTARY_KV_ATTENTION", _V_WORDS, _V_POINTER)],
+    "unrolled": [("fused_kernels", "_ROTARY_KV_ATTENTION", _Q_LOOP, _Q_LOOP[len(_ROLLED):]),
+                 ("fused_kernels", "_ROTARY_KV_ATTENTION", _NEW_LOOP,
+                  _NEW_LOOP[len(_ROLLED):])],
+}
+VARIANTS["before"] = VARIANTS["intround"] + VARIANTS["pointer"] + VARIANTS["unrolled"]
+
+
+def apply(name: str, assign=setattr) -> None:
+    """Patch the templates of variant ``name`` and render both modules again (``assign``
+    sets each module attribute: a test passes its monkeypatch's, so the tree comes back)."""
+    from engines.native import cuda_kernels, fused_kernels
+
+    modules = {"cuda_kernels": cuda_kernels, "fused_kernels": fused_kernels}
+    for module, attr, old, new in VARIANTS[name]:
+        text = getattr(modules[module], attr)
+        if old not in text:
+            raise SystemExit(f"variant {name}: {module}.{attr} lacks the text it replaces")
+        assign(modules[module], attr, text.replace(old, new))
+    assign(cuda_kernels, "KERNEL_SOURCE", cuda_kernels.kernel_source())
+    assign(fused_kernels, "FUSED_SOURCE", fused_kernels.fused_source())
+
+
+def child(name: str, paths: list[str]) -> dict:
+    """One variant in this process: tokens and replay timings per package."""
+    sys.path.insert(0, str(HERE))
+    apply(name)
+    from gpu_profile_decode import replay_ms
+
+    from engines.cuda_support import import_cupy
+    from engines.package import load_package
+    from engines.registry import get_engine_class
+    from engines.workflow import greedy_decode
+
+    cp = import_cupy()
+    engines, result = {}, {"variant": name, "pdl": os.environ.get("LOCKSTEP_DEPENDENT_LAUNCH",
+                                                                  "on")}
+    for path in paths:
+        package = load_package(path)
+        engine = get_engine_class("native-cuda")(package)
+        prompt = list(package.spec.prompts[0])
+        for _ in range(3):  # eager, recorded, replayed
+            tokens = greedy_decode(engine, prompt, TOKENS, ignore_eos=True).tokens
+        engine.synchronize()
+        engines[path] = engine
+        result[path] = {"tokens": hashlib.sha256(json.dumps(list(tokens)).encode()).hexdigest()[:16],
+                        "ms": []}
+    for _ in range(ROUNDS):
+        for path, engine in engines.items():
+            result[path]["ms"].append(replay_ms(engine, cp))
+    for engine in engines.values():
+        engine.close()
+    return result
+
+
+def main(paths: list[str]) -> int:
+    names = os.environ.get("VARIANTS", ",".join(VARIANTS)).split(",")
+    pdl_off = set(filter(None, os.environ.get("PDL_OFF", "").split(",")))
+    runs = [(n, "on") for n in names] + [(n, "off") for n in names if n in pdl_off]
+    results = []
+    for name, pdl in runs:
+        env = dict(os.environ, LOCKSTEP_DEPENDENT_LAUNCH=pdl)
+        done = subprocess.run([sys.executable, __file__, "--child", name, *paths], env=env,
+                              capture_output=True, text=True)
+        if done.returncode:
+            print(f"{name} (pdl {pdl}) failed:\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
+            continue
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(results[-1]), flush=True)
+    if not results:
+        return 1
+    first = results[0]
+    print(f"\n{'variant':10} {'pdl':4} " + " ".join(f"{Path(p).name[-24:]:>26}" for p in paths)
+          + "  ratio last/first package")
+    status = 0
+    for r in results:
+        medians = [statistics.median(r[p]["ms"]) for p in paths]
+        same = all(r[p]["tokens"] == first[p]["tokens"] for p in paths)
+        status |= 0 if same else 1
+        print(f"{r['variant']:10} {r['pdl']:4} "
+              + " ".join(f"{m:>20.4f} ms   " for m in medians)
+              + f"  {medians[-1] / medians[0]:.3f}" + ("" if same else "  TOKENS DIFFER"))
+    return status
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        print(json.dumps(child(sys.argv[2], sys.argv[3:])))
+        sys.exit(0)
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,36 @@
+"""``scripts/gpu_kernel_variants.py`` times kernel changes by undoing them in the templates;
+its substitutions must still find their text, or the A/B it exists for cannot run."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from engines.native import cuda_kernels, fused_kernels
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import gpu_kernel_variants as variants  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(variants.VARIANTS))
+def test_every_variant_applies_to_the_tree_and_base_is_the_tree(monkeypatch, name):
+    before = (cuda_kernels.KERNEL_SOURCE, fused_kernels.FUSED_SOURCE)
+    variants.apply(name, monkeypatch.setattr)
+    after = (cuda_kernels.KERNEL_SOURCE, fused_kernels.FUSED_SOURCE)
+    assert (after == before) == (name == "base")
+
+
+def test_before_undoes_the_hardware_rounding_and_the_rolled_staging(monkeypatch):
+    assert "cvt.rn.bf16.f32" in cuda_kernels.KERNEL_SOURCE
+    rolled = fused_kernels.FUSED_SOURCE.count("#pragma unroll 1\n")
+    variants.apply("before", monkeypatch.setattr)
+    assert "cvt.rn.bf16.f32" not in cuda_kernels.KERNEL_SOURCE
+    assert fused_kernels.FUSED_SOURCE.count("#pragma unroll 1\n") < rolled
+
+
+def test_a_variant_whose_text_is_gone_stops_with_its_name(monkeypatch):
+    monkeypatch.setitem(variants.VARIANTS, "stale",
+                        [("cuda_kernels", "_PRELUDE", "no such text", "x")])
+    with pytest.raises(SystemExit, match="stale"):
+        variants.apply("stale", monkeypatch.setattr)
