@@ -88,6 +88,16 @@ pack() {
     && mv -f "$OUT/.$PHASE.tgz.$$.$BASHPID" "$OUT/$PHASE.tgz"
 }
 
+# run_report EVIDENCE TITLE: the phase's report.html, EVIDENCE's records with every bench
+# table the phase wrote ($W/bench/bench-*.json)
+run_report() {
+  local tables=("$W"/bench/bench-*.json)
+  [ -e "${tables[0]}" ] && tables=(--bench "${tables[@]}") || tables=()
+  "$PY" -m harness.cli report "$1" --no-catch-matrix -o "$W/report.html" \
+    --title "lockstep H200 ${LOCKSTEP_COMMIT:-}: $2" "${tables[@]}" >> "$SUMMARY" 2>&1 \
+    || status=1
+}
+
 convert_all() {  # every SmolLM2 package both phases use (a conversion already there is kept)
   local spec dtype cache extra
   for spec in static:float32 static:float16 static:bfloat16 dynamic:float32 dynamic:float16 \
@@ -141,11 +151,7 @@ elif [ "$PHASE" = brief ]; then  # one call: the nightly run, then parity and sp
     --max-new-tokens 128 --repeats 3 --warmup 2 --pipelined \
     --json "$W/bench/bench-float16-pipelined.json"
   step speed 90 env REPEATS=3 PARTS=forward bash scripts/gpu_speed.sh "$GGUF"
-  tables=("$W"/bench/bench-*.json)
-  [ -e "${tables[0]}" ] && tables=(--bench "${tables[@]}") || tables=()
-  "$PY" -m harness.cli report "$W/dtypes/evidence" --no-catch-matrix -o "$W/report.html" \
-    --title "lockstep H200 ${LOCKSTEP_COMMIT:-}: SmolLM2 parity and speed" \
-    "${tables[@]}" >> "$SUMMARY" 2>&1 || status=1
+  run_report "$W/dtypes/evidence" "SmolLM2 parity and speed"
 elif [ "$PHASE" = decode ]; then  # the least a decode change needs: suites, parity, speed
   OUT="$W/convert" timeout 200 "$PY" -m harness.cli convert "$GGUF" \
     -o "$PKG/smollm2-static-float16" --cache static --dtype float16 > "$W/convert.txt" 2>&1 &
@@ -166,11 +172,7 @@ print(',ort-cuda' if a('ort-cuda').ok else '')" 2>/dev/null)
     --baseline hf-cuda --packages "$PKG/smollm2-static-float16" --ignore-eos \
     --max-new-tokens 128 --repeats 3 --warmup 2 --pipelined \
     --json "$W/bench/bench-float16-pipelined.json"
-  tables=("$W"/bench/bench-*.json)
-  [ -e "${tables[0]}" ] && tables=(--bench "${tables[@]}") || tables=()
-  "$PY" -m harness.cli report "$W/dtypes/evidence" --no-catch-matrix -o "$W/report.html" \
-    --title "lockstep H200 ${LOCKSTEP_COMMIT:-}: SmolLM2 float16 parity and speed" \
-    "${tables[@]}" >> "$SUMMARY" 2>&1 || status=1
+  run_report "$W/dtypes/evidence" "SmolLM2 float16 parity and speed"
 elif [ "$PHASE" = parity ]; then  # a kernel change before it lands: suites, then every dtype
   OUT="$W/convert" timeout 280 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
     > "$W/convert.txt" 2>&1 &
@@ -194,11 +196,7 @@ elif [ "$PHASE" = ratio ]; then  # a float16/bfloat16 kernel change: ratio, pari
   step parity 100 "$PY" -m harness.cli run --engines native-cuda \
     --packages "$pair,$PKG/smollm2-dynamic-bfloat16" --max-prompts 2 --max-new-tokens 32 \
     --evidence-dir "$W/parity/evidence"
-  tables=("$W"/bench/bench-*.json)
-  [ -e "${tables[0]}" ] && tables=(--bench "${tables[@]}") || tables=()
-  "$PY" -m harness.cli report "$W/parity/evidence" --no-catch-matrix -o "$W/report.html" \
-    --title "lockstep H200 ${LOCKSTEP_COMMIT:-}: SmolLM2 float16 and bfloat16" \
-    "${tables[@]}" >> "$SUMMARY" 2>&1 || status=1
+  run_report "$W/parity/evidence" "SmolLM2 float16 and bfloat16"
   pack
   step variants 240 env VARIANTS="${VARIANTS:-base,before}" "$PY" \
     scripts/gpu_kernel_variants.py "$PKG/smollm2-static-float16" "$PKG/smollm2-static-bfloat16"
@@ -263,11 +261,7 @@ else
   parity=$W/parity/evidence
   [ -d "$parity" ] || parity=/tmp/lockstep-session/correctness/dtypes/evidence
   if [ -d "$parity" ]; then
-    tables=("$W"/bench/bench-*.json)
-    [ -e "${tables[0]}" ] && tables=(--bench "${tables[@]}") || tables=()
-    "$PY" -m harness.cli report "$parity" --no-catch-matrix -o "$W/report.html" \
-      --title "lockstep H200 ${LOCKSTEP_COMMIT:-}: SmolLM2 parity and speed" \
-      "${tables[@]}" >> "$SUMMARY" 2>&1 || status=1
+    run_report "$parity" "SmolLM2 parity and speed"
     pack
   fi
 fi

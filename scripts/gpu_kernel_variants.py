@@ -9,9 +9,10 @@ judged on come from ``lockstep bench``.
 
 Usage (repo root, on a CUDA machine): python scripts/gpu_kernel_variants.py PACKAGE [...]
 Environment: VARIANTS (comma list of names below, default all; "base" is the tree as it
-is, "before" the kernels before run 17's bfloat16 changes, the others one change undone), PDL_OFF (comma list of variants also timed with LOCKSTEP_DEPENDENT_LAUNCH=off),
-ROUNDS (replay timings a package per variant, default 5), TOKENS (greedy tokens compared,
-default 32), REPLAYS (replays a timing, default 200).
+is, "before" the kernels before run 17's bfloat16 changes, the others one change undone),
+PDL_OFF (comma list of variants also timed with LOCKSTEP_DEPENDENT_LAUNCH=off), ROUNDS
+(replay timings a package per variant, default 5), TOKENS (greedy tokens compared, default
+32), REPLAYS (replays a timing, default 200).
 """
 from __future__ import annotations
 
@@ -112,8 +113,8 @@ def child(name: str, paths: list[str]) -> dict:
             tokens = greedy_decode(engine, prompt, TOKENS, ignore_eos=True).tokens
         engine.synchronize()
         engines[path] = engine
-        result[path] = {"tokens": hashlib.sha256(json.dumps(list(tokens)).encode()).hexdigest()[:16],
-                        "ms": []}
+        digest = hashlib.sha256(json.dumps(list(tokens)).encode()).hexdigest()[:16]
+        result[path] = {"tokens": digest, "ms": []}
     for _ in range(ROUNDS):
         for path, engine in engines.items():
             result[path]["ms"].append(replay_ms(engine, cp))
