@@ -564,7 +564,6 @@ def _finish(plan: BenchPlan, target: BenchTarget, live: _Live,
         try:
             nbytes = weight_bytes(target.package)
         except Exception as exc:  # a floor is a figure, never a reason to fail
-            nbytes = None
             for _, row, _ in live.values():
                 _note(row, f"no floor: weight bytes unknown ({_reason(exc)})")
     for engine_name, (engine, row, _cls) in live.items():
