@@ -39,6 +39,7 @@ from harness.evidence import CLAIMS, EvidenceRecord
 from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, IDENTICAL, NEAR_TIE,
                            NON_FINITE, SEVERITY, UNAVAILABLE, worst)
 from harness.manifest import PlannedCell, RunManifest
+from harness.shards import shard_coverage
 
 from . import plots
 from .regressions import NOISE_BAND, find_regressions, record_status
@@ -800,6 +801,7 @@ def render_report(records: Sequence[EvidenceRecord],
         },
         "runs": runs,
         "incomplete": [run for run in runs if run.incomplete],
+        "shards": [c for c in shard_coverage(manifests or []) if not c.complete],
         "has_manifests": bool(manifests),
         "unmanifested": sorted({r.run_id for r in records} - manifest_ids) if manifests else [],
         "unavailable": _unavailable(records, statuses),
