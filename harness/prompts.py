@@ -47,7 +47,8 @@ class ResolvedPrompt:
 
 def text_prompt(text: str, where: str = "--text", name: str | None = None) -> PromptSource:
     if not isinstance(text, str) or text == "":
-        raise InputError("the prompt text is empty", field=where, value=text,
+        raise InputError("the prompt text is empty" if text == "" else "the prompt text is "
+                         "not a string", field=where, value=text,
                          remedy="give some text to encode, e.g. --text \"Once upon a time\"")
     _check_characters(text, where)
     return PromptSource("text", where, text=text, name=name)
