@@ -94,8 +94,10 @@ def _reader_class():
         def _build_tensors(self, start_offs, fields):
             for field in fields:
                 _, name, _, dims, raw_type, offset = field.parts
-                block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(raw_type[0]))]
-                end = int(start_offs + offset[0]) + int(np.prod(dims, dtype=object)) * size // block
+                kind = gguf.GGMLQuantizationType(int(raw_type[0]))
+                block, size = gguf.GGML_QUANT_SIZES[kind]
+                count = int(np.prod(dims, dtype=object))  # Python ints: no overflow
+                end = int(start_offs + offset[0]) + count * size // block
                 if end > len(self.data):
                     raise Truncated(f"tensor {bytes(name).decode('utf-8', 'replace')!r} needs "
                                     f"the file's bytes up to {end}, but the file ends at "
@@ -212,7 +214,7 @@ def read_architecture(reader, where: str) -> Architecture:
     held = max(blocks) + 1 if blocks else 0
     if layers != held:
         raise errors.InputError(f"the metadata declares {layers} blocks, the tensors hold "
-                                f"{held} (blk.0 to blk.{held - 1})",
+                                f"{held} (blk.N tensors)",
                                 field=f"{arch}.block_count", value=layers,
                                 remedy="convert a complete checkpoint whose metadata belongs to "
                                        "its tensors", where=where)

@@ -80,9 +80,10 @@ KINDS: dict[str, Kind] = {
 }
 NEEDED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "vocab_size")
-# inside rope_parameters / rope_scaling (per layer type for Gemma3): numbers
+# inside rope_parameters / rope_scaling (per layer type for Gemma3): numbers, never null
 ROPE_NUMBERS = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor",
                 "original_max_position_embeddings", "partial_rotary_factor")
+ROPE_NUMBER = required(POSITIVE)
 
 
 def read_config(folder: Path) -> dict:
@@ -150,6 +151,6 @@ def _check_rope(field_name: str, params: Any, where: str) -> None:
         if isinstance(value, dict):
             _check_rope(f"{field_name}.{key}", value, where)
         elif key in ROPE_NUMBERS:
-            _check(f"{field_name}.{key}", value, POSITIVE, where)
+            _check(f"{field_name}.{key}", value, ROPE_NUMBER, where)
         elif key in ("rope_type", "type"):
             _check(f"{field_name}.{key}", value, TEXT, where)
