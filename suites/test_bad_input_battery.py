@@ -95,6 +95,12 @@ def _config_text(m: Materials, text: str | bytes) -> list[str]:
     return ["convert", str(folder), "-o", str(m.tmp / "out")]
 
 
+def _hf_file(m: Materials, name: str, content: str | bytes) -> list[str]:
+    folder = _copy(m.hf, m.tmp / "hf")
+    _write(folder / name, content)
+    return ["convert", str(folder), "-o", str(m.tmp / "out")]
+
+
 def _safetensors(m: Materials, damage: Callable[[bytes], bytes]) -> list[str]:
     folder = _copy(m.hf, m.tmp / "hf")
     path = folder / "model.safetensors"
@@ -182,13 +188,14 @@ def _run_with(m: Materials, *options: str) -> list[str]:
     return ["run", "--packages", str(m.package), *RUN, *options]
 
 
-def _chat(m: Materials, *options: str) -> list[str]:
+def _chat(m: Materials, *options: str,
+          template: str | bytes = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+          ) -> list[str]:
     """The package with a chat template beside its tokenizer, run with ``options``."""
     from engines.tokenizer import CHAT_TEMPLATE_FILE
 
     folder = _copy(m.package, m.tmp / "pkg")
-    (folder / CHAT_TEMPLATE_FILE).write_text(
-        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    _write(folder / CHAT_TEMPLATE_FILE, template)
     return ["run", "--packages", str(folder), *RUN, *options]
 
 
@@ -281,6 +288,14 @@ CASES = [
         (_copy(m.hf, m.tmp / "hf") / "model.safetensors.index.json").write_text("{}"),
         ["convert", str(m.tmp / "hf"), "-o", str(m.tmp / "out")])[1],
         ("model.safetensors.index.json", "weight_map")),
+    # the tokenizer's files beside a Hugging Face config
+    *(Case(f"hf-{name}-{what}", lambda m, name=name, content=content: _hf_file(m, name, content),
+           (name,))
+      for name, what, content in (("tokenizer_config.json", "a-list", "[1, 2]"),
+                                  ("tokenizer_config.json", "deeply-nested", DEEP),
+                                  ("tokenizer_config.json", "binary", b"\xff\xfe\x00"),
+                                  ("chat_template.jinja", "binary", b"\xff\xfe\x00"),
+                                  ("tokenizer.json", "truncated", '{"version": "1.0", "mod'))),
     # Gemma / Granite / Mistral fields of the wrong type or range (the rest of each config
     # as that architecture's would be)
     *(Case(f"config-{arch}-{f}={v!r}", lambda m, arch=arch, f=f, v=v: _config(
@@ -389,6 +404,10 @@ CASES = [
     # prompts: options and files
     Case("text-lone-surrogate", lambda m: _run_with(m, "--text", "hello \udcff"), ("--text",)),
     Case("chat-lone-surrogate", lambda m: _chat(m, "--chat", "hi \udc80"), ("--chat",)),
+    *(Case(f"chat-template-{what}", lambda m, template=template: _chat(
+        m, "--chat", "hello", template=template), ("chat_template.jinja",))
+      for what, template in (("binary", b"\xff\xfe\x00"), ("syntax", "{% for %}"),
+                             ("raises", "{{ 1 // 0 }}"), ("undefined", "{{ nothing.here }}"))),
     Case("prompts-text-lone-surrogate", lambda m: _prompts(m, '{"text": "hi \\ud800"}\n'),
          ("prompts.jsonl:1",)),
     Case("prompts-chat-lone-surrogate", lambda m: _chat(m, "--prompts", str(
