@@ -148,6 +148,28 @@ def _gguf_arch(m: Materials, arch: str) -> list[str]:
     return ["convert", str(path), "-o", str(m.tmp / "out")]
 
 
+def _gguf_meta(m: Materials, key: str, value) -> list[str]:
+    """The tiny GGUF written again with one metadata value replaced (its type follows the
+    Python value's: a string, a float, a signed or unsigned integer)."""
+    import gguf
+
+    kind = (gguf.GGUFValueType.STRING if isinstance(value, str)
+            else gguf.GGUFValueType.FLOAT32 if isinstance(value, float)
+            else gguf.GGUFValueType.INT32 if value < 0 else gguf.GGUFValueType.UINT32)
+    original = gguf.GGUFWriter.write_header_to_file
+
+    def with_value(self, *args, **kwargs):
+        self.add_key_value(key, value, kind)
+        return original(self, *args, **kwargs)
+
+    gguf.GGUFWriter.write_header_to_file = with_value
+    try:
+        path = write_tiny_gguf(m.tmp / "meta.gguf")
+    finally:
+        gguf.GGUFWriter.write_header_to_file = original
+    return ["convert", str(path), "-o", str(m.tmp / "out")]
+
+
 def _convert_option(m: Materials, *options: str) -> list[str]:
     return ["convert", str(m.hf), "-o", str(m.tmp / "out"), *options]
 
@@ -351,6 +373,15 @@ CASES = [
     Case("gguf-gemma2", lambda m: _gguf_arch(m, "gemma2"),
          ("general.architecture", "Hugging Face")),
     Case("gguf-mamba", lambda m: _gguf_arch(m, "mamba"), ("general.architecture",)),
+
+    *(Case(f"gguf-{key}={value!r}", lambda m, key=key, value=value: _gguf_meta(m, key, value),
+           (key,))
+      for key, value in (("llama.block_count", 7), ("llama.block_count", "two"),
+                         ("llama.embedding_length", 0), ("llama.attention.head_count", 0),
+                         ("llama.attention.head_count_kv", 3), ("llama.context_length", 0),
+                         ("llama.attention.layer_norm_rms_epsilon", -1.0),
+                         ("llama.rope.freq_base", "x"), ("tokenizer.ggml.bos_token_id", 99999),
+                         ("tokenizer.ggml.eos_token_id", 99999))),
 
     # convert options
     Case("convert-max-context-1e8", lambda m: _convert_option(m, "--max-context", "100000000"),

@@ -26,6 +26,7 @@ import numpy as np
 from harness.convert import errors
 from harness.convert.checkpoint import Architecture, Checkpoint
 from harness.convert.gguf_header import read_metadata
+from harness.convert.kinds import COUNT, POSITIVE
 
 # llama.cpp tensor name -> graph weight key (per block: {i})
 BLOCK_TENSORS = {
@@ -64,6 +65,15 @@ ARCH_KEYS = frozenset({
 })
 ARCH_EXTRA_KEYS = {"granite": frozenset(GRANITE_SCALES),
                    "phi3": frozenset({"attention.sliding_window"})}
+# what each <arch>.* value the reader uses must be
+VALUE_KINDS = {
+    **{key: COUNT for key in ("context_length", "embedding_length", "block_count",
+                              "feed_forward_length", "attention.head_count",
+                              "attention.head_count_kv", "attention.key_length",
+                              "attention.value_length", "rope.dimension_count", "vocab_size")},
+    **{key: POSITIVE for key in ("attention.layer_norm_rms_epsilon", "rope.freq_base",
+                                 "rope.scaling.factor", *GRANITE_SCALES)},
+}
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
@@ -189,9 +199,24 @@ def read_architecture(reader, where: str) -> Architecture:
                                     remedy="convert a checkpoint without it, or teach "
                                            "harness/convert/gguf_reader.py what it means",
                                     where=where)
+    for key, kind in VALUE_KINDS.items():
+        value = field_value(reader, f"{arch}.{key}")
+        if value is not None and not kind.ok(value):
+            raise errors.InputError(f"the GGUF metadata {arch}.{key} must be {kind.what}",
+                                    field=f"{arch}.{key}", value=value,
+                                    remedy="re-export the checkpoint with a current llama.cpp "
+                                           "converter", where=where)
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
     kv_heads = int(field_value(reader, f"{arch}.attention.head_count_kv", heads))
+    if heads % kv_heads:
+        raise errors.InputError(f"{heads} query heads cannot share {kv_heads} KV heads in "
+                                f"whole groups", field=f"{arch}.attention.head_count_kv",
+                                value=kv_heads, remedy=f"use a divisor of {heads}", where=where)
     head_dim = int(field_value(reader, f"{arch}.attention.key_length", hidden // heads))
+    if head_dim % 2:
+        raise errors.InputError(f"a head of {head_dim} channels cannot be rotated (RoPE turns "
+                                f"pairs of channels)", field=f"{arch}.attention.key_length",
+                                value=head_dim, remedy="use an even head width", where=where)
     value_dim = int(field_value(reader, f"{arch}.attention.value_length", head_dim))
     if value_dim != head_dim:
         raise errors.InputError("values and keys of different widths are not modelled",
@@ -343,6 +368,12 @@ def read_gguf(path: str | Path, with_tokenizer: bool = True) -> Checkpoint:
     weights = read_weights(reader, arch, where)
     tokenizer = tokenizer_from_gguf(reader, where) if with_tokenizer else None
     bos, eos = special_ids(reader)
+    for key, tid in (("tokenizer.ggml.bos_token_id", bos), ("tokenizer.ggml.eos_token_id", eos)):
+        if tid is not None and not 0 <= tid < arch.vocab:
+            raise errors.InputError(f"token id {tid} is outside the vocabulary [0, "
+                                    f"{arch.vocab})", field=key, value=tid,
+                                    remedy="re-export the checkpoint (its special tokens must "
+                                           "be ids of its vocabulary)", where=where)
     name = field_value(reader, "general.name") or path.stem
     return Checkpoint(name=str(name), source_kind="gguf", source_path=path, arch=arch,
                       weights=weights, tokenizer=tokenizer, bos_id=bos, eos_id=eos,
