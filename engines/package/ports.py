@@ -260,9 +260,8 @@ class ComponentCheck:
                     or len(node.input) < 2 or node.input[1] != positions
                     or any(a.name == "axis" and a.i != 0 for a in node.attribute)):
                 continue
-            dims = self.weights.get(node.input[0])
-            rows = dims[0] if dims else None
-            if rows is not None and rows < self.spec.max_context:
+            rows = (self.weights.get(node.input[0]) or [self.spec.max_context])[0]
+            if rows < self.spec.max_context:
                 raise self._error(
                     ("max_context",), f"{self.file} gathers {node.input[0]!r} by position "
                     f"and it has {rows} rows, so the graph computes positions 0..{rows - 1} "

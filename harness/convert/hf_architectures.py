@@ -23,11 +23,14 @@ READ = frozenset({"architectures", "model_type", "bos_token_id", "eos_token_id",
                   "max_position_embeddings", "tie_word_embeddings"})
 # fields that cannot change what a greedy forward computes
 BOOKKEEPING = frozenset({
-    # names, versions, the dtype weights were saved in, task labels, remote code pointers
+    # names, versions, the dtype weights were saved in, task labels
     "_name_or_path", "name_or_path", "_commit_hash", "transformers_version", "torch_dtype",
-    "dtype", "use_bfloat16", "tokenizer_class", "auto_map", "id2label", "label2id",
-    "num_labels", "problem_type", "finetuning_task", "task_specific_params", "prefix",
+    "dtype", "use_bfloat16", "tokenizer_class", "id2label", "label2id", "num_labels",
+    "problem_type", "finetuning_task", "task_specific_params", "prefix",
     "_attn_implementation_autoset",
+    # remote code transformers runs only when trusted, never for an architecture it
+    # implements itself (the reference the converter matches)
+    "auto_map",
     # how transformers returns results and caches keys, and training-only settings
     "use_cache", "cache_implementation", "return_dict", "use_return_dict",
     "output_attentions", "output_hidden_states", "output_past", "torchscript",
