@@ -27,6 +27,7 @@ import functools
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +47,43 @@ DEFAULT_THREADS = 2
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
 
+@dataclass(frozen=True)
+class BuildInfo:
+    """The llama.cpp this process runs: llama-cpp-python's version, the vendored ggml's
+    version and commit (``ggml_version``/``ggml_commit`` of its ``libggml-base``; None where
+    the library does not export them), and llama.cpp's system info line (its backends and
+    the CPU features the build uses)."""
+
+    version: str
+    ggml_version: str | None
+    ggml_commit: str | None
+    system_info: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"llama_cpp_python": self.version, "ggml_version": self.ggml_version,
+                "ggml_commit": self.ggml_commit, "system_info": self.system_info,
+                "cpu_features": cpu_features(self.system_info)}
+
+
 @functools.lru_cache(maxsize=1)
-def build_info() -> tuple[str, str]:
-    """(llama-cpp-python's version, llama.cpp's system info line: its backends and the CPU
-    features the build uses). Imports llama_cpp, which loads the compiled library once."""
+def build_info() -> BuildInfo:
+    """This process's :class:`BuildInfo`. Imports llama_cpp, which loads the compiled
+    library once."""
+    import ctypes
+
     import llama_cpp
 
-    return llama_cpp.__version__, llama_cpp.llama_print_system_info().decode().strip()
+    def ggml(symbol: str) -> str | None:
+        try:
+            lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+            fn = getattr(lib, symbol)
+        except (OSError, AttributeError):
+            return None
+        fn.restype = ctypes.c_char_p
+        return fn().decode()
+
+    return BuildInfo(llama_cpp.__version__, ggml("ggml_version"), ggml("ggml_commit"),
+                     llama_cpp.llama_print_system_info().decode().strip())
 
 
 def cpu_features(system_info: str) -> list[str]:
@@ -121,14 +152,16 @@ class LlamaCppEngine(BlackBoxEngine):
     @classmethod
     def availability(cls) -> Availability:
         try:
-            version, info = build_info()
+            build = build_info()
         except ImportError as exc:
             return Availability(False, f"{exc.name or 'llama_cpp'} is not installed; {INSTALL}")
         except OSError as exc:  # the package is there, its compiled library does not load
             return Availability(False, f"llama-cpp-python's library does not load ({exc}); "
                                        f"reinstall it: {INSTALL}")
-        return Availability(True, f"llama-cpp-python {version}, llama.cpp CPU features: "
-                                  f"{' '.join(cpu_features(info)) or 'none reported'}")
+        ggml = f" (ggml {build.ggml_version} {build.ggml_commit})" if build.ggml_version else ""
+        features = " ".join(cpu_features(build.system_info)) or "none reported"
+        return Availability(True, f"llama-cpp-python {build.version}{ggml}, CPU features: "
+                                  f"{features}")
 
     def __init__(self, package, *, threads: int | None = None, n_batch: int = 512,
                  checkpoint=None):
@@ -180,12 +213,10 @@ class LlamaCppEngine(BlackBoxEngine):
         scheme read from the GGUF, the settings, and the GGUF's path and content hash."""
         import gguf
 
-        version, info = build_info()
         params = self.llama.context_params
         options = {k: v for k, v in self.options().items() if k != "verbose"}
         return {"runtime": "llama.cpp through llama-cpp-python, in process",
-                "llama_cpp_python": version, "system_info": info,
-                "cpu_features": cpu_features(info), **self.scheme,
+                **build_info().to_dict(), **self.scheme,
                 "kv_cache": {"k": gguf.GGMLQuantizationType(int(params.type_k)).name,
                              "v": gguf.GGMLQuantizationType(int(params.type_v)).name},
                 "options": options, "sampler": "greedy (temp 0), repeat_penalty 1.0",
@@ -234,5 +265,5 @@ class LlamaCppEngine(BlackBoxEngine):
             llama.close()
 
 
-__all__ = ["LlamaCppEngine", "THREADS_ENV", "build_info", "cpu_features", "gguf_scheme",
+__all__ = ["BuildInfo", "LlamaCppEngine", "THREADS_ENV", "build_info", "cpu_features", "gguf_scheme",
            "resolve_threads"]
