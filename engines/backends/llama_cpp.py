@@ -158,7 +158,7 @@ class LlamaCppEngine(BlackBoxEngine):
         except OSError as exc:  # the package is there, its compiled library does not load
             return Availability(False, f"llama-cpp-python's library does not load ({exc}); "
                                        f"reinstall it: {INSTALL}")
-        ggml = f" (ggml {build.ggml_version} {build.ggml_commit})" if build.ggml_version else ""
+        ggml = f", ggml {build.ggml_version} {build.ggml_commit}" if build.ggml_version else ""
         features = " ".join(cpu_features(build.system_info)) or "none reported"
         return Availability(True, f"llama-cpp-python {build.version}{ggml}, CPU features: "
                                   f"{features}")
