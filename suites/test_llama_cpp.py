@@ -33,12 +33,18 @@ from engines.registry import get_engine_class
 
 REQUIRE = "LOCKSTEP_REQUIRE_LLAMA"
 TOKENS = 16
-# loose sanity bounds on llama-cpp's rows against the float32 oracle over the same
-# dequantized weights (measured here: see the module's report); far above the Q4_1 noise
-# floor, far below a planted RoPE base or a dropped BOS. Not the calibrated band.
-SANE_KL_MEAN = 0.02
-SANE_NMSE_MEDIAN = 5e-3
-SANE_ARGMAX_SHARE = 0.85
+# Loose sanity bounds on llama-cpp's rows against the float32 oracle over the same
+# dequantized weights, over SANE_PROMPTS x SANE_TOKENS: a broken engine fails them, they are
+# not the calibrated band (issue 34). Measured here (2 threads or 1 alike): NMSE median
+# 9.8e-4, KL mean 0.0025, 94 of 96 tokens the oracle's argmax; over ten prompts x 64 tokens
+# (suites/measure_llama_cpp.py) NMSE median 1.1e-3 (3.0e-3 the worst prompt's), KL mean
+# 0.0026, 520 of 538. Planted: RoPE base 10,000 gives NMSE median 0.027 and KL mean 0.068,
+# a dropped BOS (the chat prompt's first token) 0.030 and 0.018.
+SANE_NMSE_MEDIAN = 4e-3
+SANE_KL_MEAN = 0.01
+SANE_ARGMAX_SHARE = 0.9
+SANE_PROMPTS = (0, 1, 2, 4)  # the chat prompt ends at eos after 8 tokens; plain ones run on
+SANE_TOKENS = 32
 
 
 def need_llama():
@@ -277,31 +283,38 @@ class RopeBase10k(LlamaCppEngine):
         return {**super().options(), "rope_freq_base": 10000.0}
 
 
+def pooled(engine, oracle, package) -> dict:
+    """``summarize`` over SANE_PROMPTS x SANE_TOKENS, each row on the engine's own prefix."""
+    from suites.measure_llama_cpp import measure_stream, summarize
+
+    return summarize([step for i in SANE_PROMPTS for step in measure_stream(
+        engine, oracle, package.spec.prompts[i], SANE_TOKENS)[0]])
+
+
 @pytest.mark.real_checkpoint
 def test_its_rows_are_sane_against_the_oracle_and_planted_bugs_are_not(engine, smollm2,
                                                                         oracle):
     from suites.measure_llama_cpp import measure_stream, summarize
 
-    prompts = smollm2.spec.prompts[:3]
-    honest = summarize([s for p in prompts for s in measure_stream(engine, oracle, p,
-                                                                   TOKENS)[0]])
-    print("llama-cpp vs oracle:", honest)
-    assert honest["finite"]
-    assert honest["kl_mean"] <= SANE_KL_MEAN and honest["nmse_median"] <= SANE_NMSE_MEDIAN
+    honest = pooled(engine, oracle, smollm2)
+    print("llama-cpp vs the float32 oracle:", honest)
+    assert honest["finite"] and honest["own_argmax"] == honest["steps"]
+    assert honest["nmse_median"] <= SANE_NMSE_MEDIAN and honest["kl_mean"] <= SANE_KL_MEAN
     assert honest["oracle_argmax"] >= SANE_ARGMAX_SHARE * honest["steps"]
 
     rope = RopeBase10k(smollm2)
     try:
-        planted = summarize([s for p in prompts for s in measure_stream(rope, oracle, p,
-                                                                        TOKENS)[0]])
+        planted = pooled(rope, oracle, smollm2)
     finally:
         rope.close()
+    print("RoPE base 10,000:", planted)
+    assert planted["nmse_median"] > 5 * SANE_NMSE_MEDIAN and planted["kl_mean"] > 5 * SANE_KL_MEAN
+
     chat = smollm2.spec.prompts[0]
     assert chat[0] == smollm2.spec.bos_id
-    dropped = summarize(measure_stream(engine, oracle, chat, TOKENS, fed=chat[1:])[0])
-    print("RoPE base 10k:", planted, "\ndropped BOS:", dropped)
-    for bad in (planted, dropped):
-        assert bad["kl_mean"] > 3 * SANE_KL_MEAN and bad["nmse_median"] > SANE_NMSE_MEDIAN
+    dropped = summarize(measure_stream(engine, oracle, chat, SANE_TOKENS, fed=chat[1:])[0])
+    print("BOS dropped:", dropped)
+    assert dropped["nmse_median"] > 5 * SANE_NMSE_MEDIAN and dropped["kl_mean"] > SANE_KL_MEAN
 
 
 @pytest.mark.real_checkpoint
