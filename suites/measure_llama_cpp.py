@@ -10,8 +10,8 @@ its weights dequantized exactly, on ort-cpu), the quantity the judge reads. Per 
 token the oracle's argmax, how far below the oracle's best it is, the KL divergence of
 llama-cpp's distribution from the oracle's (the oracle as P), NMSE and max abs of the row;
 per run the totals and llama-cpp's tokens/s. ``suites/test_llama_cpp.py`` uses the same
-functions. On two cores ten prompts x 64 tokens take a few minutes (the oracle recomputes
-the whole prefix at every step).
+functions. The oracle scores each stream in one forward (``Oracle.stream_rows``), as the
+judge does.
 """
 from __future__ import annotations
 
@@ -71,10 +71,9 @@ def measure_stream(engine, oracle, prompt, tokens: int, fed=None) -> tuple[list[
     with the oracle's on ``prompt`` plus the engine's tokens so far. ``fed`` other than
     ``prompt`` plants a prompt bug (a dropped BOS) that the comparison must show."""
     result = engine.generate(list(fed if fed is not None else prompt), tokens, audit=True)
-    steps = []
-    for i, (token, row) in enumerate(zip(result.tokens, result.logits)):
-        steps.append(step_stats(row, oracle.row(list(prompt) + result.tokens[:i]), token))
-    return steps, result
+    rows = oracle.stream_rows(prompt, result.tokens)  # one more: the row after the last
+    return [step_stats(row, ref, token) for token, row, ref
+            in zip(result.tokens, result.logits, rows)], result
 
 
 def prompts(package) -> list[tuple[str, str, list[int]]]:
