@@ -86,6 +86,18 @@ def test_without_llama_cpp_python_it_is_unavailable_with_the_install(without_lla
     assert cell.status == "unavailable" and "pip install" in cell.reason
 
 
+def test_without_gguf_it_is_unavailable_with_the_install(monkeypatch):
+    need_llama()
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "gguf" else real(name, *rest))
+    found = LlamaCppEngine.availability()
+    assert not found.ok and "gguf is not installed" in found.reason
+    assert "pip install -e '.[llama]'" in found.reason
+
+
 def test_the_thread_count_is_pinned(monkeypatch):
     monkeypatch.delenv(llama_backend.THREADS_ENV, raising=False)
     assert llama_backend.resolve_threads(None) == 2

@@ -24,9 +24,11 @@ version and CPU features, so a verdict can tell which scheme's noise to expect.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ import numpy as np
 from engines.decode_result import DecodeResult
 from engines.engine import Availability, BlackBoxEngine
 from engines.errors import EngineUnavailable, ExecutionError, InputError
-from engines.requests import check_request
+from engines.requests import check_count, check_request
 
 VERSION = "0.3.36"
 INSTALL = (f"pip install -e '.[llama]' (llama-cpp-python=={VERSION}; pip compiles llama.cpp "
@@ -99,12 +101,11 @@ def gguf_scheme(path: Path) -> dict[str, Any]:
     import gguf
 
     reader = gguf.GGUFReader(str(path))
-    counts: dict[str, int] = {}
-    elements: dict[str, int] = {}
+    counts: Counter[str] = Counter()
+    elements: Counter[str] = Counter()
     for tensor in reader.tensors:
-        kind = tensor.tensor_type.name
-        counts[kind] = counts.get(kind, 0) + 1
-        elements[kind] = elements.get(kind, 0) + int(tensor.n_elements)
+        counts[tensor.tensor_type.name] += 1
+        elements[tensor.tensor_type.name] += int(tensor.n_elements)
     quantized = {k: n for k, n in elements.items() if k not in FLOAT_TYPES}
     pool = quantized or elements
     dominant = max(sorted(pool), key=pool.__getitem__)
@@ -122,24 +123,19 @@ def gguf_scheme(path: Path) -> dict[str, Any]:
 
 def resolve_threads(threads: int | None) -> int:
     """The thread count: the constructor's, else ``$LOCKSTEP_LLAMA_THREADS``, else 2."""
-    if threads is None:
-        text = os.environ.get(THREADS_ENV, "").strip()
-        if not text:
-            return DEFAULT_THREADS
-        try:
-            threads = int(text)
-        except ValueError:
-            raise InputError(f"{THREADS_ENV} is not an integer", field=THREADS_ENV,
-                             value=text, remedy=f"set {THREADS_ENV} to a thread count such "
-                                                f"as {DEFAULT_THREADS}, or unset it") from None
-        field = THREADS_ENV
-    else:
-        field = "threads"
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise InputError("the llama.cpp thread count must be an integer of at least 1",
-                         field=field, value=threads,
-                         remedy=f"give a thread count such as {DEFAULT_THREADS}")
-    return threads
+    remedy = f"give a thread count of at least 1, such as {DEFAULT_THREADS}"
+    if threads is not None:
+        return check_count(threads, "threads", remedy)
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return DEFAULT_THREADS
+    try:
+        value = int(text)
+    except ValueError:
+        raise InputError(f"{THREADS_ENV} is not an integer", field=THREADS_ENV, value=text,
+                         remedy=f"set {THREADS_ENV} to a thread count such as "
+                                f"{DEFAULT_THREADS}, or unset it") from None
+    return check_count(value, THREADS_ENV, remedy)
 
 
 class LlamaCppEngine(BlackBoxEngine):
@@ -155,9 +151,11 @@ class LlamaCppEngine(BlackBoxEngine):
             build = build_info()
         except ImportError as exc:
             return Availability(False, f"{exc.name or 'llama_cpp'} is not installed; {INSTALL}")
-        except OSError as exc:  # the package is there, its compiled library does not load
+        except (OSError, RuntimeError) as exc:  # installed, its compiled library won't load
             return Availability(False, f"llama-cpp-python's library does not load ({exc}); "
                                        f"reinstall it: {INSTALL}")
+        if importlib.util.find_spec("gguf") is None:  # reads the GGUF's tensor types
+            return Availability(False, f"gguf is not installed; {INSTALL}")
         ggml = f", ggml {build.ggml_version} {build.ggml_commit}" if build.ggml_version else ""
         features = " ".join(cpu_features(build.system_info)) or "none reported"
         return Availability(True, f"llama-cpp-python {build.version}{ggml}, CPU features: "
