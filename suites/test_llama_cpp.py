@@ -1,15 +1,16 @@
 """llama.cpp through llama-cpp-python (``llama-cpp``), on the GGUF a package was converted from.
 
-Facts: without llama-cpp-python the engine is unavailable with the install line, in
-``lockstep engines`` and in a run; the thread count comes from the constructor, then
+Facts: without llama-cpp-python (or gguf) the engine is unavailable with the install line,
+in ``lockstep engines`` and in a run; the thread count comes from the constructor, then
 ``$LOCKSTEP_LLAMA_THREADS``, then 2, and a bad one is one line naming its field; the numeric
 scheme is read from the GGUF's tensor types; a package with no GGUF source is refused with
 the remedy; the GGUF is found by content hash (a file of the right name with other bytes is
 refused). On SmolLM2 Q4_1: provenance names the build, its CPU features, the scheme and the
-GGUF's hash; two decodes (another between them) are identical, so no KV prefix leaks from
-one decode into the next; each token is the argmax of llama.cpp's own row; its rows against
-the float32 oracle on the same prefix are finite and within a loose sanity bound (not the
-calibrated band, issue 34) that a planted RoPE base or a dropped BOS exceeds many times;
+GGUF's hash; a request decodes bit for bit alike whatever was decoded before it (no KV
+prefix kept from one decode into the next); ``ignore_eos`` forces the count; each token is
+the argmax of llama.cpp's own row; its rows against the float32 oracle on the same prefix
+are finite and within a loose sanity bound (not the calibrated band, issue 34) that a
+planted RoPE base or a dropped BOS exceeds many times;
 ``lockstep run`` writes records with the engine's provenance.
 
 Where llama-cpp-python is absent these tests skip with the install line, unless
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -36,7 +36,7 @@ TOKENS = 16
 # Loose sanity bounds on llama-cpp's rows against the float32 oracle over the same
 # dequantized weights, over SANE_PROMPTS x SANE_TOKENS: a broken engine fails them, they are
 # not the calibrated band (issue 34). Measured here (2 threads or 1 alike): NMSE median
-# 9.8e-4, KL mean 0.0025, 94 of 96 tokens the oracle's argmax; over ten prompts x 64 tokens
+# 9.7e-4, KL mean 0.0024, 102 of 104 tokens the oracle's argmax; over ten prompts x 64 tokens
 # (suites/measure_llama_cpp.py) NMSE median 1.1e-3 (3.0e-3 the worst prompt's), KL mean
 # 0.0026, 520 of 538. Planted: RoPE base 10,000 gives NMSE median 0.027 and KL mean 0.068,
 # a dropped BOS (the chat prompt's first token) 0.030 and 0.018.
@@ -233,7 +233,8 @@ def test_it_says_which_build_and_scheme_ran(engine, smollm2):
     assert record["tensor_types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
     assert record["gguf_file_type"] == "MOSTLY_Q4_1"
     assert record["kv_cache"] == {"k": "F16", "v": "F16"}
-    assert record["options"]["n_threads"] == record["options"]["n_threads_batch"] == 2
+    threads = llama_backend.resolve_threads(None)  # 2 unless LOCKSTEP_LLAMA_THREADS says
+    assert record["options"]["n_threads"] == record["options"]["n_threads_batch"] == threads
     assert record["options"]["logits_all"] is True
     assert record["cpu_features"] and all(f"{f} = 1" in record["system_info"]
                                           for f in record["cpu_features"])
@@ -320,7 +321,8 @@ def test_its_rows_are_sane_against_the_oracle_and_planted_bugs_are_not(engine, s
     finally:
         rope.close()
     print("RoPE base 10,000:", planted)
-    assert planted["nmse_median"] > 5 * SANE_NMSE_MEDIAN and planted["kl_mean"] > 5 * SANE_KL_MEAN
+    assert planted["nmse_median"] > 5 * SANE_NMSE_MEDIAN
+    assert planted["kl_mean"] > 5 * SANE_KL_MEAN
 
     chat = smollm2.spec.prompts[0]
     assert chat[0] == smollm2.spec.bos_id
