@@ -100,9 +100,9 @@ def test_without_gguf_it_is_unavailable_with_the_install(monkeypatch):
 
 def test_the_thread_count_is_pinned(monkeypatch):
     monkeypatch.delenv(llama_backend.THREADS_ENV, raising=False)
-    assert llama_backend.resolve_threads(None) == 2
-    monkeypatch.setenv(llama_backend.THREADS_ENV, "1")
     assert llama_backend.resolve_threads(None) == 1
+    monkeypatch.setenv(llama_backend.THREADS_ENV, "2")
+    assert llama_backend.resolve_threads(None) == 2
     assert llama_backend.resolve_threads(3) == 3  # the constructor's wins
     monkeypatch.setenv(llama_backend.THREADS_ENV, "two")
     with pytest.raises(InputError) as err:

@@ -14,7 +14,7 @@ call even when told to reset, so ``reset()`` is called before every decode; the 
 lockstep hands over are complete, and ``generate`` adds nothing to them (BOS is added only
 by llama.cpp's tokenizer, which is never used); llama-cpp-python's default thread counts
 follow the machine, so both are pinned (``threads``, ``$LOCKSTEP_LLAMA_THREADS``, default
-2): llama.cpp's results do not depend on them on the CPU (1 and 2 give the same bits), its
+1, as ``hf`` and ``ort-genai`` pin theirs): llama.cpp's results do not depend on them on the CPU (1 and 2 give the same bits), its
 speed does (on two cores busy with other work, 1 thread decoded SmolLM2 some 30 times faster
 than 2: ggml's threads wait for each other at every op).
 
@@ -46,7 +46,7 @@ VERSION = "0.3.36"
 INSTALL = (f"pip install -e '.[llama]' (llama-cpp-python=={VERSION}; pip compiles llama.cpp "
            f"with cmake, about 10 minutes on 2 cores, once per machine: make real does it)")
 THREADS_ENV = "LOCKSTEP_LLAMA_THREADS"
-DEFAULT_THREADS = 2
+DEFAULT_THREADS = 1
 # GGUF tensor types that are plain floats: a file of only these has a float scheme
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
@@ -124,7 +124,7 @@ def gguf_scheme(path: Path) -> dict[str, Any]:
 
 
 def resolve_threads(threads: int | None) -> int:
-    """The thread count: the constructor's, else ``$LOCKSTEP_LLAMA_THREADS``, else 2."""
+    """The thread count: the constructor's, else ``$LOCKSTEP_LLAMA_THREADS``, else 1."""
     remedy = f"give a thread count of at least 1, such as {DEFAULT_THREADS}"
     if threads is not None:
         return check_count(threads, "threads", remedy)
@@ -166,7 +166,7 @@ class LlamaCppEngine(BlackBoxEngine):
     def __init__(self, package, *, threads: int | None = None, n_batch: int = 512,
                  checkpoint=None):
         """``threads``: llama.cpp's threads for the prompt and for each step (default
-        ``$LOCKSTEP_LLAMA_THREADS``, else 2). ``n_batch``: the most prompt positions one
+        ``$LOCKSTEP_LLAMA_THREADS``, else 1). ``n_batch``: the most prompt positions one
         llama.cpp decode takes. ``checkpoint``: a ``CheckpointSource`` (default: the GGUF the
         package's ``checkpoint.json`` names, found and verified by ``checkpoint_source``)."""
         super().__init__(package)
@@ -198,6 +198,12 @@ class LlamaCppEngine(BlackBoxEngine):
                 f"package has {package.spec.vocab_size}: they were not made from one "
                 f"checkpoint", field="vocab_size", value=vocab,
                 remedy="run the package converted from this GGUF")
+
+    def numeric_scheme(self) -> str:
+        """``ggml-cpu:<type>``: the GGUF's dominant weight type on ggml's CPU kernels. The
+        package was converted from this very GGUF, so it is the float32 model over the
+        engine's own dequantized weights: the oracle that judges it needs no other."""
+        return self.scheme["numeric_scheme"]
 
     def options(self) -> dict[str, Any]:
         """llama-cpp-python's ``Llama`` arguments: the package's context, float32 logits at
