@@ -3,11 +3,13 @@
 lockstep runs several inference engines step for step over the same model packages and
 checks that they agree with a recompute oracle: the same tokens, logits within the dtype's
 tolerance, and on a GPU engine no value leaving the device but token ids, flat memory and
-CUDA graphs that replay. Exit status 0: every cell passed; 1: a cell failed; 2: bad input.
+CUDA graphs that replay. Exit status 0: every cell passed; 1: a cell failed; 2: bad input;
+130: interrupted.
 
 Each subcommand module exposes ``register(subparsers)``, which adds its parser and sets
 ``func`` (taking the parsed namespace, returning an exit status). User errors
-(``LockstepError``) print one clear line and exit 2, never a traceback.
+(``LockstepError``) print one clear line and exit 2, never a traceback; Ctrl-C prints one
+line and exits 130.
 """
 from __future__ import annotations
 
@@ -32,10 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.cli.interrupt import Interrupted
+
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)  # option values are checked here (arguments.py)
         return int(args.func(args) or 0)
+    except KeyboardInterrupt as err:  # Ctrl-C: one line, the shell's status for SIGINT
+        print(f"lockstep: {err if isinstance(err, Interrupted) else 'interrupted'}",
+              file=sys.stderr)
+        return 130
     except LockstepError as err:
         print(f"lockstep: error: {err}", file=sys.stderr)
         return 2

@@ -7,6 +7,8 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from harness.cli.arguments import integer, number
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="list or prune the fixture and conversion caches",
@@ -21,11 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr = actions.add_parser("prune", help="remove conversions by age, by total size or beyond "
                                           "the newest N of each; always removes stale staging "
                                           "folders")
-    pr.add_argument("--older-than", type=float, metavar="DAYS", default=None,
+    pr.add_argument("--older-than", type=number("--older-than", minimum=0), metavar="DAYS",
+                    default=None,
                     help="remove conversions written more than DAYS days ago")
     pr.add_argument("--max-size", metavar="SIZE", default=None,
                     help="remove the oldest conversions until the rest fit in SIZE (500M, 2G)")
-    pr.add_argument("--keep", type=int, metavar="N", default=None,
+    pr.add_argument("--keep", type=integer("--keep", minimum=0), metavar="N", default=None,
                     help="keep the newest N conversions of each checkpoint and options (the "
                          "folder name without its key), remove older ones")
     pr.add_argument("--dry-run", action="store_true",

@@ -18,7 +18,10 @@ def register(subparsers) -> None:
     parser.add_argument("--baseline", metavar="DIR", type=Path, default=None,
                         help="evidence folder to compare against (e.g. the last nightly)")
     parser.add_argument("-o", "--output", metavar="PATH", type=Path, default=Path("report.html"),
-                        help="where to write the HTML (default: report.html)")
+                        help="where to write the HTML (default: report.html; an existing file "
+                             "is replaced only when it is a lockstep report, or with --force)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an -o file that is not a lockstep report")
     parser.add_argument("--title", default="lockstep parity report", help="report heading")
     parser.add_argument("--bench", metavar="JSON", type=Path, nargs="+", action="extend",
                         default=[], help="lockstep bench --json files to show as the speed "
@@ -45,13 +48,10 @@ def _catch_matrix(args: argparse.Namespace):
 
 
 def write_output(output: Path, html: str) -> None:
-    """Write the report atomically; a path that cannot take it is one ``LockstepError``
-    naming ``-o`` (a folder, a parent that is a file, no permission, a full disk)."""
+    """Write the report atomically (the path was checked before: ``check_output_file``); a
+    write the machine refuses (a full disk) is one ``LockstepError`` naming ``-o``."""
     from engines.errors import LockstepError
 
-    if output.is_dir():
-        raise LockstepError("-o names a folder, not a file", field="-o", value=str(output),
-                            remedy=f"name the HTML file, e.g. -o {output / 'report.html'}")
     tmp = output.with_name(f".{output.name}.tmp")
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -68,9 +68,13 @@ def write_output(output: Path, html: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engines.output_paths import check_output_file
     from harness.evidence import load_evidence_dir
     from harness.manifest import read_manifests
     from reports import render_report
+    from reports.render import MARKER
+
+    check_output_file(args.output, "-o", marker=MARKER, force=args.force, example="report.html")
 
     records = load_evidence_dir(args.evidence_dir)
     manifests = read_manifests(args.evidence_dir)

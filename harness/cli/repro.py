@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.cli.arguments import integer, number
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("repro", help="write a repro pack (a cut-out subgraph, its inputs and "
@@ -20,26 +22,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("evidence", type=Path, metavar="EVIDENCE_FILE",
                    help="an evidence record (one JSON file of an evidence folder)")
     p.add_argument("-o", "--output", type=Path, required=True, metavar="DIR",
-                   help="the folder to write the pack into (created)")
+                   help="the folder to write the pack into (created; a folder that already "
+                        "holds files is refused without --force)")
+    p.add_argument("--force", action="store_true",
+                   help="write into an -o folder that already holds files (files of the "
+                        "pack's names are replaced)")
     p.add_argument("--engine", metavar="REF",
                    help="the engine, if the record's engine name is not registered here: a "
                         "name or package.module:Class")
     p.add_argument("--package", metavar="REF",
                    help="the package (fixture name or folder), if the record's path moved")
     p.add_argument("--no-shrink", action="store_true", help="keep the record's prompt")
-    p.add_argument("--max-runs", type=int, default=64,
+    p.add_argument("--max-runs", type=integer("--max-runs"), default=64,
                    help="at most this many candidate prompts are run while shrinking")
-    p.add_argument("--factor", type=float, default=None,
+    p.add_argument("--factor", type=number("--factor", above=0), default=None,
                    help="noise floor = FACTOR x the larger correct float32 spread (default 8)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from engines.output_paths import check_output_folder
     from harness.forensics import FACTOR, write_repro
 
+    check_output_folder(args.output, "-o", force=args.force, forced="write into it")
     pack = write_repro(args.evidence, args.output, engine=args.engine, package=args.package,
                        shrink=not args.no_shrink, max_runs=args.max_runs,
-                       factor=args.factor or FACTOR)
+                       factor=FACTOR if args.factor is None else args.factor)
     m = pack.manifest
     print(m["explanation"])
     print(f"cut: {m['why']}")

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from engines.errors import InputError
 from engines.registry import engine_names
+from harness.cli.arguments import integer
 
 from harness.judge import SEVERITY
 
@@ -125,10 +126,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run the recompute oracle on this engine instead of ort-cpu (e.g. "
                         "ort-cuda for long contexts), float32 packages only; it must first "
                         "agree with ort-cpu's oracle on a short prefix, else the run stops")
-    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
+    p.add_argument("--max-new-tokens", type=integer("--max-new-tokens"), default=32, metavar="N",
                    help="tokens each decode generates after the prompt, each judged against "
                         "the oracle (default: 32)")
-    p.add_argument("--max-prompts", type=int, default=None, metavar="N",
+    p.add_argument("--max-prompts", type=integer("--max-prompts"), default=None, metavar="N",
                    help="only the first N of each package's default prompts")
     p.add_argument("--mode", choices=("greedy", "speculative"), default="greedy",
                    help="greedy (vs the oracle), or speculative: every width, each stream vs "
@@ -153,14 +154,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.cli.arguments import engine_list, name_list, positive_int
+    from harness.cli.arguments import engine_list, name_list
     from harness.packages import fixture_names
     from harness.runner import run_matrix
 
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
     engines = engine_list(args.engines, "--engines") or engine_names()
-    positive_int(args.max_prompts, "--max-prompts")
-    positive_int(args.max_new_tokens, "--max-new-tokens")
     widths = parse_widths(args.width)
     if widths is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
@@ -192,9 +191,10 @@ def run(args: argparse.Namespace) -> int:
 
         prepare_evidence_dir(evidence_dir)
 
+    from harness.cli.interrupt import counted
     from harness.cli.progress import CellProgress
 
-    with CellProgress("parity matrix") as progress:  # on stderr
+    with CellProgress("parity matrix") as progress, counted(progress):  # on stderr
         def on_cell(cell):
             progress.advance(f"{cell.package} · {cell.mode} · {cell.engine} · "
                              f"{cell.prompt_name}")

@@ -46,6 +46,9 @@ from .capture import Recorder
 from .compare import FACTOR, dtype_name, max_abs_error, noise_floor, scale_of
 from .layers import OUTPUT, assign_layers
 
+KIND = "lockstep-explanation"  # an explanation file's "kind": lockstep knows it as its own
+MARKER = f'"kind": "{KIND}"'
+
 
 # -- the result ----------------------------------------------------------------------------
 
@@ -179,7 +182,7 @@ class Explanation:
         return text
 
     def to_dict(self) -> dict:
-        out = asdict(self)
+        out = {"kind": KIND, **asdict(self)}
         out.pop("data", None)
         out["summary"] = self.summary
         out["key"] = self.key
@@ -346,6 +349,15 @@ def failing_step(record) -> tuple[int, str] | None:
     return None
 
 
+def steps_decided(record) -> int:
+    """How many steps a forward of the record's engine decided: one per token it emitted,
+    and the step whose forward raised."""
+    count = len(record.tokens)
+    if record.error is not None and record.error.step is not None:
+        count = max(count, record.error.step + 1)
+    return count
+
+
 def resolve_engine_class(engine, record_engine: str):
     """An engine class from a class, an instance's class, a registered name or
     ``module:Class``; default: the record's engine by name."""
@@ -441,6 +453,14 @@ def explain_record(record_or_path, *, engine=None, package=None, step: int | Non
                                                          "--step to compare a step anyway")
         step, trigger = found
     else:
+        decided = steps_decided(record)
+        if not 0 <= step < decided:
+            raise InputError(f"step {step} is not a step of the record: its engine decided "
+                             + (f"steps 0 to {decided - 1}" if decided else "none"),
+                             field="--step", value=step,
+                             remedy=f"pass --step from 0 to {decided - 1}, or leave it out "
+                                    f"for the first failing step" if decided else
+                                    "explain a record whose engine ran a forward")
         trigger = "requested"
     cls = resolve_engine_class(engine, record.engine)
     pkg = resolve_record_package(record, package)
