@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from engines.errors import LockstepError
 
@@ -34,9 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.cli.arguments import as_option
     from harness.cli.interrupt import Interrupted
 
     parser = build_parser()
+    args = None
     try:
         args = parser.parse_args(argv)  # option values are checked here (arguments.py)
         return int(args.func(args) or 0)
@@ -45,13 +48,30 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     except LockstepError as err:
-        print(f"lockstep: error: {err}", file=sys.stderr)
+        option = (getattr(args, "fields", None) or {}).get(err.field)
+        print(f"lockstep: error: {err if option is None else as_option(err, option)}",
+              file=sys.stderr)
         return 2
     except OSError as err:  # the machine said no (full disk, permissions): not a bug of ours
         where = f": {err.filename}" if err.filename else ""
-        print(f"lockstep: error: {err.strerror or err}{where}; remedy: check that path, its "
-              f"permissions and the free space on its disk", file=sys.stderr)
+        cache = _in_cache(err.filename)
+        about = (f" [field LOCKSTEP_CACHE = {cache!r}]; remedy: set LOCKSTEP_CACHE to a "
+                 f"writable folder with free space" if cache else
+                 "; remedy: check that path, its permissions and the free space on its disk")
+        print(f"lockstep: error: {err.strerror or err}{where}{about}", file=sys.stderr)
         return 2
+
+
+def _in_cache(filename) -> str | None:
+    """lockstep's cache folder, where the path that failed lies in it (the variable
+    LOCKSTEP_CACHE, or its default, is then what the user can change)."""
+    from fixtures.cache import cache_root
+
+    try:
+        root, path = cache_root().resolve(), Path(filename).resolve()
+    except (LockstepError, OSError, TypeError, ValueError):
+        return None
+    return str(root) if root == path or root in path.parents else None
 
 
 if __name__ == "__main__":

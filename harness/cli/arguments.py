@@ -3,16 +3,39 @@ number out of its range is refused here (``InputError`` naming the option), beca
 argparse alone would let ``--engines ""`` mean "every engine", ``--max-prompts 0`` mean
 "all prompts" and ``--factor nan`` reach a comparison that no value fails.
 
-``integer`` and ``number`` are argparse ``type=`` functions: the value is checked while the
-command line is read, before any work starts, and the ``InputError`` they raise reaches
-``harness.cli.main`` as one line (argparse passes on any exception but its own).
+``integer``, ``number`` and ``existing`` are argparse ``type=`` functions: the value is
+checked while the command line is read, before any work starts, and the ``InputError`` they
+raise reaches ``harness.cli.main`` as one line (argparse passes on any exception but its
+own). A subcommand's ``fields`` default maps the library's name of a value (``package``) to
+the option the user gave it with (``--packages``): ``main`` names the option in the error.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 
-from engines.errors import InputError
+from engines.errors import InputError, LockstepError
+
+
+def as_option(err: LockstepError, option: str) -> LockstepError:
+    """``err`` naming ``option``, what the user typed, where it named the library's field."""
+    err.field = option
+    err.args = (err.render(),)
+    return err
+
+
+def existing(option: str, kind: str = "file") -> Callable[[str], Path]:
+    """``type=`` for an input path that must exist as a ``file`` or a ``folder``."""
+    def parse(text: str) -> Path:
+        path = Path(text).expanduser()
+        if not (path.is_file() if kind == "file" else path.is_dir()):
+            what = "does not exist" if not path.exists() else f"is not a {kind}"
+            raise InputError(f"{option} {what}", field=option, value=text,
+                             remedy=f"give {option} an existing {kind}")
+        return path
+
+    return parse
 
 
 def _span(minimum, maximum, above=None) -> str:
@@ -104,5 +127,8 @@ def engine_list(text: str | None, option: str = "--engines") -> list[str] | None
     if names is not None:
         from engines.registry import resolve_engine_list
 
-        resolve_engine_list(names, field=option, value=text)
+        try:
+            resolve_engine_list(names, field=option, value=text)
+        except LockstepError as err:  # an unknown engine: the registry names it "engine"
+            raise as_option(err, option) if err.field == "engine" else err
     return names

@@ -141,7 +141,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "existing file is replaced only when it is a lockstep bench JSON)")
     p.add_argument("--force", action="store_true",
                    help="replace a --json file that lockstep did not write")
-    p.set_defaults(func=run)
+    # library names -> options (harness.cli.main); --engines is checked before the bench
+    p.set_defaults(func=run, fields={"package": "--packages", "engine": "--baseline",
+                                     "baseline": "--baseline",
+                                     "max_new_tokens": "--max-new-tokens"})
 
 
 def run(args: argparse.Namespace) -> int:

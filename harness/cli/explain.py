@@ -14,13 +14,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.cli.arguments import integer, number
+from harness.cli.arguments import existing, integer, number
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explain", help="name the layer and node where a failing record's "
                                        "engine parts from the float64 arbiter")
-    p.add_argument("evidence", type=Path, metavar="EVIDENCE_FILE",
+    p.add_argument("evidence", type=existing("EVIDENCE_FILE"), metavar="EVIDENCE_FILE",
                    help="an evidence record (one JSON file of an evidence folder)")
     p.add_argument("--engine", metavar="REF",
                    help="the engine, if the record's engine name is not registered here: a "
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="list the first N values out of the floor (default 8)")
     p.add_argument("--force", action="store_true",
                    help="replace a --json or --plot file that lockstep did not write")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, fields={"engine": "--engine", "package": "--package"})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("names", nargs="*", metavar="NAME",
                    help="fixture names (default: every built-in fixture)")
     b.add_argument("--force", action="store_true", help="rebuild even when already cached")
-    b.set_defaults(func=build)
+    b.set_defaults(func=build, fields={"name": "NAME"})
     ls = actions.add_parser("list", help="list the built-in fixtures and their cache state")
     ls.set_defaults(func=list_)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.cli.arguments import existing
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -13,9 +15,11 @@ def register(subparsers) -> None:
                     "offline. The run manifests in EVIDENCE_DIR/runs make an interrupted run "
                     "show as INCOMPLETE. With --baseline, what regressed against that "
                     "evidence is listed first.")
-    parser.add_argument("evidence_dir", metavar="EVIDENCE_DIR", type=Path,
+    parser.add_argument("evidence_dir", metavar="EVIDENCE_DIR",
+                        type=existing("EVIDENCE_DIR", "folder"),
                         help="folder of evidence JSON files (from --evidence-dir or lockstep run)")
-    parser.add_argument("--baseline", metavar="DIR", type=Path, default=None,
+    parser.add_argument("--baseline", metavar="DIR", type=existing("--baseline", "folder"),
+                        default=None,
                         help="evidence folder to compare against (e.g. the last nightly)")
     parser.add_argument("-o", "--output", metavar="PATH", type=Path, default=Path("report.html"),
                         help="where to write the HTML (default: report.html; an existing file "

@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.arguments import integer, number
+from harness.cli.arguments import existing, integer, number
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("repro", help="write a repro pack (a cut-out subgraph, its inputs and "
                                      "a pytest file) for a failing record")
-    p.add_argument("evidence", type=Path, metavar="EVIDENCE_FILE",
+    p.add_argument("evidence", type=existing("EVIDENCE_FILE"), metavar="EVIDENCE_FILE",
                    help="an evidence record (one JSON file of an evidence folder)")
     p.add_argument("-o", "--output", type=Path, required=True, metavar="DIR",
                    help="the folder to write the pack into (created; a folder that already "
@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="at most this many candidate prompts are run while shrinking")
     p.add_argument("--factor", type=number("--factor", above=0), default=None,
                    help="noise floor = FACTOR x the larger correct float32 spread (default 8)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, fields={"engine": "--engine", "package": "--package"})
 
 
 def run(args: argparse.Namespace) -> int:

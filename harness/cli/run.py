@@ -150,7 +150,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run the cells on these GPUs with pytest-xdist, one worker pinned to "
                         "each (all: every visible GPU; indices as nvidia-smi numbers them); "
                         "without it the matrix runs in this process")
-    p.set_defaults(func=run)
+    # library names -> options (harness.cli.main); --engines is checked before the run
+    p.set_defaults(func=run, fields={"package": "--packages", "engine": "--oracle-engine",
+                                     "max_new_tokens": "--max-new-tokens"})
 
 
 def run(args: argparse.Namespace) -> int:
