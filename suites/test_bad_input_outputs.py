@@ -253,3 +253,21 @@ def test_every_command_with_an_output_option_takes_force():
         if writes and "force" not in dests:
             missing.append(" ".join(path))
     assert not missing
+
+
+# -- written files follow the umask ----------------------------------------------------------
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_records_and_manifests_follow_the_umask(tmp_path, capsys, umask, mode):
+    """``mkstemp`` makes 0600 files; records renamed from them stayed unreadable to others."""
+    folder = tmp_path / "evidence"
+    old = os.umask(umask)
+    try:
+        assert main(["run", "--packages", "tiny_llama", "--engines", "native-host",
+                     "--max-prompts", "1", "--max-new-tokens", "2",
+                     "--evidence-dir", str(folder)]) == 0
+    finally:
+        os.umask(old)
+    written = [*folder.glob("*.json"), *(folder / "runs").glob("*.json")]
+    assert len(written) == 2
+    assert {p.stat().st_mode & 0o777 for p in written} == {mode}
