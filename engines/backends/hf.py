@@ -141,7 +141,10 @@ class HfEngine(Engine):
         self.torch_compile = bool(torch_compile)
         self._fallback, self._provenance = "", {}
         self.source = self._locate(checkpoint)
-        self.model = self._build_model()
+        from engines.backends.transformers_quiet import quiet_transformers
+
+        with quiet_transformers():
+            self.model = self._build_model()
         comp = package.spec.components["target"]
         self._ports = dict(comp.inputs), dict(comp.outputs)
 
