@@ -13,9 +13,12 @@ from harness.cli.arguments import integer, number
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="list or prune the fixture and conversion caches",
                        description="Fixture builds, checkpoint conversions (each converter "
-                                   "version converts again, ~0.5 GB each) and staging folders "
-                                   "left by killed builds. The caches live under "
-                                   "$LOCKSTEP_CACHE (default: .lockstep/fixtures).")
+                                   "version converts again, ~0.5 GB each), onnxruntime-genai's "
+                                   "builds and their wrapped packages (ort-genai), transformers' "
+                                   "GGUF loads (hf) and staging folders left by killed builds. "
+                                   "The caches live under $LOCKSTEP_CACHE (default: "
+                                   ".lockstep/fixtures); prune removes conversions and stale "
+                                   "staging folders.")
     actions = p.add_subparsers(dest="cache_command", required=True)
     ls = actions.add_parser("list", help="every cached package and staging folder, its size "
                                          "and age")
@@ -49,14 +52,14 @@ def _table(entries, title: str) -> Table:
 
 
 def list_(args: argparse.Namespace) -> int:
-    from harness.cache_admin import cache_entries, human_size
+    from harness.cache_admin import KINDS, cache_entries, human_size
 
     entries = cache_entries()
     console = Console()
     console.print(_table(entries, "lockstep caches"))
-    by_kind = {k: sum(e.size for e in entries if e.kind == k) for k in ("conversion", "fixture",
-                                                                            "staging")}
-    console.print(", ".join(f"{k}s {human_size(n)}" for k, n in by_kind.items()))
+    by_kind = {k: sum(e.size for e in entries if e.kind == k) for k in KINDS}
+    console.print(", ".join(f"{k}s {human_size(n)}" for k, n in by_kind.items()),
+                  soft_wrap=True)
     return 0
 
 
