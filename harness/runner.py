@@ -23,7 +23,7 @@ from pathlib import Path
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, InputError, NonFiniteLogits
 from engines.oracle import Oracle, OracleTrace, oracle_for
-from engines.registry import REFERENCE_ENGINE, get_engine_class
+from engines.registry import REFERENCE_ENGINE, class_reference, get_engine_class
 from engines.requests import check_count
 from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
@@ -94,6 +94,7 @@ class CellResult:
     wall_s: float = 0.0
     prompt_source: object | None = None  # harness.prompts.ResolvedPrompt: text, chat, template
     provenance: dict = field(default_factory=dict)  # Engine.provenance(): what it really ran
+    engine_class: str | None = None  # module:Class of an engine not registered by its name
 
     @property
     def failed(self) -> bool:
@@ -498,6 +499,7 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
 
     check_counts(max_prompts, max_new_tokens)
     classes = resolve_engines(engines)
+    references = {n: class_reference(c) for n, c in classes.items()}  # records' engine_class
     plans = _plan([resolve_package(ref) for ref in packages], mode, widths, prompts, max_prompts,
                   max_new_tokens)
     judges = [_Judge(pp.package, oracle_engine) for pp in plans]
@@ -527,7 +529,8 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
 
         def blank(engine_name, w, prompt_name, prompt, status=IDENTICAL, reason=""):
             return CellResult(name, engine_name, prompt_name, prompt, status, reason=reason,
-                              mode=pp.labels[w], prompt_source=pp.sources.get(prompt_name))
+                              mode=pp.labels[w], prompt_source=pp.sources.get(prompt_name),
+                              engine_class=references[engine_name])
 
         for engine_name, cls in classes.items():
             try:
@@ -624,6 +627,7 @@ class CellRunner:
         self._judge: _Judge | None = None
         self._engine_ref: str | None = None
         self._engine_name = ""
+        self._engine_class: str | None = None
         self._engine: Engine | CellError | _Unavailable | None = None
         self._greedy: dict | None = None
 
@@ -674,9 +678,10 @@ class CellRunner:
             cls = get_engine_class(engine_ref)
             self._engine = self._setup(cls)
             self._engine_ref, self._engine_name = engine_ref, cls.name
+            self._engine_class = class_reference(cls)
         package, judge, state = self._package, self._judge, self._engine
         cell = CellResult(package.spec.name, self._engine_name, prompt_name, list(prompt),
-                          IDENTICAL, mode=label)
+                          IDENTICAL, mode=label, engine_class=self._engine_class)
         if isinstance(state, _Unavailable):
             cell.status, cell.reason = UNAVAILABLE, str(state)
             return self._emit(cell, None)

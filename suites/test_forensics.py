@@ -341,7 +341,13 @@ def test_lockstep_explain_and_repro_cli(records, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "first value out of its noise floor" in out and "per-layer error" in out
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
-    assert main(["explain", record]) == 2
+    assert json.loads(Path(record).read_text())["engine_class"] == ref
+    assert main(["explain", record, "--json", "-"]) == 0  # the record names the class
+    assert json.loads(capsys.readouterr().out)["engine_class"] == ref
+    older = json.loads(Path(record).read_text())
+    del older["engine_class"]  # a record written before the field: named by --engine
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert main(["explain", str(tmp_path / "older.json")]) == 2
     assert "--engine" in capsys.readouterr().err
     assert main(["repro", record, "--engine", ref, "-o", str(tmp_path / "pack"),
                  "--no-shrink"]) == 0

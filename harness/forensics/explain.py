@@ -358,15 +358,16 @@ def steps_decided(record) -> int:
     return count
 
 
-def resolve_engine_class(engine, record_engine: str):
+def resolve_engine_class(engine, record_engine: str, record_class: str | None = None):
     """An engine class from a class, an instance's class, a registered name or
-    ``module:Class``; default: the record's engine by name."""
+    ``module:Class``; default: the record's engine class (``engine_class``, kept for an
+    engine named by its class), else its engine by name."""
     from engines.registry import check_engine_class, get_engine_class
     from engines.errors import UnknownEngine
 
     if engine is None:
         try:
-            return get_engine_class(record_engine)
+            return get_engine_class(record_class or record_engine)
         except UnknownEngine as err:
             raise InputError(f"the record's engine {record_engine!r} is not registered here",
                              field="--engine", value=record_engine,
@@ -411,14 +412,9 @@ def resolve_record_package(record, package=None):
 def class_ref(cls) -> str:
     """How to name ``cls`` again: its registered name for a built-in or entry point, else
     ``module:Class``."""
-    from engines.registry import get_engine_class
+    from engines.registry import class_reference
 
-    try:
-        if get_engine_class(cls.name) is cls:
-            return cls.name
-    except Exception:
-        pass
-    return f"{cls.__module__}:{cls.__qualname__}"
+    return class_reference(cls) or cls.name
 
 
 def explain_record(record_or_path, *, engine=None, package=None, step: int | None = None,
@@ -462,7 +458,7 @@ def explain_record(record_or_path, *, engine=None, package=None, step: int | Non
                                     f"for the first failing step" if decided else
                                     "explain a record whose engine ran a forward")
         trigger = "requested"
-    cls = resolve_engine_class(engine, record.engine)
+    cls = resolve_engine_class(engine, record.engine, record.engine_class)
     pkg = resolve_record_package(record, package)
     try:
         instance = cls(pkg)

@@ -414,7 +414,7 @@ def write_repro(record_or_path, out_dir, *, engine=None, package=None, shrink: b
     from harness.forensics.plot import save_layer_curve
 
     record, source = _load_record(record_or_path)
-    cls = resolve_engine_class(engine, record.engine)
+    cls = resolve_engine_class(engine, record.engine, record.engine_class)
     pkg = resolve_record_package(record, package)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
