@@ -222,6 +222,10 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"oracle for {package}: {check.engine}, agreeing with {check.against}'s "
                       f"on a {check.prefix_tokens}-token prefix and {check.steps} step(s) (max "
                       f"abs {check.max_abs:.3g}, NMSE {check.nmse:.3g})")
+    from harness.cli.generated_text import generated_lines
+
+    for line in generated_lines(summary, packages):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
     if details:
         console.print(details_table(details))
