@@ -185,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
 
         rows = run_bench(plan, lambda n, text: progress.advance(text, n))
 
-    console.print(bench_table(rows, plan))
+    from harness.cli.tables import print_table
+
+    print_table(console, bench_table(rows, plan))
     for line in floor_lines(rows) + notes(rows):
         console.print(line, highlight=False)
     if args.json is not None:

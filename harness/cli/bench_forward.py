@@ -95,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
     result = bench_forwards(engines, packages, prefill=prefill, rows=rows, prefix=args.prefix,
                             repeats=args.repeats, warmup=args.warmup,
                             on_step=lambda text: console.print(text, highlight=False))
-    console.print(_table(result))
+    from harness.cli.tables import print_table
+
+    print_table(console, _table(result))
     if args.json is not None:
         settings = {"engines": engines, "packages": packages, "prefill": prefill, "rows": rows,
                     "prefix": args.prefix, "repeats": args.repeats, "warmup": args.warmup}

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.cli.arguments import integer, number
+from harness.cli.tables import print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +57,7 @@ def list_(args: argparse.Namespace) -> int:
 
     entries = cache_entries()
     console = Console()
-    console.print(_table(entries, "lockstep caches"))
+    print_table(console, _table(entries, "lockstep caches"))
     by_kind = {k: sum(e.size for e in entries if e.kind == k) for k in KINDS}
     console.print(", ".join(f"{k}s {human_size(n)}" for k, n in by_kind.items()),
                   soft_wrap=True)
@@ -74,7 +75,7 @@ def prune(args: argparse.Namespace) -> int:
     if not chosen:
         console.print("nothing to prune")
         return 0
-    console.print(_table(chosen, "would remove" if args.dry_run else "removing"))
+    print_table(console, _table(chosen, "would remove" if args.dry_run else "removing"))
     total = sum(e.size for e in chosen)
     if args.dry_run:
         console.print(f"dry run: {len(chosen)} folder(s), {human_size(total)} would be freed")

@@ -80,5 +80,7 @@ def run(args: argparse.Namespace) -> int:
         covered = tests.get(c.id, [])
         shown = "\n".join(covered) if args.tests else f"{len(covered)}"
         table.add_row(c.id, c.statement, c.unit, shown if covered else "[red]none[/]")
-    Console().print(table)
+    from harness.cli.tables import print_table
+
+    print_table(Console(), table)
     return 0

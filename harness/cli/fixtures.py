@@ -6,6 +6,8 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from harness.cli.tables import print_table
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fixtures", help="build or list the built-in fixture packages")
@@ -43,7 +45,7 @@ def build(args: argparse.Namespace) -> int:
         table.add_row(name, str(info.get("seed")),
                       str(info.get("conditioning", {}).get("min_margin")),
                       short_hash(package_content_hash(folder)), str(folder))
-    Console().print(table)
+    print_table(Console(), table)
     return 0
 
 
@@ -64,7 +66,7 @@ def list_(args: argparse.Namespace) -> int:
                       short_hash(s.content_hash or ""), s.summary)
     for name, built, what in real_checkpoint_rows():
         table.add_row(name, "", built, "", "", what)
-    Console().print(table)
+    print_table(Console(), table)
     return 0
 
 

@@ -217,7 +217,9 @@ def run(args: argparse.Namespace) -> int:
                 mode=args.mode, widths=widths, max_prompts=args.max_prompts,
                 on_plan=progress.plan, on_progress=progress.set_completed)
 
-    console.print(matrix_table(summary, args.max_new_tokens, args.mode))
+    from harness.cli.tables import print_table
+
+    print_table(console, matrix_table(summary, args.max_new_tokens, args.mode))
     for package, check in summary.oracle_checks.items():
         console.print(f"oracle for {package}: {check.engine}, agreeing with {check.against}'s "
                       f"on a {check.prefix_tokens}-token prefix and {check.steps} step(s) (max "
@@ -228,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
     if details:
-        console.print(details_table(details))
+        print_table(console, details_table(details))
     reasons = {c.engine: c.reason for c in summary.cells if c.status == "unavailable"}
     for engine, reason in reasons.items():
         asked = args.engines is not None  # every engine of an explicit --engines list
