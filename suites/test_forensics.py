@@ -313,6 +313,41 @@ def test_repro_packs_fail_on_the_buggy_engine_and_pass_on_a_correct_one(records,
         assert correct[(stem, "test_shrunk_prompt")] == "passed", name
 
 
+class OwnCounter(pe.Planted):
+    """Counts its forwards itself, not in the ledger, and from its fourth on scales the
+    logits: a defect in state the engine carries, which one forward of a fresh engine from
+    correct inputs (the cut) cannot show."""
+    name = "planted-own-counter"
+
+    def __init__(self, package):
+        super().__init__(package)
+        self.calls = 0
+
+    def corrupt(self, component, feeds, out, phase):
+        self.calls += 1
+        if self.calls > K:
+            name = self.logits_name(component)
+            out[name] = (out[name] * np.float32(1.5)).astype(out[name].dtype)
+        return out
+
+
+def test_a_cut_that_misses_the_defect_is_never_reported_as_passing(records, tmp_path, capsys):
+    """The self-check ran only the cut: "self-check on ENGINE: passes" while the pack's
+    tests failed on that engine (its decode of the shrunk prompt). It now runs both tests
+    and its outcome is the pack's."""
+    from harness.cli.repro import self_check_line
+
+    pack = write_repro(records(OwnCounter, "tiny_llama"), tmp_path / "pack", engine=OwnCounter,
+                       max_runs=8)
+    checks = pack.manifest["self_check"]
+    own = checks["suites.test_forensics:OwnCounter"]
+    assert (own["cut"], own["decode"], own["outcome"]) == ("passes", "fails", "fails")
+    assert checks["native-host"]["outcome"] == "passes"
+    line = self_check_line("suites.test_forensics:OwnCounter", own)
+    assert line.startswith("self-check on suites.test_forensics:OwnCounter: fails")
+    assert "the cut does not reproduce the defect" in line
+
+
 def test_shrinking_keeps_the_status_and_never_grows(records):
     from harness.packages import resolve_package
 

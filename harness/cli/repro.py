@@ -40,6 +40,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, fields={"engine": "--engine", "package": "--package"})
 
 
+def self_check_line(engine: str, check: dict) -> str:
+    """What the pack's tests did on ``engine`` (``write_repro``'s self-check): the pack's
+    outcome, then each test's; a cut that passes where the decode fails is said to miss."""
+    if check["outcome"] == "error":
+        return f"self-check on {engine}: error: {check['detail']}"
+    line = (f"self-check on {engine}: {check['outcome']} (the cut value: {check['cut']}; the "
+            f"whole decode of the shrunk prompt: {check['decode']})")
+    if check["cut"] == "passes" and check["decode"] == "fails":
+        line += (f": the cut does not reproduce the defect ({check['decode_verdict']}); "
+                 f"test_shrunk_prompt shows it")
+    return line
+
+
 def run(args: argparse.Namespace) -> int:
     from engines.output_paths import check_output_folder
     from harness.forensics import FACTOR, write_repro
@@ -59,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     p = m["prompt"]
     print(f"prompt: {p['original']} -> {p['shrunk']} ({p['runs']} run(s); {p['status']})")
     for engine, check in (m.get("self_check") or {}).items():
-        print(f"self-check on {engine}: {check['outcome']}")
+        print(self_check_line(engine, check))
     print(f"pack: {pack.folder.resolve()}")
     print(f"run it: python -m pytest {pack.folder}   (LOCKSTEP_REPRO_ENGINE=native-host: "
           f"must pass)")
