@@ -114,7 +114,7 @@ def test_convert_refuses_up_front_when_the_disk_lacks_room(tiny_checkpoint, tmp_
     assert main(["convert", str(tiny_checkpoint), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"needs about {needed / 1e6:.0f} MB in {out.parent}" in err
-    assert "field output folder" in err and "lockstep cache prune" in err
+    assert f"[field -o = '{out.parent}']" in err and "lockstep cache prune" in err
     assert "Traceback" not in err
     assert not out.parent.exists() or not any(out.parent.iterdir())
     _free(monkeypatch, needed)  # the control: exactly enough room converts

@@ -182,3 +182,22 @@ def test_a_write_the_machine_refuses_in_the_cache_names_the_variable(tmp_path, c
     assert "Permission denied" in line
     assert f"[field LOCKSTEP_CACHE = '{tmp_path / 'cache'}']" in line
     assert "remedy: set LOCKSTEP_CACHE to a writable folder" in line
+
+
+@pytest.mark.parametrize("to", ["-o", "the cache"])
+def test_no_room_for_a_conversion_names_what_chose_its_folder(tmp_path, capsys, monkeypatch,
+                                                              to):
+    pytest.importorskip("gguf", reason="the converter needs the 'real' extra (make real)")
+    import collections
+
+    from harness.convert import disk_room
+    from suites.convert_support import write_tiny_gguf
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setenv("LOCKSTEP_CACHE", str(tmp_path / "cache"))
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(disk_room.shutil, "disk_usage", lambda path: usage(1, 0, 1))
+    argv = ["convert", str(gguf)] + (["-o", str(tmp_path / "out")] if to == "-o" else [])
+    line = one_line_error(capsys, argv)
+    assert ("[field -o = " if to == "-o" else "[field LOCKSTEP_CACHE = ") in line
+    assert "MB free" in line

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from harness.cli.arguments import integer
+from engines.errors import LockstepError
+from harness.cli.arguments import as_option, integer
 
 MAX_CONTEXT = 1 << 24  # engines.package.schema.MAX_CONTEXT_LIMIT (the CLI loads every command)
 
@@ -94,11 +95,16 @@ def run(args: argparse.Namespace) -> int:
         return convert_with_builder(args)
     console = Console()
     source = resolve_checkpoint(args.checkpoint)
-    with converting_steps(f"converting {source.name}"):
-        result = convert(source, args.output, force=args.force, cache=args.cache,
-                         dtype=args.dtype, max_context=args.max_context, name=args.name,
-                         tokenizer=not args.no_tokenizer, draft_layers=args.draft_layers,
-                         twin=not args.no_twin)
+    try:
+        with converting_steps(f"converting {source.name}"):
+            result = convert(source, args.output, force=args.force, cache=args.cache,
+                             dtype=args.dtype, max_context=args.max_context, name=args.name,
+                             tokenizer=not args.no_tokenizer, draft_layers=args.draft_layers,
+                             twin=not args.no_twin)
+    except LockstepError as err:  # no room on the output's disk: named by what chose it
+        if err.field != "output folder":
+            raise
+        raise as_option(err, "-o" if args.output is not None else "LOCKSTEP_CACHE") from None
     package = load_package(result.folder)
     spec = package.spec
     verb = "up to date" if result.reused else "converted"
