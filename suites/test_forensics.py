@@ -144,11 +144,18 @@ def test_correct_engines_stay_within_the_noise_floor(tmp_path, package):
 
 
 def test_nothing_to_explain_is_an_input_error(tmp_path, records):
+    from harness.evidence import read_evidence
+
     summary = run_matrix(["native-host"], ["tiny_llama"], None, 4, tmp_path, max_prompts=1)
     with pytest.raises(InputError, match="nothing to explain"):
         explain_record(summary.cells[0].record_path)
-    with pytest.raises(InputError, match="not registered here"):
-        explain_record(records(pe.PositionOffByOne, "tiny_llama"))  # no --engine
+    record = read_evidence(records(pe.PositionOffByOne, "tiny_llama"))
+    assert record.engine_class == "suites.planted.engines:PositionOffByOne"
+    with pytest.raises(InputError, match="not registered here"):  # a record without the class
+        explain_record(record.model_copy(update={"engine_class": None}))
+    with pytest.raises(InputError, match="cannot be loaded here") as err:
+        explain_record(record.model_copy(update={"engine_class": "gone.module:Engine"}))
+    assert err.value.field == "--engine" and "No module named 'gone'" in str(err.value)
 
 
 def test_speculative_records_are_refused(tmp_path):

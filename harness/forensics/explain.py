@@ -362,15 +362,17 @@ def resolve_engine_class(engine, record_engine: str, record_class: str | None = 
     """An engine class from a class, an instance's class, a registered name or
     ``module:Class``; default: the record's engine class (``engine_class``, kept for an
     engine named by its class), else its engine by name."""
+    from engines.errors import EngineDefinitionError, UnknownEngine
     from engines.registry import check_engine_class, get_engine_class
-    from engines.errors import UnknownEngine
 
     if engine is None:
         try:
             return get_engine_class(record_class or record_engine)
-        except UnknownEngine as err:
-            raise InputError(f"the record's engine {record_engine!r} is not registered here",
-                             field="--engine", value=record_engine,
+        except (UnknownEngine, EngineDefinitionError) as err:
+            where = (f"its class {record_class!r} cannot be loaded here ({err.message})"
+                     if record_class else "is not registered here")
+            raise InputError(f"the record's engine {record_engine!r} {where}",
+                             field="--engine", value=record_class or record_engine,
                              remedy="name its class: --engine package.module:Class (for "
                                     "lockstep's planted bugs: suites.planted.engines:<Class>)"
                              ) from err
