@@ -13,6 +13,17 @@ import numpy as np
 from engines.ledger import Ledger
 
 
+@dataclass(frozen=True)
+class AuditedForward:
+    """The logits rows of one forward that decided tokens, for the logits audit (claim 1b):
+    row ``j`` follows the prompt + ``before`` + ``fed[:j]``. A prefill or a plain decode step
+    has one row and nothing ``fed``; a verification has W+1 rows over its W drafts."""
+    before: tuple[int, ...]  # generated tokens before this forward's first row
+    fed: tuple[int, ...]  # the drafts a verification fed after them
+    rows: np.ndarray  # [len(fed) + 1, vocab], host float64
+    label: str  # prefill | decode | verify r<round>
+
+
 @dataclass
 class DecodeResult:
     """One greedy decode of one prompt.
@@ -38,4 +49,4 @@ class DecodeResult:
         return len(self.tokens) / self.wall_s if self.wall_s > 0 else 0.0
 
 
-__all__ = ["DecodeResult"]
+__all__ = ["AuditedForward", "DecodeResult"]

@@ -111,6 +111,12 @@ def claim(claim_id: str) -> Claim:
         raise KeyError(f"no claim {claim_id!r}; claims: {', '.join(CLAIM_IDS)}") from None
 
 
+def all_pass(verdicts: Sequence[str]) -> str:
+    """One claim measured several ways (the ledger and the transfer guard): it passes only
+    when every measurement does."""
+    return FAIL if FAIL in verdicts else PASS
+
+
 def judge(claim_id: str, *measurement: Any, **kwargs: Any) -> str:
     """Judge one measurement of ``claim_id`` with the claim's own function."""
     return claim(claim_id).judge(*measurement, **kwargs)

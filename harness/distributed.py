@@ -23,8 +23,8 @@ Counters stay per process: the transfer guard, every engine's ledger and its cou
 allocator live in the worker that ran the cell, and each record carries its own cell's
 account; nothing here sums them across workers.
 
-This module imports only the standard library at module level: the root conftest imports it
-before CUDA may start.
+This module imports only the standard library and ``harness.plan`` at module level: the root
+conftest imports it before CUDA may start.
 """
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ import tempfile
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from harness.plan import CellSpec
 
 GPUS_ENV = "LOCKSTEP_GPUS"          # the controller's GPU list, CUDA_VISIBLE_DEVICES values
 GPU_ENV = "LOCKSTEP_GPU"            # the GPU this worker was pinned to
@@ -220,27 +222,6 @@ def release_gpu_locks() -> None:
 # -- the plan a matrix session runs ------------------------------------------------------------
 
 @dataclass(frozen=True)
-class CellSpec:
-    """One planned cell, as a worker needs it: how to load the package and the engine."""
-    package: str        # the package's name (the record's)
-    package_ref: str    # what the worker resolves: a fixture name or an absolute folder
-    engine: str         # the engine's name (the record's)
-    engine_ref: str     # a registered name or "module:Class"
-    mode: str           # greedy, or <kind>/w<width>
-    width: int | None
-    prompt: str         # p0, p1, ...
-    ids: tuple[int, ...]
-
-    @property
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.package, self.engine, self.mode, self.prompt)
-
-    @property
-    def test_id(self) -> str:
-        return "-".join((self.package, self.engine, self.mode.replace("/", "."), self.prompt))
-
-
-@dataclass(frozen=True)
 class MatrixPlan:
     run_id: str
     mode: str
@@ -248,6 +229,9 @@ class MatrixPlan:
     evidence_dir: str
     cells: tuple[CellSpec, ...]
     work_dir: str = ""  # where a worker marks each cell it starts (see harness.matrix_cells)
+    oracle_engine: str | None = None  # vetted by the controller before the session
+    oracle_mode: str = "stream"
+    oracle_checks: dict | None = None  # package -> its OracleAgreement, as a dict
 
     def write(self, path: Path) -> Path:
         data = asdict(self)
@@ -259,15 +243,6 @@ class MatrixPlan:
         data = json.loads(Path(path).read_text())
         cells = tuple(CellSpec(**{**c, "ids": tuple(c["ids"])}) for c in data.pop("cells"))
         return cls(cells=cells, **data)
-
-    def package_prompts(self, package: str) -> list[tuple[str, list[int]]]:
-        """The prompts planned for a package, in plan order (a speculative cell's greedy
-        streams are decoded for all of them first, as ``run_matrix`` does)."""
-        seen: dict[str, list[int]] = {}
-        for c in self.cells:
-            if c.package == package and c.prompt not in seen:
-                seen[c.prompt] = list(c.ids)
-        return list(seen.items())
 
 
 def generated_test_file(packages: list[str]) -> str:
@@ -361,8 +336,8 @@ def _records_of(folder: Path, run_id: str) -> list[Path]:
 
 def cell_from_record(record, path: Path | None):
     """A ``CellResult`` as the CLI's tables read it, from a record a worker wrote."""
+    from harness.cells import CellError, CellResult
     from harness.judge import StepJudgement
-    from harness.runner import CellError, CellResult
 
     div = record.divergence
     divergence = None if div is None else StepJudgement(
@@ -423,32 +398,35 @@ def run_matrix_on_devices(engines: Sequence[str], packages: Sequence[str],
                           mode: str = "greedy", widths=None, max_prompts: int | None = None,
                           on_plan: Callable[[int], None] | None = None,
                           on_progress: Callable[[int], None] | None = None,
-                          command: Sequence[str] | None = None):
+                          command: Sequence[str] | None = None,
+                          oracle_engine: str | None = None, oracle_mode: str = "stream",
+                          shard=None):
     """``run_matrix`` on pytest-xdist, one worker per GPU of ``devices`` (values for
-    ``CUDA_VISIBLE_DEVICES``): the same plan, manifest, records and ``RunSummary``.
+    ``CUDA_VISIBLE_DEVICES``): the same plan, manifest, records and ``RunSummary``. An
+    ``oracle_engine`` is vetted here, before the session, as ``run_matrix`` vets it; the
+    workers then build the same oracle. ``shard``: this run's share of the plan.
 
     Bad requests fail here before anything runs, as in ``run_matrix``. ``evidence_dir`` None
     (``--no-evidence``): the workers write into a temporary folder that is deleted after."""
     from datetime import datetime, timezone
 
     from engines.errors import LockstepError
-    from engines.registry import get_engine_class
     from harness import evidence as ev
+    from harness.cell_runner import CellRunner
+    from harness.cells import CellError, RunSummary
     from harness.manifest import finish, write_manifest
+    from harness.package_judge import PackageJudge
     from harness.packages import REAL_CHECKPOINTS, fixture_names, resolve_package
-    from harness.runner import (CellError, CellResult, RunSummary, _plan, _record,
-                                check_counts, plan_manifest, resolve_engines)
+    from harness.plan import check_counts, plan_cells, plan_digest, plan_packages
+    from harness.runner import engine_refs, plan_manifest, resolve_engines
 
     check_counts(max_prompts, max_new_tokens)
     require_xdist()
     if not devices:
         raise LockstepError("no GPU to run on", field="--devices",
                             remedy="name at least one GPU")
-    classes = resolve_engines(engines)
-    engine_refs = {}
-    for ref in engines:
-        cls = ref if isinstance(ref, type) else get_engine_class(ref)
-        engine_refs[cls.name] = ref if isinstance(ref, str) else f"{cls.__module__}:{cls.__qualname__}"
+    resolve_engines(engines)
+    refs = engine_refs(engines)
     named = set(fixture_names()) | set(REAL_CHECKPOINTS)
     resolved, package_refs = [], {}
     for ref in packages:
@@ -457,10 +435,24 @@ def run_matrix_on_devices(engines: Sequence[str], packages: Sequence[str],
         text = str(ref)
         package_refs[package.spec.name] = text if text in named else str(
             Path(text).expanduser().resolve())
-    plans = _plan(resolved, mode, widths, prompts, max_prompts, max_new_tokens)
+    plans = plan_packages(resolved, mode, widths, prompts, max_prompts, max_new_tokens)
+    cells = plan_cells(plans, refs, package_refs)
+    digest, total = plan_digest(cells, max_new_tokens, mode), len(cells)
+    if shard is not None:  # harness.plan.Shard: this machine's share of the plan
+        start, end = shard.bounds(total)
+        cells = cells[start:end]
+    checks = {}
+    if oracle_engine is not None:
+        for pp in plans:
+            judge = PackageJudge(pp.package, oracle_engine, oracle_mode)
+            try:
+                judge.choose(pp.prompts[0][1])
+            finally:
+                judge.close()
+            checks[pp.package.spec.name] = judge.agreement
 
     run_id = ev.new_run_id()
-    manifest = plan_manifest(run_id, plans, list(classes), command)
+    manifest = plan_manifest(run_id, cells, command, digest=digest, shard=shard, total=total)
     planned = manifest.planned
     scratch = Path(tempfile.mkdtemp(prefix="lockstep-devices-"))
     folder = Path(evidence_dir) if evidence_dir is not None else scratch / "evidence"
@@ -472,16 +464,14 @@ def run_matrix_on_devices(engines: Sequence[str], packages: Sequence[str],
             on_plan(len(planned))
         groups = []
         for pp in plans:
-            name = pp.package.spec.name
-            specs = [CellSpec(name, package_refs[name], engine, engine_refs[engine],
-                              pp.labels[w], w, prompt_name, tuple(p))
-                     for engine in classes for w in pp.widths for prompt_name, p in pp.prompts]
+            specs = [c for c in cells if c.package == pp.package.spec.name]
             groups.append((_package_cost(pp.package, len(specs)), len(groups), specs))
         groups.sort(key=lambda g: (-g[0], g[1]))  # largest first, then plan order
         (scratch / "started").mkdir()
         plan = MatrixPlan(run_id, mode, max_new_tokens, str(folder),
                           tuple(c for _, _, specs in groups for c in specs),
-                          str(scratch / "started"))
+                          str(scratch / "started"), oracle_engine, oracle_mode,
+                          {name: asdict(check) for name, check in checks.items()})
         plan_path = plan.write(scratch / "plan.json")
         (scratch / SHIM).write_text(generated_test_file(list(dict.fromkeys(c.package
                                                                 for c in plan.cells))))
@@ -513,36 +503,31 @@ def run_matrix_on_devices(engines: Sequence[str], packages: Sequence[str],
             record = ev.read_evidence(path)
             key = (record.package.name, record.engine, record.mode.label, record.prompt.name)
             found[key] = (record, path)
-        by_name = {p.spec.name: p for p in resolved}
-        env_here = None
-        cells = []
-        for pc in planned:
-            got = found.get(pc.key)
+        lost = None  # the controller's runner, for cells no worker recorded
+        results = []
+        for spec in cells:
+            got = found.get(spec.key)
             if got is not None:
                 cell = cell_from_record(*got)
-                if evidence_dir is None:
-                    cell.record_path = None
-                cells.append(cell)
-                continue
-            spec = next(c for c in plan.cells if c.key == pc.key)
-            cell = CellResult(pc.package, pc.engine, pc.prompt, list(spec.ids), "error",
-                              mode=pc.mode)
-            where = f"; the session log is {log}" if evidence_dir is not None else ""
-            error = CellError("worker", "WorkerLost",
-                              f"no record: the pytest-xdist worker running this cell stopped "
-                              f"before writing it (pytest exit status {rc}){where}")
-            cell.status, cell.error, cell.reason = "error", error, str(error)
-            if env_here is None:
-                env_here = ev.collect_environment()
-            _record(cell, by_name[pc.package], None, run_id=run_id, env=env_here,
-                    evidence_dir=folder, max_new_tokens=max_new_tokens)
+            else:
+                if lost is None:
+                    lost = CellRunner(run_id, mode, max_new_tokens, folder,
+                                      packages={package_refs[p.spec.name]: p
+                                                for p in resolved})
+                where = f"; the session log is {log}" if evidence_dir is not None else ""
+                cell = lost.failed(spec, CellError(
+                    "worker", "WorkerLost", f"no record: the pytest-xdist worker running this "
+                                            f"cell stopped before writing it (pytest exit "
+                                            f"status {rc}){where}"))
             if evidence_dir is None:
                 cell.record_path = None
-            cells.append(cell)
+            results.append(cell)
+        if lost is not None:
+            lost.close()
         finish(folder, manifest, datetime.now(timezone.utc))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return RunSummary(cells, evidence_dir, run_id, len(planned))
+    return RunSummary(results, evidence_dir, run_id, len(planned), checks)
 
 
 __all__ = ["CellSpec", "MatrixPlan", "cell_from_record", "parse_devices", "pin_worker_gpu",

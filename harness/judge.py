@@ -40,6 +40,14 @@ def worst(*statuses: str) -> str:
     return min(present, key=SEVERITY.index) if present else IDENTICAL
 
 
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first step where two streams part (a length difference included), else None."""
+    for i in range(max(len(a), len(b))):
+        if i >= len(a) or i >= len(b) or a[i] != b[i]:
+            return i
+    return None
+
+
 def lowest_argmax(row: np.ndarray) -> int:
     """Index of the largest non-NaN value, lowest index on ties; -1 for an all-NaN row."""
     keys = np.where(np.isnan(row), -np.inf, row)
@@ -80,6 +88,7 @@ class StreamJudgement:
     """Every step judged; ``findings`` holds each step that is not a plain match."""
     steps_judged: int
     findings: list[StepJudgement]
+    oracle_mode: str | None = None  # the oracle mode whose rows judged (engines.oracle)
 
     @property
     def defects(self) -> int:
@@ -116,27 +125,40 @@ def _finding(step, token, row, best, tol, reason, engine_row=None, verdict=None)
                          None if engine_row is None else top_k(engine_row))
 
 
+def judged_prefix(tokens: Sequence[int], max_new_tokens: int, vocab: int,
+                  eos: int | None) -> tuple[int, str]:
+    """How many of ``tokens`` are judged on their prefix, and why the walk stops there:
+    ``end`` (the stream's end; it is judged too when it ends without eos before
+    ``max_new_tokens``), ``past eos`` / ``past max_new_tokens ...`` (the next token is a
+    defect by itself), ``vocabulary`` (the last judged token is outside the vocabulary: no
+    prefix after it can be judged)."""
+    for step, token in enumerate(tokens):
+        if step and eos is not None and int(tokens[step - 1]) == eos:
+            return step, "past eos"
+        if step >= max_new_tokens:
+            return step, f"past max_new_tokens {max_new_tokens}"
+        if not 0 <= int(token) < vocab:
+            return step + 1, "vocabulary"
+    return len(tokens), "end"
+
+
 def judge_stream(oracle, prompt: Sequence[int], tokens: Sequence[int], max_new_tokens: int,
                  tol: Tolerance, engine_rows: Sequence[np.ndarray] | None = None
                  ) -> StreamJudgement:
-    """Judge every token of ``tokens`` on its own prefix (see the module docstring)."""
+    """Judge every token of ``tokens`` on its own prefix (see the module docstring). The
+    oracle's rows for the whole stream come from ``oracle.stream_rows`` (one forward in
+    stream mode)."""
     vocab = oracle.spec.vocab_size
     eos = oracle.spec.eos_id
-    prefix = list(prompt)
+    judged, stop = judged_prefix(tokens, max_new_tokens, vocab, eos)
+    ended = bool(tokens) and eos is not None and int(tokens[-1]) == eos
+    end_judged = stop == "end" and not ended and len(tokens) < max_new_tokens
+    n_rows = judged + end_judged
+    rows = oracle.stream_rows(prompt, [int(t) for t in tokens[:n_rows - 1]]) if n_rows else []
     findings: list[StepJudgement] = []
-    judged = 0
-    ended = False
-    unjudgeable = False  # an id outside the vocabulary: no prefix after it can be judged
-    for step, token in enumerate(tokens):
-        token = int(token)
-        if ended or step >= max_new_tokens:
-            why = "past eos" if ended else f"past max_new_tokens {max_new_tokens}"
-            findings.append(StepJudgement(step, token, None, None, None, DEFECT,
-                                          f"the engine emitted a token {why}"))
-            break
-        row = oracle.row(prefix)
+    for step in range(judged):
+        token, row = int(tokens[step]), rows[step]
         best = lowest_argmax(row)
-        judged += 1
         engine_row = None
         if engine_rows is not None and step < len(engine_rows):
             engine_row = np.asarray(engine_rows[step], dtype=np.float64)
@@ -144,7 +166,6 @@ def judge_stream(oracle, prompt: Sequence[int], tokens: Sequence[int], max_new_t
             findings.append(StepJudgement(step, token, best, None, None, DEFECT,
                                           f"token id {token} is outside the vocabulary "
                                           f"[0, {vocab})", top_k(row)))
-            unjudgeable = True
             break
         own = lowest_argmax(engine_row) if engine_row is not None else token
         if own not in (-1, token):
@@ -153,15 +174,16 @@ def judge_stream(oracle, prompt: Sequence[int], tokens: Sequence[int], max_new_t
                                      f"first (lowest index on ties)", engine_row, DEFECT))
         elif token != best:
             findings.append(_finding(step, token, row, best, tol, "", engine_row))
-        prefix.append(token)
-        ended = eos is not None and token == eos
-    if not ended and not unjudgeable and len(tokens) < max_new_tokens:
-        row = oracle.row(prefix)
-        best = lowest_argmax(row)
-        findings.append(StepJudgement(len(tokens), None, best, None, None, DEFECT,
-                                      f"the stream ended after {len(tokens)} tokens without "
-                                      f"eos (max_new_tokens {max_new_tokens})", top_k(row)))
-    return StreamJudgement(judged, findings)
+    if stop.startswith("past"):
+        findings.append(StepJudgement(judged, int(tokens[judged]), None, None, None, DEFECT,
+                                      f"the engine emitted a token {stop}"))
+    if end_judged:
+        row = rows[len(tokens)]
+        findings.append(StepJudgement(len(tokens), None, lowest_argmax(row), None, None,
+                                      DEFECT, f"the stream ended after {len(tokens)} tokens "
+                                              f"without eos (max_new_tokens {max_new_tokens})",
+                                      top_k(row)))
+    return StreamJudgement(judged, findings, oracle.mode)
 
 
 @dataclass(frozen=True)
@@ -172,6 +194,18 @@ class StepAudit:
     nmse: float
     non_finite: int  # NaN or infinite entries in the engine's row
     ok: bool
+    where: str = ""  # in a speculative decode: the forward and row ("verify r3 row 1")
+
+
+def audit_step(step: int, engine_row, reference: np.ndarray, tol: Tolerance,
+               where: str = "") -> StepAudit:
+    """One engine row against the oracle's on the same prefix: non-finite, or the metrics."""
+    engine_row = np.asarray(engine_row)
+    bad = int((~np.isfinite(engine_row.astype(np.float64))).sum())
+    if bad:
+        return StepAudit(step, float("nan"), float("nan"), float("nan"), bad, False, where)
+    cmp = compare_tensors(engine_row.astype(np.float64), reference, tol=tol.logits)
+    return StepAudit(step, cmp.max_abs, cmp.max_rel, cmp.nmse, 0, cmp.ok, where)
 
 
 @dataclass
@@ -218,22 +252,46 @@ class LogitsAudit:
         return IDENTICAL if self.within_tolerance else DRIFT
 
 
+def _in_vocabulary(tokens: Sequence[int], vocab: int) -> list[int]:
+    """``tokens`` up to the first id outside the vocabulary (no prefix after it has a row)."""
+    fed = []
+    for token in tokens:
+        if not 0 <= int(token) < vocab:
+            break
+        fed.append(int(token))
+    return fed
+
+
 def audit_logits(oracle, prompt: Sequence[int], tokens: Sequence[int],
                  engine_rows: Sequence[np.ndarray], tol: Tolerance, decode: str = "same"
                  ) -> LogitsAudit:
-    """Claim 1b: per step, the engine's row against the oracle's on the engine's prefix."""
-    prefix = list(prompt)
+    """Claim 1b: per step, the engine's row against the oracle's on the engine's prefix (the
+    rows of the same ``stream_rows`` the judge reads; a prefix holding an id outside the
+    vocabulary has no row: the judge already calls that token a defect)."""
+    if not engine_rows:
+        return LogitsAudit(tol.dtype, [], decode)
+    fed = _in_vocabulary(tokens[:len(engine_rows) - 1], oracle.spec.vocab_size)
+    references = oracle.stream_rows(prompt, fed)
+    steps = [audit_step(step, row, ref, tol)
+             for step, (row, ref) in enumerate(zip(engine_rows, references))]
+    return LogitsAudit(tol.dtype, steps, decode)
+
+
+def audit_forwards(oracle, prompt: Sequence[int], forwards, tol: Tolerance,
+                   decode: str = "same") -> LogitsAudit:
+    """Claim 1b in a speculative decode: every row of every target forward that decided
+    tokens (``engines.decode_result.AuditedForward``: the prefill, each verification's W+1
+    rows, plain decode steps) against the oracle's row on the same prefix. A verification's
+    rejected drafts are a prefix no stream took: the oracle scores that branch in one forward
+    (stream mode), the accepted ones are the stream's own rows."""
     steps = []
-    for step, engine_row in enumerate(engine_rows):
-        engine_row = np.asarray(engine_row)
-        reference = oracle.row(prefix)
-        bad = int((~np.isfinite(engine_row.astype(np.float64))).sum())
-        if bad:
-            steps.append(StepAudit(step, float("nan"), float("nan"), float("nan"), bad, False))
-        else:
-            cmp = compare_tensors(engine_row.astype(np.float64), reference, tol=tol.logits)
-            steps.append(StepAudit(step, cmp.max_abs, cmp.max_rel, cmp.nmse, 0, cmp.ok))
-        if step >= len(tokens):
-            break
-        prefix.append(int(tokens[step]))
+    vocab = oracle.spec.vocab_size
+    for forward in forwards:
+        context = _in_vocabulary(list(forward.before) + list(forward.fed), vocab)
+        if len(context) < len(forward.before):
+            continue  # the stream itself left the vocabulary before this forward
+        references = oracle.stream_rows(prompt, context)[len(forward.before):]
+        for j, (row, ref) in enumerate(zip(forward.rows, references)):
+            where = forward.label if len(forward.rows) == 1 else f"{forward.label} row {j}"
+            steps.append(audit_step(len(forward.before) + j, row, ref, tol, where))
     return LogitsAudit(tol.dtype, steps, decode)

@@ -6,7 +6,6 @@ Manifests live in ``<evidence dir>/runs/<run_id>.json``, beside the records (whi
 """
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from datetime import datetime
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
+from engines import json_text
 from engines.errors import LockstepError
 
 RUNS = "runs"
@@ -31,6 +31,21 @@ class PlannedCell(BaseModel):
         return (self.package, self.engine, self.mode, self.prompt)
 
 
+class ShardShare(BaseModel):
+    """A shard's share of a plan (``lockstep run --shard I/N``): cells ``start..end-1`` of the
+    plan's ``plan_cells``, in plan order. The shards of one plan share its digest."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    index: int = Field(ge=1)
+    count: int = Field(ge=1)
+    plan_cells: int = Field(ge=0)
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+    @property
+    def label(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
 class RunManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     run_id: str
@@ -39,6 +54,8 @@ class RunManifest(BaseModel):
     planned: list[PlannedCell]
     complete: bool = False
     finished: AwareDatetime | None = None
+    plan_digest: str | None = None  # what identifies the plan (harness.plan.plan_digest)
+    shard: ShardShare | None = None  # this run's share, when the plan was sharded
 
 
 def manifest_path(folder: str | os.PathLike, run_id: str) -> Path:
@@ -73,7 +90,7 @@ def read_manifests(folder: str | os.PathLike) -> list[RunManifest]:
     out = []
     for path in sorted(runs.glob("*.json")):
         try:
-            out.append(RunManifest.model_validate(json.loads(path.read_text())))
+            out.append(RunManifest.model_validate(json_text.loads(path.read_text())))
         except (ValueError, ValidationError) as exc:
             raise LockstepError(f"unreadable run manifest ({type(exc).__name__})",
                                 where=str(path),

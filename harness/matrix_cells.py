@@ -29,7 +29,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from harness.distributed import PLAN_ENV, CellSpec, MatrixPlan  # noqa: E402
+from harness.distributed import PLAN_ENV, MatrixPlan  # noqa: E402
+from harness.plan import CellSpec  # noqa: E402
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,11 +40,6 @@ def _plan() -> MatrixPlan:
         raise pytest.UsageError(f"{PLAN_ENV} names no plan: these tests are the cells of a "
                                 f"`lockstep run --devices` run, which sets it")
     return MatrixPlan.read(path)
-
-
-@functools.lru_cache(maxsize=None)
-def _package_prompts(package: str) -> list[tuple[str, list[int]]]:
-    return _plan().package_prompts(package)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -65,10 +61,15 @@ def _marker(cell: CellSpec) -> Path | None:
 @pytest.fixture(scope="session")
 def cell_runner():
     """This worker's runner: its engines, judges and environment (the GPU it was pinned to)."""
-    from harness.runner import CellRunner
+    from harness.cell_runner import CellRunner
+
+    from harness.oracle_choice import OracleAgreement
 
     plan = _plan()
-    runner = CellRunner(plan.run_id, plan.mode, plan.max_new_tokens, Path(plan.evidence_dir))
+    checks = {name: OracleAgreement(**check) for name, check in (plan.oracle_checks or {}).items()}
+    runner = CellRunner(plan.run_id, plan.mode, plan.max_new_tokens, Path(plan.evidence_dir),
+                        oracle_engine=plan.oracle_engine, oracle_mode=plan.oracle_mode,
+                        agreements=checks)
     yield runner
     runner.close()
 
@@ -79,16 +80,16 @@ class PackageCells:
 
     def test_cell(self, planned_cell: CellSpec, cell_runner) -> None:
         """One planned cell: judged, recorded; fails when the cell fails."""
-        from harness.runner import CellError
+        from harness.cells import CellError
 
         c = planned_cell
         marker = _marker(c)
         if marker is not None and marker.exists():
             who = marker.read_text().strip()
-            cell = cell_runner.failed(c.package_ref, c.engine, c.mode, c.prompt, list(c.ids),
-                                      CellError("worker", "WorkerCrashed",
-                                                f"the process running this cell ({who}) died "
-                                                f"while running it; it is not run again"))
+            cell = cell_runner.failed(c, CellError("worker", "WorkerCrashed",
+                                                   f"the process running this cell ({who}) "
+                                                   f"died while running it; it is not run "
+                                                   f"again"))
         else:
             if marker is not None:
                 worker = os.environ.get("PYTEST_XDIST_WORKER", "?")
@@ -96,13 +97,10 @@ class PackageCells:
                 marker.write_text(f"pytest-xdist worker {worker}"
                                   + (f" on GPU {gpu}" if gpu else ""))
             try:
-                cell = cell_runner.run(c.package_ref, c.engine_ref, c.mode, c.width, c.prompt,
-                                       list(c.ids), _package_prompts(c.package))
+                cell = cell_runner.run(c)
             except Exception as exc:  # outside the cell's own guards: still a record
-                cell = cell_runner.failed(c.package_ref, c.engine, c.mode, c.prompt,
-                                          list(c.ids), CellError.of("runner", exc))
+                cell = cell_runner.failed(c, CellError.of("runner", exc))
         if cell.status == "unavailable":
             pytest.skip(f"{cell.engine} is unavailable here: {cell.reason}")
         if cell.failed:
             pytest.fail(f"{cell.status}: {cell.reason}", pytrace=False)
-

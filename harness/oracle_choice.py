@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engines.errors import EngineUnavailable, ExecutionError, InputError
-from engines.oracle import Oracle, oracle_for, top2_margin
+from engines.oracle import STREAM, Oracle, oracle_for, top2_margin
 from engines.registry import REFERENCE_ENGINE, get_engine_class
 from engines.tolerances import tolerance_for
 from harness.compare import compare_tensors
@@ -86,15 +86,15 @@ def check_agreement(candidate: Oracle, reference: Oracle, prompt: Sequence[int],
                            float(worst_abs), float(worst_nmse), list(trace.tokens))
 
 
-def chosen_oracle(package, engine_name: str, prompt: Sequence[int]
+def chosen_oracle(package, engine_name: str, prompt: Sequence[int], mode: str = STREAM
                   ) -> tuple[Oracle, OracleAgreement | None]:
-    """The oracle on ``engine_name`` for ``package``, checked against ``ort-cpu``'s on
-    ``prompt`` (no check when the choice is ``ort-cpu`` itself)."""
+    """The oracle on ``engine_name`` for ``package`` in ``mode``, checked against ``ort-cpu``'s
+    on ``prompt`` (no check when the choice is ``ort-cpu`` itself)."""
     check_engine_choice(engine_name, package)
-    candidate = oracle_for(package, engine_name)
+    candidate = oracle_for(package, engine_name, mode=mode)
     if candidate.name == REFERENCE_ENGINE:
         return candidate, None
-    reference = oracle_for(package)
+    reference = oracle_for(package, mode=mode)
     try:
         agreement = check_agreement(candidate, reference, prompt)
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from harness import evidence as ev
+from harness.judge import first_difference
 
 
 def _finite(x: float | None) -> float | None:
@@ -33,7 +34,8 @@ def _judgement(j, oracle_name: str, tol, oracle_package=None, oracle_check=None)
                             content_hash=oracle_package.content_hash,
                             path=str(oracle_package.root))
     return ev.Judgement(
-        oracle=f"oracle:{oracle_name}", oracle_package=ref, oracle_check=check,
+        oracle=f"oracle:{oracle_name}", oracle_mode=j.oracle_mode, oracle_package=ref,
+        oracle_check=check,
         near_tie_margin=tol.near_tie_margin,
         steps_judged=j.steps_judged, defects=j.defects, near_ties=j.near_ties,
         findings=[ev.StepFinding(step=f.step, engine_token=f.engine_token,
@@ -48,7 +50,8 @@ def _audit(audit, tol) -> ev.LogitsAuditRecord:
         tolerance={"logits_max_abs": tol.logits_max_abs, "logits_nmse": tol.logits_nmse},
         steps=[ev.StepAuditRecord(step=s.step, max_abs=_finite(s.max_abs),
                                   max_rel=_finite(s.max_rel), nmse=_finite(s.nmse),
-                                  non_finite=s.non_finite, ok=s.ok) for s in audit.steps],
+                                  non_finite=s.non_finite, ok=s.ok, where=s.where or None)
+               for s in audit.steps],
         non_finite_steps=audit.non_finite_steps,
         out_of_tolerance_steps=audit.out_of_tolerance_steps,
         worst_max_abs=_finite(audit.worst_max_abs), worst_nmse=_finite(audit.worst_nmse),
@@ -88,8 +91,6 @@ def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
     greedy = None
     if cell.greedy_tokens is not None:
         gj = cell.greedy_judgement
-        from harness.runner import first_difference
-
         parted = first_difference(cell.tokens, cell.greedy_tokens)
         greedy = ev.GreedyRef(tokens=list(cell.greedy_tokens),
                               digest=ev.token_digest(cell.greedy_tokens),
@@ -103,7 +104,9 @@ def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
     timings = None
     if cell.ledger is not None:
         timings = ev.Timings(wall_s=cell.wall_s, tokens_per_s=cell.tokens_per_s,
-                             phase_seconds=dict(cell.ledger.phase_seconds))
+                             phase_seconds=dict(cell.ledger.phase_seconds),
+                             judge_s=cell.judge_s, oracle_forwards=cell.oracle_forwards,
+                             oracle_positions=cell.oracle_positions)
     return ev.EvidenceRecord(
         run_id=run_id, environment=env,
         package=ev.PackageRef(name=package.spec.name, content_hash=package.content_hash,

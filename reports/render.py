@@ -34,11 +34,13 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
+from engines import json_text
 from engines.errors import LockstepError
 from harness.evidence import CLAIMS, EvidenceRecord
 from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, IDENTICAL, NEAR_TIE,
                            NON_FINITE, SEVERITY, UNAVAILABLE, worst)
 from harness.manifest import PlannedCell, RunManifest
+from harness.shards import shard_coverage
 
 from . import plots
 from .regressions import NOISE_BAND, find_regressions, record_status
@@ -483,7 +485,7 @@ def load_catch_matrix(path: str | os.PathLike) -> dict:
     naming the option and the remedy."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_text.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise _catch_error("catch matrix file does not exist", str(path),
                            "pass the JSON written by the planted-bug suite, or "
@@ -802,6 +804,7 @@ def render_report(records: Sequence[EvidenceRecord],
         },
         "runs": runs,
         "incomplete": [run for run in runs if run.incomplete],
+        "shards": [c for c in shard_coverage(manifests or []) if not c.complete],
         "has_manifests": bool(manifests),
         "unmanifested": sorted({r.run_id for r in records} - manifest_ids) if manifests else [],
         "unavailable": _unavailable(records, statuses),

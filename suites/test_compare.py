@@ -35,6 +35,8 @@ class FakeOracle:
     """``row(prefix)`` is the fixed row of step ``len(prefix) - len(prompt)``; every prefix
     asked for is kept, so a test can see the judge used the engine's own prefix."""
 
+    mode = "fake"
+
     def __init__(self, rows, prompt=PROMPT, vocab=VOCAB, eos=EOS):
         self.spec = SimpleNamespace(vocab_size=vocab, eos_id=eos)
         self.prompt = list(prompt)
@@ -46,6 +48,9 @@ class FakeOracle:
         assert prefix[:len(self.prompt)] == self.prompt
         self.asked.append(prefix)
         return self.rows[len(prefix) - len(self.prompt)]
+
+    def stream_rows(self, prompt, tokens):
+        return [self.row(list(prompt) + list(tokens[:t])) for t in range(len(tokens) + 1)]
 
 
 def judge(rows, tokens, max_new_tokens=None, engine_rows=None, **spec):

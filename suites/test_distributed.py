@@ -248,6 +248,21 @@ def test_a_distributed_speculative_run_records_what_the_in_process_run_records(
     assert all(r.greedy is not None and r.status == "identical" for r in records.values())
 
 
+def test_a_distributed_run_carries_the_oracle_engine_and_mode_to_its_workers(
+        tmp_path, capsys, monkeypatch):
+    args = ["--engines", "ort-cpu", "--packages", "tiny_llama", "--max-new-tokens", "6",
+            "--max-prompts", "2", "--oracle-engine", "native-host", "--oracle-mode",
+            "recompute"]
+    (s1, out1, one), (s2, out2, two) = _both(args, tmp_path, capsys, monkeypatch)
+    assert s1 == s2 == 0
+    assert _table(out1) == _table(out2)
+    records = _same_records(one, two)
+    for record in records.values():
+        j = record.judgement
+        assert j.oracle == "oracle:native-host" and j.oracle_mode == "recompute"
+        assert j.oracle_check is not None and j.oracle_check.against == "ort-cpu"
+
+
 def test_a_cell_that_kills_its_worker_is_an_error_record_and_the_rest_runs_on(
         tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("LOCKSTEP_GPU_COUNT", "2")

@@ -160,7 +160,7 @@ class _CountingOps(HostTensorOps):
 
 class PretendDevice(NativeHostEngine):
     """native-host declaring a device residency: the oracle must adopt its feeds and stage
-    back only the last logits row."""
+    back only the logits rows it judges with."""
     name = "pretend-device"
     residency = "cuda:0"
 
@@ -168,7 +168,7 @@ class PretendDevice(NativeHostEngine):
         return _CountingOps(self.ledger)
 
 
-def test_an_oracle_on_a_device_engine_adopts_feeds_and_stages_only_the_last_row():
+def test_an_oracle_on_a_device_engine_adopts_feeds_and_stages_only_the_rows_it_needs():
     package = resolve_package("tiny_llama")
     engine = PretendDevice(package)
     device, host = Oracle(package, engine), oracle_for(package, "native-host")
@@ -177,12 +177,17 @@ def test_an_oracle_on_a_device_engine_adopts_feeds_and_stages_only_the_last_row(
     ops = engine.tensor_ops
     feeds = 2 + sum(c.component == "target" for c in package.spec.state.values())
     assert len(ops.adopted) == feeds
-    assert ops.staged == [((1, 1, package.spec.vocab_size), "oracle_row")]
+    vocab = package.spec.vocab_size
+    assert ops.staged == [((1, 1, vocab), "oracle_rows")]
+    # a stream after a 2-token prompt: one forward, and only its 4 judged rows come back
+    rows = Oracle(package, engine).stream_rows(prefix[:2], prefix[2:])
+    assert ops.staged[1:] == [((1, 4, vocab), "oracle_rows")]
+    for t, row in enumerate(rows):
+        np.testing.assert_array_equal(row, host.row(prefix[:2 + t]))
 
 
-def test_devices_with_a_moved_oracle_or_text_prompts_is_refused_naming_the_flag(capsys):
-    for extra, flag in ((["--oracle-engine", "native-host"], "--oracle-engine"),
-                        (["--text", "hello"], "--text")):
+def test_devices_with_text_prompts_is_refused_naming_the_flag(capsys):
+    for extra, flag in ((["--text", "hello"], "--text"),):
         status = main(["run", "--engines", "native-host", "--packages", "tiny_llama",
                        "--devices", "0", "--no-evidence", *extra])
         err = capsys.readouterr().err

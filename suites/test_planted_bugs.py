@@ -96,6 +96,30 @@ def test_a_speculative_path_bug_names_the_speculative_path():
         assert "the speculative path is wrong" in cell.reason
 
 
+@pytest.mark.claim("logits_within_tolerance")
+def test_speculative_cells_audit_every_verification_row_without_touching_the_budgets():
+    """Every row of every target forward that decided a token is audited (prefill, each
+    verification's W+1 rows, plain decode steps). On a (simulated) device the rows come from a
+    separate, labelled audit decode, so the judged decode's exact budget still holds."""
+    for engine, how in ((pe.Control, "same"), (pe.SimulatedDevice, "separate")):
+        summary = run_matrix([engine], ["tiny_llama_pair"], None, FIXTURE_TOKENS, mode="speculative",
+                             widths=[2], max_prompts=1)
+        (cell,) = summary.cells
+        assert cell.status == "identical", cell.reason
+        audit = cell.audit
+        assert audit is not None and audit.decode == how
+        rounds = cell.tallies["proposals"]
+        verify_rows = [s for s in audit.steps if s.where.startswith("verify")]
+        assert len(verify_rows) == 3 * rounds  # W + 1 rows a verification
+        assert audit.steps[0].where == "prefill" and audit.steps[0].step == 0
+        assert all(s.ok for s in audit.steps)
+        assert cell.verdicts["logits_within_tolerance"] == "pass"
+        if how == "separate":
+            assert cell.ledger.readback_bytes.get("logits_audit", 0) == 0
+            assert audit.readback_bytes > 0
+            assert all(b.verdict == "pass" for b in cell.budgets) and cell.budgets
+
+
 def test_a_near_tie_is_judged_by_the_engines_token_not_the_top2_margin(monkeypatch):
     """On the tied fixture every step's top-2 tie exactly; an engine that emits the oracle's
     third choice there is a defect (the old rule called any divergence at a small top-2

@@ -381,19 +381,30 @@ class TensorOps(abc.ABC):
         return self._advance_positions(positions, _int_arg(step, "step"))
 
     def audit_row(self, logits2d: Any) -> np.ndarray:
-        """A ``[1, vocab]`` logits row as a host float64 vector, for the logits audit
-        (claim 1b). On a device this is a readback under the purpose ``logits_audit``,
-        made only in a labelled audit decode, never in a budgeted one."""
+        """A ``[1, vocab]`` logits row as a host float64 vector (``audit_rows`` of one row)."""
         self.check_resident(logits2d, "logits2d")
         if logits2d.ndim != 2 or logits2d.shape[0] != 1:
             raise InputError("audit_row needs one [1, vocab] row", field="logits2d",
                              value=tuple(logits2d.shape),
                              remedy="pass the last position's logits reshaped to [1, vocab]")
-        dtype_name(logits2d.dtype)
-        return np.asarray(self._audit_row(logits2d), dtype=np.float64).reshape(-1)
+        return self.audit_rows(logits2d)[0]
 
-    def _audit_row(self, logits2d: Any) -> np.ndarray:
-        return np.array(logits2d[0], dtype=np.float64)  # host: nothing crosses
+    def audit_rows(self, logits2d: Any) -> np.ndarray:
+        """``[k, vocab]`` logits rows (k >= 1: a decode step's one, a verification's W+1) as
+        host float64, for the logits audit (claim 1b). On a device this is a readback under
+        the purpose ``logits_audit``, made only in a labelled audit decode, never in a
+        budgeted one."""
+        self.check_resident(logits2d, "logits2d")
+        if logits2d.ndim != 2 or logits2d.shape[0] < 1:
+            raise InputError("audit_rows needs [k, vocab] rows, k >= 1", field="logits2d",
+                             value=tuple(logits2d.shape),
+                             remedy="pass the logits reshaped to [positions, vocab]")
+        dtype_name(logits2d.dtype)
+        return np.asarray(self._audit_rows(logits2d), dtype=np.float64).reshape(
+            tuple(logits2d.shape))
+
+    def _audit_rows(self, logits2d: Any) -> np.ndarray:
+        return np.array(logits2d, dtype=np.float64)  # host: nothing crosses
 
     def _argmax_feed(self, logits2d: Any) -> tuple[int, Any]:
         """(id or -1 for an all-NaN row, the id as int64 [1, 1] where the ops live)."""

@@ -343,13 +343,13 @@ class CudaTensorOps(TensorOps):
             host = cupyx.empty_pinned((1,), dtype=np.int32)
         return host, self.cp.cuda.Event(disable_timing=True)
 
-    def _audit_row(self, logits2d: Any) -> np.ndarray:
-        """One logits row read back for the audit decode, accounted as ``logits_audit``."""
+    def _audit_rows(self, logits2d: Any) -> np.ndarray:
+        """Logits rows read back for an audit decode, accounted as ``logits_audit``."""
         with self.on_stream():
             with sanctioned_readback("logits_audit"):
                 host = self._bits(logits2d).get(stream=self.stream).view(logits2d.dtype)
         self.ledger.record_readback("logits_audit", host.nbytes)
-        return host[0]
+        return host
 
     def _advance_positions(self, positions: Any, step: int):
         with self.on_stream():

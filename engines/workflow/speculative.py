@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from engines.decode_result import AuditedForward
 from engines.errors import InputError
 from engines.workflow.proposers import CarryProposer, DraftModelProposer, argmax_last_row
 from engines.workflow.session import DecodeResult, DecodeSession
@@ -47,6 +48,9 @@ class SpeculativeResult(DecodeResult):
     drafts_per_round: list[list[int]] = field(default_factory=list)
     # positions committed into the target before each round (L): where its drafts start
     start_per_round: list[int] = field(default_factory=list)
+    # with an audit: the rows of every target forward that decided tokens (the prefill, each
+    # verification's W+1 rows, plain decode steps), read back under ``logits_audit``
+    audited: list[AuditedForward] | None = None
 
 
 def check_width(spec, width, field: str = "width") -> int:
@@ -108,24 +112,38 @@ class SpeculativeSession:
         return self.engine.ledger
 
     def decode(self, prompt: Sequence[int], max_new_tokens: int, width: int,
-               ignore_eos: bool = False) -> SpeculativeResult:
+               ignore_eos: bool = False, audit: bool = False) -> SpeculativeResult:
         width = check_width(self.spec, width)
         ids = check_request(self.spec, prompt, max_new_tokens)
         tokens: list[int] = []
         try:
-            return self._decode(ids, max_new_tokens, width, tokens, ignore_eos)
+            return self._decode(ids, max_new_tokens, width, tokens, ignore_eos, audit)
         except Exception as exc:
             exc.decode_step = len(tokens)  # the step being decided when it failed
             raise
 
+    def _audit(self, audited, logits, tokens: list[int], fed: Sequence[int], label: str):
+        """With an audit, the rows a target forward decided tokens with (``logits``: the
+        last ``len(fed) + 1`` positions), after ``tokens`` committed so far."""
+        if audited is None:
+            return
+        m = len(fed) + 1
+        rows = self.ops.slice_axis(logits, 1, int(logits.shape[1]) - m, m)
+        audited.append(AuditedForward(tuple(tokens), tuple(fed),
+                                      self.ops.audit_rows(rows.reshape(m, rows.shape[-1])),
+                                      label))
+
     def _decode(self, ids: list[int], max_new_tokens: int, width: int,
-                tokens: list[int], ignore_eos: bool = False) -> SpeculativeResult:
+                tokens: list[int], ignore_eos: bool = False,
+                audit: bool = False) -> SpeculativeResult:
         eos = None if ignore_eos else self.spec.eos_id  # None: nothing stops at eos
         ledger, ops = self.ledger, self.ops
         logits_role = "logits"
+        audited: list[AuditedForward] | None = [] if audit else None
         start = time.perf_counter()
         steps: list[float] = []
         out = self.target.forward(ids, "prefill")
+        self._audit(audited, out[logits_role], tokens, (), "prefill")
         tokens.append(argmax_last_row(ops, out[logits_role]))
         seed_out, seed_row = out, len(ids) - 1  # target outputs holding the last committed row
         steps.append(time.perf_counter() - start)
@@ -140,6 +158,7 @@ class SpeculativeSession:
             base = self.target.position  # L: positions committed into the target's cells
             if w == 0:  # one token left: a round could only verify the pending token
                 out = self.target.forward([pending], "decode")
+                self._audit(audited, out[logits_role], tokens, (), "decode")
                 tokens.append(argmax_last_row(ops, out[logits_role]))
                 seed_out, seed_row = out, 0
                 steps.append(time.perf_counter() - t0)
@@ -154,6 +173,7 @@ class SpeculativeSession:
                 self.state.snapshot()
             verify = self.target.forward([pending] + drafts, "verify")
             logits = verify[logits_role]
+            self._audit(audited, logits, tokens, drafts, f"verify r{len(widths)}")
             n, bonus = ops.accept_drafts(logits.reshape(w + 1, logits.shape[-1]), drafts)
             ledger.proposals += 1
             ledger.accepted += n
@@ -187,16 +207,19 @@ class SpeculativeSession:
         return SpeculativeResult(self.engine.name, ids, tokens, ledger, wall, steps,
                                  kind=self.sp.kind, width=width,
                                  acceptance_per_round=accepted_log, widths_per_round=widths,
-                                 drafts_per_round=drafted, start_per_round=starts)
+                                 drafts_per_round=drafted, start_per_round=starts,
+                                 audited=audited)
 
 
 def speculative_decode(engine, prompt: Sequence[int], max_new_tokens: int, width: int,
                        snapshot_mode: str = "device", *,
-                       ignore_eos: bool = False) -> SpeculativeResult:
+                       ignore_eos: bool = False, audit: bool = False) -> SpeculativeResult:
     """Fresh ledger, fresh session, speculative decode at ``width``; an engine that
     declares no speculative decoding (``Engine.speculative`` False) is refused.
     ``ignore_eos`` is for timing only (as ``greedy_decode``'s): on past eos, exactly
-    ``max_new_tokens`` tokens; a parity run never sets it."""
+    ``max_new_tokens`` tokens; a parity run never sets it. ``audit`` reads back the rows of
+    every target forward that decided tokens (``SpeculativeResult.audited``, purpose
+    ``logits_audit``): on a device only in a labelled audit decode, never a budgeted one."""
     if not engine.speculative:
         raise InputError(f"engine {engine.name!r} declares no speculative decoding",
                          field="engine", value=engine.name,
@@ -204,4 +227,4 @@ def speculative_decode(engine, prompt: Sequence[int], max_new_tokens: int, width
     check_width(engine.package.spec, width)
     engine.reset_ledger()
     return SpeculativeSession(engine, snapshot_mode).decode(prompt, max_new_tokens, width,
-                                                            ignore_eos=ignore_eos)
+                                                            ignore_eos=ignore_eos, audit=audit)

@@ -15,9 +15,11 @@ def register(subparsers) -> None:
                     "offline. The run manifests in EVIDENCE_DIR/runs make an interrupted run "
                     "show as INCOMPLETE. With --baseline, what regressed against that "
                     "evidence is listed first.")
-    parser.add_argument("evidence_dir", metavar="EVIDENCE_DIR",
-                        type=existing("EVIDENCE_DIR", "folder"),
-                        help="folder of evidence JSON files (from --evidence-dir or lockstep run)")
+    parser.add_argument("evidence_dirs", metavar="EVIDENCE_DIR",
+                        type=existing("EVIDENCE_DIR", "folder"), nargs="+",
+                        help="folder(s) of evidence JSON files (from --evidence-dir or lockstep "
+                             "run); the shards of a run made with --shard I/N, one folder each, "
+                             "are checked to cover its plan exactly once")
     parser.add_argument("--baseline", metavar="DIR", type=existing("--baseline", "folder"),
                         default=None,
                         help="evidence folder to compare against (e.g. the last nightly)")
@@ -80,15 +82,19 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_file(args.output, "-o", marker=MARKER, force=args.force, example="report.html")
 
-    records = load_evidence_dir(args.evidence_dir)
-    manifests = read_manifests(args.evidence_dir)
-    baseline = load_evidence_dir(args.baseline) if args.baseline is not None else None
-    catch_matrix = _catch_matrix(args)
+    records, manifests, explanations = [], [], {}
     from harness.forensics import load_explanations
 
+    for folder in args.evidence_dirs:
+        records += load_evidence_dir(folder)
+        manifests += read_manifests(folder)
+        explanations.update(load_explanations(folder))
+    manifests.sort(key=lambda m: m.started)
+    baseline = load_evidence_dir(args.baseline) if args.baseline is not None else None
+    catch_matrix = _catch_matrix(args)
+
     html = render_report(records, baseline, title=args.title, manifests=manifests,
-                         catch_matrix=catch_matrix,
-                         explanations=load_explanations(args.evidence_dir),
+                         catch_matrix=catch_matrix, explanations=explanations,
                          bench=args.bench)
     output: Path = args.output
     write_output(output, html)
@@ -102,4 +108,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"lockstep: run {m.run_id} is INCOMPLETE: {len(m.planned) - missing} of "
                   f"{len(m.planned)} planned cell(s) recorded"
                   + ("" if m.complete else "; its manifest was never marked complete"))
+    from harness.shards import shard_coverage
+
+    for cov in shard_coverage(manifests):
+        if not cov.complete:
+            print(f"lockstep: sharded plan {cov.plan_digest} ({cov.count} shards, "
+                  f"{cov.plan_cells} cells) is INCOMPLETE: {cov.describe()}")
     return 0

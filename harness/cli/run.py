@@ -126,6 +126,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run the recompute oracle on this engine instead of ort-cpu (e.g. "
                         "ort-cuda for long contexts), float32 packages only; it must first "
                         "agree with ort-cpu's oracle on a short prefix, else the run stops")
+    p.add_argument("--oracle-mode", choices=("stream", "recompute"), default="stream",
+                   help="how the oracle computes its rows from zero state: stream (one forward "
+                        "over prompt + stream gives every step's row; the default) or "
+                        "recompute (one forward per prefix, cost growing with the square of "
+                        "the length: to audit the oracle itself)")
+    p.add_argument("--shard", metavar="I/N",
+                   help="run only shard I of N: a deterministic, contiguous share of the "
+                        "planned cells (a CI matrix job, a Slurm array task, a Kubernetes "
+                        "indexed job each take one); lockstep report over the N evidence "
+                        "folders checks that the shards cover the plan exactly once")
     p.add_argument("--max-new-tokens", type=integer("--max-new-tokens"), default=32, metavar="N",
                    help="tokens each decode generates after the prompt, each judged against "
                         "the oracle (default: 32)")
@@ -177,8 +187,7 @@ def run(args: argparse.Namespace) -> int:
     devices = None
     if getattr(args, "devices", None) is not None:
         moved = [flag for flag, given in (("--text", args.texts), ("--chat", args.chats),
-                                          ("--prompts", args.prompts_file),
-                                          ("--oracle-engine", oracle_engine)) if given]
+                                          ("--prompts", args.prompts_file)) if given]
         if moved:
             raise InputError(f"{moved[0]} is not carried to the --devices workers yet",
                              field=moved[0], value=args.devices,
@@ -187,6 +196,10 @@ def run(args: argparse.Namespace) -> int:
 
         devices = parse_devices(args.devices, visible_gpus())
         require_xdist()
+    from harness.plan import parse_shard
+
+    shard = parse_shard(getattr(args, "shard", None))
+    oracle_mode = getattr(args, "oracle_mode", "stream")
     evidence_dir = None if args.no_evidence else args.evidence_dir
     if evidence_dir is not None:
         from harness.evidence import prepare_evidence_dir
@@ -206,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
                                  on_cell, mode=args.mode, widths=widths,
                                  max_prompts=args.max_prompts,
                                  on_plan=progress.plan,
-                                 oracle_engine=oracle_engine)
+                                 oracle_engine=oracle_engine, oracle_mode=oracle_mode,
+                                 shard=shard)
         else:
             from harness.distributed import run_matrix_on_devices
 
@@ -215,7 +229,8 @@ def run(args: argparse.Namespace) -> int:
             summary = run_matrix_on_devices(
                 engines, packages, prompts, args.max_new_tokens, evidence_dir, devices,
                 mode=args.mode, widths=widths, max_prompts=args.max_prompts,
-                on_plan=progress.plan, on_progress=progress.set_completed)
+                on_plan=progress.plan, on_progress=progress.set_completed,
+                oracle_engine=oracle_engine, oracle_mode=oracle_mode, shard=shard)
 
     from harness.cli.tables import print_table
 

@@ -185,7 +185,10 @@ class OracleCheck(_Strict):
 
 class Judgement(_Strict):
     """Claim 1 over the whole stream: every step judged on the engine's own prefix."""
-    oracle: str  # the engine the recompute oracle ran on
+    oracle: str  # the engine the oracle ran on
+    # how its rows were computed (engines.oracle): one forward per stream, or per prefix;
+    # None in records written before the modes existed (per prefix)
+    oracle_mode: Literal["stream", "recompute"] | None = None
     # the package the oracle ran: the judged package itself, or its float32 twin (reference)
     oracle_package: PackageRef | None = None
     oracle_check: OracleCheck | None = None  # only where the oracle was moved and vetted
@@ -203,6 +206,7 @@ class StepAuditRecord(_Strict):
     nmse: float | None = None
     non_finite: int = Field(ge=0)
     ok: bool
+    where: str | None = None  # a speculative decode's forward and row ("verify r3 row 1")
 
 
 class LogitsAuditRecord(_Strict):
@@ -283,6 +287,11 @@ class Timings(_Strict):
     wall_s: float = Field(ge=0)
     tokens_per_s: float | None = None
     phase_seconds: dict[str, float] = Field(default_factory=dict)
+    # the judge's wall time for this cell (oracle forwards, guesses, verdicts), beside the
+    # engine's own ``wall_s``; None in records written before it was measured
+    judge_s: float | None = Field(default=None, ge=0)
+    oracle_forwards: int | None = Field(default=None, ge=0)  # the oracle's, for this cell
+    oracle_positions: int | None = Field(default=None, ge=0)  # positions they fed
 
 
 class BudgetCheck(_Strict):

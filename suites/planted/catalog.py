@@ -72,6 +72,12 @@ CASES: list[Case] = [
     # speculative paths
     Case(pe.VerifyRowShift, "tiny_llama_pair", "defect", 1, "speculative", 2),
     Case(pe.VerifyRowShift, "hybrid_mtp", "defect", 1, "speculative", 2),
+    # only a verification's rows are wrong, every token right: the audit of every row that
+    # decides a token (the verification rows included) catches them at the first one
+    Case(pe.VerifyLogitsFloat16, "tiny_llama_pair", "drift", 1, "speculative", 2),
+    Case(pe.VerifyLogitsFloat16, "hybrid_mtp", "drift", 1, "speculative", 2),
+    Case(pe.VerifyNanPartialRow, "tiny_llama_pair", "non-finite", 1, "speculative", 2),
+    Case(pe.VerifyNanPartialRow, "hybrid_mtp", "non-finite", 1, "speculative", 2),
     Case(pe.GreedyOnlyPosition, "tiny_llama_pair", "defect", K + 1, "speculative", 2),
     Case(pe.RollbackNoTruncate, "tiny_llama_pair", "error", -1, "speculative", 2),
 ]

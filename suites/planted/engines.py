@@ -119,6 +119,33 @@ class VerifyRowShift(Planted):
         return out
 
 
+class VerifyLogitsFloat16(Planted):
+    """A verification forward's logits rounded through float16 on a float32 package: every
+    token survives (greedy, prefill and drafts are exact), only the audit of the verification
+    rows can see it."""
+    name = "planted-verify-logits-float16"
+
+    def corrupt(self, component, feeds, out, phase):
+        if phase == "verify":
+            name = self.logits_name(component)
+            out[name] = out[name].astype(np.float16).astype(out[name].dtype)
+        return out
+
+
+class VerifyNanPartialRow(Planted):
+    """NaN in every odd vocabulary entry of a verification forward's rows (argmax ignores
+    NaN, so the accepted drafts and the bonus token are still right)."""
+    name = "planted-verify-nan-partial-row"
+
+    def corrupt(self, component, feeds, out, phase):
+        if phase == "verify":
+            name = self.logits_name(component)
+            value = out[name].copy()
+            value[..., 1::2] = np.nan
+            out[name] = value
+        return out
+
+
 class PrefillWrongRow(Planted):
     """A multi-position forward returns its rows shifted by one: the prefill's last row is
     the second-to-last position's (step 0 is decided on the wrong row)."""
@@ -344,9 +371,9 @@ class _SimulatedDeviceOps(HostTensorOps):
         self.ledger.record_readback("token_id", 4)
         return accepted, bonus
 
-    def _audit_row(self, logits2d):
+    def _audit_rows(self, logits2d):
         self.ledger.record_readback("logits_audit", logits2d.nbytes)
-        return super()._audit_row(logits2d)
+        return super()._audit_rows(logits2d)
 
 
 class SimulatedDevice(Planted):

@@ -1,0 +1,141 @@
+"""What judging costs beside what decoding costs, as the prompt grows (``lockstep bench-judge``).
+
+For each prompt length, one greedy cell per engine runs through the real runner
+(``run_matrix``: the same judge, oracle and audit as a parity run) on a prompt of exactly that
+many tokens: the first tokens of our own long text (``fixtures/prompts/long_context.txt``)
+where the package has a tokenizer, else seeded ids. Each cell reports the engine's decode
+wall time (prefill and every step) and the judge's wall time for the same cell (oracle
+forwards, guesses, the verdict and the logits audit; loading either side is left out of
+both). The growth with length is the exponent of judge seconds in total positions between
+consecutive lengths (1: linear, 2: quadratic), and over all of them by least squares on the
+log-log points.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from engines.errors import InputError
+from engines.oracle import STREAM
+
+DEFAULT_LENGTHS = (32, 128, 512, 2048)
+KIND = "lockstep-bench-judge"  # the JSON file's "kind"
+MARKER = f'"kind": "{KIND}"'  # in a file's first bytes: `bench-judge --json` may replace it
+
+
+@dataclass
+class JudgeCost:
+    """One cell: an engine on a prompt of ``prompt_tokens`` tokens."""
+    engine: str
+    package: str
+    oracle_mode: str
+    prompt_tokens: int
+    new_tokens: int
+    status: str
+    engine_s: float
+    judge_s: float
+    oracle_forwards: int
+    oracle_positions: int
+
+    @property
+    def ratio(self) -> float | None:
+        return self.judge_s / self.engine_s if self.engine_s > 0 else None
+
+
+@dataclass
+class JudgeBench:
+    package: str
+    max_new_tokens: int
+    oracle_mode: str
+    rows: list[JudgeCost] = field(default_factory=list)
+
+    def growth(self, engine: str) -> tuple[list[float | None], float | None]:
+        """Per step between consecutive lengths, and fitted over all: the exponent of the
+        judge's seconds in the total positions (prompt + new tokens)."""
+        rows = sorted((r for r in self.rows if r.engine == engine and r.judge_s > 0),
+                      key=lambda r: r.prompt_tokens)
+        xs = [math.log(r.prompt_tokens + r.new_tokens) for r in rows]
+        ys = [math.log(r.judge_s) for r in rows]
+        steps: list[float | None] = [None]
+        for i in range(1, len(rows)):
+            steps.append((ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] > xs[i - 1]
+                         else None)
+        fit = float(np.polyfit(xs, ys, 1)[0]) if len(rows) >= 2 else None
+        return steps, fit
+
+    def to_dict(self) -> dict:
+        engines = list(dict.fromkeys(r.engine for r in self.rows))
+        return {"kind": KIND, "package": self.package, "max_new_tokens": self.max_new_tokens,
+                "oracle_mode": self.oracle_mode,
+                "rows": [asdict(r) | {"ratio": r.ratio} for r in self.rows],
+                "growth": {e: {"steps": self.growth(e)[0], "fit": self.growth(e)[1]}
+                           for e in engines}}
+
+
+def parse_lengths(text: str | None) -> list[int]:
+    """``--lengths 32,128,512``: prompt lengths, each >= 1, increasing."""
+    if text is None:
+        return list(DEFAULT_LENGTHS)
+    try:
+        lengths = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        lengths = []
+    if not lengths or any(n < 1 for n in lengths) or lengths != sorted(set(lengths)):
+        raise InputError("prompt lengths are increasing positive integers", field="--lengths",
+                         value=text, remedy="write --lengths 32,128,512,2048")
+    return lengths
+
+
+def prompt_of_length(package, n: int) -> list[int]:
+    """Exactly ``n`` prompt ids: the first tokens of our long text, or seeded ids."""
+    from engines.tokenizer import package_tokenizer
+    from harness.prompts_long import paragraphs
+
+    tok = package_tokenizer(package)
+    if tok is not None:
+        text = "\n\n".join(paragraphs())
+        ids = list(tok.encode(text, add_special_tokens=True))
+        while len(ids) < n:
+            ids += list(tok.encode("\n\n" + text, add_special_tokens=False))
+        return [int(t) for t in ids[:n]]
+    rng = np.random.default_rng(n)
+    low = min(3, package.spec.vocab_size - 1)
+    return [int(t) for t in rng.integers(low, package.spec.vocab_size, n)]
+
+
+def bench_judge(engines: Sequence[str], package_ref: str, lengths: Sequence[int],
+                max_new_tokens: int, oracle_mode: str = STREAM,
+                on_cell=None) -> JudgeBench:
+    """Every engine at every length, each cell through ``run_matrix``; a length that does
+    not fit the package's context is refused before anything runs."""
+    from harness.packages import resolve_package
+    from harness.runner import run_matrix
+
+    package = resolve_package(package_ref)
+    limit = package.spec.max_context
+    for n in lengths:
+        if n + max_new_tokens > limit:
+            raise InputError(f"a {n}-token prompt and {max_new_tokens} new tokens exceed the "
+                             f"context of {package.spec.name!r} ({limit})", field="--lengths",
+                             value=n, remedy=f"keep each length within {limit - max_new_tokens}"
+                                             f", or ask for fewer --max-new-tokens")
+    bench = JudgeBench(package.spec.name, max_new_tokens, oracle_mode)
+    for n in lengths:
+        prompt = prompt_of_length(package, n)
+        summary = run_matrix(list(engines), [str(package.root)], [prompt], max_new_tokens,
+                             oracle_mode=oracle_mode)
+        for cell in summary.cells:
+            row = JudgeCost(cell.engine, package.spec.name, oracle_mode, n, len(cell.tokens),
+                            cell.status, cell.wall_s, cell.judge_s, cell.oracle_forwards,
+                            cell.oracle_positions)
+            bench.rows.append(row)
+            if on_cell:
+                on_cell(row)
+    return bench
+
+
+__all__ = ["DEFAULT_LENGTHS", "JudgeBench", "JudgeCost", "bench_judge", "parse_lengths",
+           "prompt_of_length"]

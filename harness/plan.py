@@ -1,0 +1,165 @@
+"""The plan of a matrix run: which cells run, in which order, and a shard's share of them.
+
+A run plans every cell first (engines x packages x widths x prompts, in that nesting:
+package, engine, width, prompt), writes the plan into its manifest, then runs the cells one
+by one through ``harness.cell_runner.CellRunner``: in this process (``run_matrix``), on
+pytest-xdist workers (``lockstep run --devices``) or as one shard of several machines
+(``--shard I/N``). Bad requests fail here, before any cell runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engines.errors import InputError
+from engines.requests import check_count
+
+MODES = ("greedy", "speculative")
+
+
+def widths_for(package, mode: str, widths: Sequence[int] | str | None) -> list[int | None]:
+    """The widths a package runs at: [None] for greedy; for speculative, ``"all"`` (or None)
+    is 1..max_width, a list must lie within it (else ``InputError``)."""
+    if mode not in MODES:
+        raise InputError("unknown mode", field="--mode", value=mode,
+                         remedy=f"use one of: {', '.join(MODES)}")
+    if mode == "greedy":
+        return [None]
+    from engines.workflow.speculative import speculative_widths  # the one width rule
+
+    return list(speculative_widths(package.spec, widths, field="--width"))
+
+
+def check_counts(max_prompts: int | None, max_new_tokens: int) -> None:
+    """``max_prompts`` None (all) or >= 1 and ``max_new_tokens`` >= 1, else an ``InputError``
+    naming the field: 0 prompts would otherwise mean all of them, -1 all but the last."""
+    if max_prompts is not None:
+        check_count(max_prompts, "max_prompts",
+                    "pass max_prompts=N with N >= 1, or None for all of a package's prompts")
+    check_count(max_new_tokens, "max_new_tokens", "ask for one or more new tokens")
+
+
+@dataclass
+class PackagePlan:
+    """One package's part of a plan: its widths (with their mode labels) and prompts."""
+    package: object
+    widths: list[int | None]
+    labels: dict[int | None, str]
+    prompts: list[tuple[str, list[int]]]
+    sources: dict = field(default_factory=dict)  # prompt name -> harness.prompts.ResolvedPrompt
+
+
+def plan_packages(resolved, mode, widths, prompts, max_prompts, max_new_tokens
+                  ) -> list[PackagePlan]:
+    """What runs where; a bad request (prompt, width, mode) is an ``InputError`` here, before
+    any cell runs (exit 2), never an error cell."""
+    from engines.requests import check_request
+    from harness.prompts import PromptSource, resolve_all
+
+    plans = []
+    for package in resolved:
+        package_widths = widths_for(package, mode, widths)
+        sp = package.spec.decoding.speculative
+        labels = {w: ("greedy" if w is None else f"{sp.kind}/w{w}") for w in package_widths}
+        sources = {}
+        if prompts and any(isinstance(p, PromptSource) for p in prompts):
+            # text and chat prompts: through this package's tokenizer and chat template
+            sources = dict(resolve_all(prompts, package, max_new_tokens))
+            named = [(name, list(r.ids)) for name, r in sources.items()]
+        else:
+            chosen = ([list(p) for p in prompts] if prompts
+                      else [list(p) for p in package.spec.prompts])
+            named = [(f"p{i}", p) for i, p in enumerate(chosen)]
+        named = named[:max_prompts] if max_prompts else named
+        for _, p in named:
+            check_request(package.spec, p, max_new_tokens)
+        plans.append(PackagePlan(package, package_widths, labels, named, sources))
+    return plans
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """One planned cell, as any process needs it: how to load the package and the engine."""
+    package: str        # the package's name (the record's)
+    package_ref: str    # what a worker resolves: a fixture name or an absolute folder
+    engine: str         # the engine's name (the record's)
+    engine_ref: str     # a registered name or "module:Class"
+    mode: str           # greedy, or <kind>/w<width>
+    width: int | None
+    prompt: str         # p0, p1, ... or the name of a text or chat prompt
+    ids: tuple[int, ...]
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.package, self.engine, self.mode, self.prompt)
+
+    @property
+    def test_id(self) -> str:
+        return "-".join((self.package, self.engine, self.mode.replace("/", "."), self.prompt))
+
+
+def plan_cells(plans: Sequence[PackagePlan], engines: dict[str, str],
+               package_refs: dict[str, str] | None = None) -> list[CellSpec]:
+    """Every cell of ``plans`` over ``engines`` (name -> engine ref), in the order a run runs
+    them: package, engine, width, prompt (so one engine is loaded at a time, and one package's
+    oracle serves all its engines)."""
+    refs = package_refs or {}
+    cells = []
+    for pp in plans:
+        name = pp.package.spec.name
+        ref = refs.get(name, str(pp.package.root))
+        for engine, engine_ref in engines.items():
+            for w in pp.widths:
+                for prompt_name, ids in pp.prompts:
+                    cells.append(CellSpec(name, ref, engine, engine_ref, pp.labels[w], w,
+                                          prompt_name, tuple(int(t) for t in ids)))
+    return cells
+
+
+def plan_digest(cells: Sequence[CellSpec], max_new_tokens: int, mode: str) -> str:
+    """What identifies a plan across machines: its cells (keys and prompt ids), in order, and
+    the settings every cell shares. Shards of one plan carry the same digest."""
+    body = json.dumps({"mode": mode, "max_new_tokens": max_new_tokens,
+                       "cells": [[*c.key, list(c.ids)] for c in cells]}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+# -- shards -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` (1-based) of ``count``: a contiguous, deterministic share of the plan."""
+    index: int
+    count: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def bounds(self, total: int) -> tuple[int, int]:
+        """[start, end) of this shard's cells among ``total``: contiguous blocks whose sizes
+        differ by one at most, so an engine is loaded in as few shards as it can be."""
+        return ((self.index - 1) * total // self.count, self.index * total // self.count)
+
+
+def parse_shard(text: str | None) -> Shard | None:
+    """``--shard I/N`` (1 <= I <= N) -> ``Shard``; None when not given."""
+    if text is None:
+        return None
+    parts = text.strip().split("/")
+    try:
+        index, count = (int(p) for p in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        index = count = None
+    if index is None or count is None or count < 1 or not 1 <= index <= count:
+        raise InputError("a shard is I/N with 1 <= I <= N", field="--shard", value=text,
+                         remedy="write --shard 2/3 for the second of three shares (a CI matrix "
+                                "job, a Slurm array task or a Kubernetes indexed job each take "
+                                "one), or drop --shard")
+    return Shard(index, count)
+
+
+__all__ = ["CellSpec", "MODES", "PackagePlan", "Shard", "check_counts", "parse_shard",
+           "plan_cells", "plan_digest", "plan_packages", "widths_for"]
