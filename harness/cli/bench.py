@@ -14,6 +14,7 @@ from rich.table import Table
 from engines.errors import InputError
 from engines.registry import REFERENCE_ENGINE, engine_names
 from harness.cli.arguments import integer
+from harness.cli.tables import print_table
 
 WARMUP_STEPS = 2  # harness.bench.WARMUP_STEPS (not imported here: the CLI loads every command)
 
@@ -184,8 +185,6 @@ def run(args: argparse.Namespace) -> int:
         progress.plan(plan.total_decodes)
 
         rows = run_bench(plan, lambda n, text: progress.advance(text, n))
-
-    from harness.cli.tables import print_table
 
     print_table(console, bench_table(rows, plan))
     for line in floor_lines(rows) + notes(rows):

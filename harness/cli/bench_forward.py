@@ -12,6 +12,7 @@ from rich.table import Table
 
 from engines.errors import InputError
 from harness.cli.arguments import integer
+from harness.cli.tables import print_table
 
 
 def parse_lengths(text: str, option: str) -> list[int]:
@@ -95,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
     result = bench_forwards(engines, packages, prefill=prefill, rows=rows, prefix=args.prefix,
                             repeats=args.repeats, warmup=args.warmup,
                             on_step=lambda text: console.print(text, highlight=False))
-    from harness.cli.tables import print_table
-
     print_table(console, _table(result))
     if args.json is not None:
         settings = {"engines": engines, "packages": packages, "prefill": prefill, "rows": rows,

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.cli.arguments import integer
+from harness.cli.tables import print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +64,6 @@ def run(args: argparse.Namespace) -> int:
     from engines.output_paths import check_output_file
     from harness.cli.arguments import engine_list
     from harness.cli.progress import CellProgress
-    from harness.cli.tables import print_table
     from harness.judge_bench import MARKER, bench_judge, parse_lengths
 
     if args.json is not None:

@@ -10,8 +10,9 @@ from rich.table import Table
 
 from engines.errors import InputError
 from engines.registry import engine_names
-from harness.cli.arguments import integer
 
+from harness.cli.arguments import integer
+from harness.cli.tables import print_table
 from harness.judge import SEVERITY
 
 STYLE = {"identical": "green", "near-tie": "yellow", "drift": "bold red", "budget": "bold red",
@@ -231,8 +232,6 @@ def run(args: argparse.Namespace) -> int:
                 mode=args.mode, widths=widths, max_prompts=args.max_prompts,
                 on_plan=progress.plan, on_progress=progress.set_completed,
                 oracle_engine=oracle_engine, oracle_mode=oracle_mode, shard=shard)
-
-    from harness.cli.tables import print_table
 
     print_table(console, matrix_table(summary, args.max_new_tokens, args.mode))
     for package, check in summary.oracle_checks.items():
