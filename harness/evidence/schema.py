@@ -207,6 +207,7 @@ class StepAuditRecord(_Strict):
     non_finite: int = Field(ge=0)
     ok: bool
     where: str | None = None  # a speculative decode's forward and row ("verify r3 row 1")
+    kl: float | None = None  # KL(oracle || engine) of the rows' softmaxes, nats
 
 
 class LogitsAuditRecord(_Strict):
@@ -223,6 +224,22 @@ class LogitsAuditRecord(_Strict):
     worst_max_abs: float | None = None
     worst_nmse: float | None = None
     readback_bytes: int = 0  # logits_audit bytes the separate decode read back
+
+
+class BandRecord(_Strict):
+    """Claim 1d: a quantized engine's stream against its scheme's calibrated band
+    (``engines/quantized_bands.json``): the bounds and where they came from, and what this
+    stream showed."""
+    scheme: str
+    bounds: dict[str, float]  # near_tie_margin, step_max_abs, step_nmse, step_kl, mean_kl, ...
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    steps: int = Field(ge=0)
+    mean_kl: float | None = None
+    p99_kl: float | None = None
+    flips: int = Field(ge=0)
+    flip_p: float  # P(at least this many flips | the band's flip rate)
+    reasons: list[str] = Field(default_factory=list)
+    within: bool
 
 
 class GreedyRef(_Strict):
@@ -330,6 +347,8 @@ class EvidenceRecord(_Strict):
     judgement: Judgement | None = None
     logits_audit: LogitsAuditRecord | None = None
     greedy: GreedyRef | None = None
+    numeric_scheme: str | None = None  # Engine.numeric_scheme(): a quantized engine's scheme
+    band: BandRecord | None = None  # its band and this stream's statistics
     ledger: LedgerRecord = Field(default_factory=LedgerRecord)
     memory_series: list[MemorySample] = Field(default_factory=list)
     acceptance_per_round: list[int] = Field(default_factory=list)
