@@ -100,13 +100,14 @@ SAME = object()  # reference=SAME: the oracle's stream equals the engine's
 
 def make_record(*, package="tiny_llama", engine="native-host", mode=("greedy", None),
                 prompt="p0", tokens=(5, 9, 12, 7, 30, 2), reference=SAME, margins=None,
-                status="identical", reason=None, error=None, divergence=None, findings=(),
+                status=None, reason=None, error=None, divergence=None, findings=(),
                 audit=None, greedy=None, budgets=(), verdicts=None, tokens_text=None,
                 reference_text=None, tokens_per_s=100.0, timings=True, acceptance=(),
                 memory=(), ledger=None, run_id="run-1") -> ev.EvidenceRecord:
     """A valid schema-v2 record with the digests computed; tests override what they plant.
     ``reference=None``: the oracle failed (no reference stream); ``findings``: the judged
-    steps (``ev.StepFinding``), which make the judgement."""
+    steps (``ev.StepFinding``), which make the judgement; ``status`` None: derived from what
+    the record holds (a written one must agree with it)."""
     tokens = list(tokens)
     ref = None
     if reference is not None:
@@ -125,6 +126,7 @@ def make_record(*, package="tiny_llama", engine="native-host", mode=("greedy", N
             near_ties=sum(f.verdict == "near-tie" for f in findings), findings=findings)
     if verdicts is None:
         verdicts = {} if status in ("unavailable", "error") else {"token_identity": "pass"}
+    written = {} if status is None else {"status": status}
     return ev.EvidenceRecord(
         run_id=run_id,
         environment=ev.Environment(host="ci-host", platform="Linux", python="3.11.7",
@@ -132,7 +134,7 @@ def make_record(*, package="tiny_llama", engine="native-host", mode=("greedy", N
         package=ev.PackageRef(name=package, content_hash="ab" * 32, path=f"/pk/{package}"),
         engine=engine, mode=ev.Mode(kind=mode[0], width=mode[1]),
         prompt=ev.PromptRef(name=prompt, ids=[1, 17, 42]),
-        status=status, reason=reason, error=error,
+        **written, reason=reason, error=error,
         tokens=tokens, tokens_text=tokens_text, token_digest=ev.token_digest(tokens),
         reference=ref, divergence=divergence, judgement=judgement, logits_audit=audit,
         greedy=greedy, ledger=ledger if ledger is not None else Ledger(),
@@ -298,10 +300,20 @@ def test_matrix_cells_carry_the_worst_status_of_their_records(planted_dom):
     assert cells[MISSING_CELL].attrs["data-missing"] == "1"
 
 
+def holding(status: str) -> ev.EvidenceRecord:
+    """A record whose content stands for ``status`` (its status derived from it)."""
+    fail = ev.BudgetCheck(claim="zero_staging", budget=0, measured=1, verdict="fail")
+    content = {"error": dict(error=ERROR), "non-finite": dict(audit=audit(non_finite=1)),
+               "defect": dict(findings=[finding(1, 9, 10)]), "budget": dict(budgets=[fail]),
+               "drift": dict(audit=audit(out=1)),
+               "near-tie": dict(findings=[finding(1, 9, 10, verdict="near-tie")]),
+               "identical": {}, "unavailable": dict(status="unavailable")}[status]
+    return make_record(verdicts={}, **content)
+
+
 def test_cell_verdict_follows_harness_severity():
-    records = {s: make_record(status=s, verdicts={}, error=ERROR if s == "error" else None,
-                              findings=[finding(1, 9, 10)] if s == "defect" else ())
-               for s in SEVERITY}
+    records = {s: holding(s) for s in SEVERITY}
+    assert {s: r.status for s, r in records.items()} == {s: s for s in SEVERITY}
     for i, a in enumerate(SEVERITY):
         for b in SEVERITY[i:]:
             assert render_module.cell_verdict([records[b], records[a]]) == a
@@ -309,8 +321,8 @@ def test_cell_verdict_follows_harness_severity():
     # a planned prompt without a record: a passing cell is not shown as passing
     assert render_module.cell_verdict([records["identical"]], missing=1) == "missing"
     assert render_module.cell_verdict([records["defect"]], missing=1) == "defect"
-    # a record a writer left at the default status still reads as what it holds
-    stale = make_record(findings=[finding(2, 13, 12)], verdicts={"token_identity": "fail"})
+    # a record built without the check (model_copy) still reads as what it holds
+    stale = holding("defect").model_copy(update={"status": "identical"})
     assert render_module.cell_verdict([stale]) == "defect"
 
 

@@ -4,7 +4,7 @@ from .schema import (CLAIMS, SCHEMA_VERSION, BudgetCheck, ChatMessage, Divergenc
                      ErrorInfo, EvidenceRecord, GraphSlotRecord, GreedyRef, Judgement,
                      LedgerRecord, LogitsAuditRecord, MemorySample, Mode, OracleCheck, PackageRef,
                      PromptRef, ReferenceRef, StepAuditRecord, StepFinding, Timings,
-                     evidence_json_schema, new_run_id, token_digest)
+                     evidence_json_schema, found_status, new_run_id, token_digest)
 from .store import (EvidenceError, evidence_file_name, evidence_files, evidence_write_error,
                     load_evidence_dir, prepare_evidence_dir, read_evidence, write_evidence)
 
@@ -13,6 +13,6 @@ __all__ = [
     "EvidenceError", "EvidenceRecord", "GraphSlotRecord", "GreedyRef", "Judgement",
     "LedgerRecord", "LogitsAuditRecord", "MemorySample", "Mode", "OracleCheck", "PackageRef", "PromptRef",
     "ReferenceRef", "StepAuditRecord", "StepFinding", "Timings", "collect_environment", "evidence_file_name",
-    "evidence_files", "evidence_json_schema", "evidence_write_error", "prepare_evidence_dir", "git_commit", "load_evidence_dir", "new_run_id",
+    "evidence_files", "evidence_json_schema", "found_status", "evidence_write_error", "prepare_evidence_dir", "git_commit", "load_evidence_dir", "new_run_id",
     "read_evidence", "token_digest", "write_evidence",
 ]
