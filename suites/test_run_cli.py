@@ -102,17 +102,57 @@ def test_no_evidence_passes_an_honest_device_engine(capsys):
     assert status == 0
 
 
-def test_an_unavailable_engine_is_recorded_shown_and_fails_only_under_strict(tmp_path, capsys):
+def test_an_engine_unavailable_here_is_left_out_shown_in_one_line_and_fails_only_under_strict(
+        tmp_path, capsys):
     args = ["--engines", "native-host,suites.test_run_cli:NeverHere", "--packages",
             "lookup_chained", "--max-new-tokens", "4", "--evidence-dir", str(tmp_path)]
     status, out = _run(args, capsys)
     assert status == 0
-    assert "never-here: UNAVAILABLE here (asked for by name)" in out
-    records = [r for r in load_evidence_dir(tmp_path) if r.engine == "never-here"]
-    assert len(records) == 3 and all(r.status == "unavailable" and "libfoo" in r.reason
-                                     for r in records)
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("never-here:")]
+    assert line == ("never-here: 3 cell(s) on 1 package(s) not run: not available here: needs "
+                    "the imaginary libfoo; pip install foo (asked for by name, and it ran no "
+                    "cell)")
+    assert "never-here" not in out.split("lockstep parity")[1].split("\n")[2]  # no column
+    assert {r.engine for r in load_evidence_dir(tmp_path)} == {"native-host"}
+    (manifest,) = read_manifests(tmp_path)
+    assert manifest.complete and len(manifest.planned) == 3
+    assert [(lo.engine, lo.package, lo.mode, lo.cells, lo.decided_by)
+            for lo in manifest.left_out] == [("never-here", "lookup_chained", "greedy", 3,
+                                              "machine")]
+    assert "libfoo" in manifest.left_out[0].reason
     status, _ = _run(args[:-2] + ["--evidence-dir", str(tmp_path / "strict"), "--strict"], capsys)
     assert status == 1
+
+
+class LookupOnly(Planted):
+    """Declares it loads lookup_chained and nothing else."""
+    name = "lookup-only"
+
+    @classmethod
+    def supports(cls, package):
+        if package.spec.name != "lookup_chained":
+            return Availability(False, "loads lookup tables only")
+        return Availability(True)
+
+
+def test_an_engine_named_explicitly_that_can_run_nothing_is_still_visible(tmp_path, capsys):
+    args = ["--engines", "native-host,suites.test_run_cli:LookupOnly", "--packages",
+            "tiny_llama,tied_llama", "--max-new-tokens", "4", "--max-prompts", "1"]
+    status, out = _run(args + ["--evidence-dir", str(tmp_path)], capsys)
+    assert status == 0
+    assert ("lookup-only: 2 cell(s) on 2 package(s) not run: loads lookup tables only (asked "
+            "for by name, and it ran no cell)") in out
+    (manifest,) = read_manifests(tmp_path)
+    assert [c.engine for c in manifest.planned] == ["native-host"] * 2
+    assert {(lo.engine, lo.package, lo.decided_by) for lo in manifest.left_out} == \
+        {("lookup-only", "tiny_llama", "declaration"), ("lookup-only", "tied_llama", "declaration")}
+    assert _run(args + ["--no-evidence", "--strict"], capsys)[0] == 1
+    # where it runs some cells, what its declaration leaves out is said, and does not fail
+    # --strict: it was never this engine's to run
+    args[3] = "tiny_llama,lookup_chained"
+    status, out = _run(args + ["--no-evidence", "--strict"], capsys)
+    assert status == 0
+    assert "lookup-only: 1 cell(s) on 1 package(s) not run: loads lookup tables only\n" in out
 
 
 def test_an_engine_without_its_own_name_is_refused_before_anything_runs(tmp_path, capsys):
@@ -176,3 +216,42 @@ def test_every_record_of_a_mixed_run_reads_back_intact(tmp_path, capsys):
     assert drift.status == "drift" and drift.logits_audit.out_of_tolerance_steps == 6
     assert drift.verdicts["logits_within_tolerance"] == "fail"
     assert by["planted-raise-mid-decode"].error.step == 3
+
+
+def _columns(text: str, top: str, bottom: str, bar: str) -> list[str]:
+    """Each column of a rich table's lines between the rules starting ``top`` and ``bottom``,
+    put back together from its wrapped lines (a header, or a table of one row)."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith(top))
+    end = next(i for i, ln in enumerate(lines) if i > start and ln.lstrip().startswith(bottom))
+    columns: list[str] = []
+    for line in lines[start + 1:end]:
+        parts = [p.strip() for p in line.strip().split(bar)[1:-1]]
+        columns = [c + p for c, p in zip(columns or [""] * len(parts), parts)]
+    return columns
+
+
+@pytest.mark.parametrize("width", [50, 80, 120])
+def test_narrow_terminals_wrap_table_headers_and_names_but_never_cut_them(width):
+    from rich.console import Console
+
+    from harness.cells import CellResult, RunSummary
+    from harness.cli.run import details_table, matrix_table
+
+    engines = ["ort-cpu", "onnx-reference", "native-host", "example-ort-optimized",
+               "planted-position-off-by-one"]
+    cells = [CellResult("tiny_llama_static", e, "p0", [1], "defect" if "planted" in e
+                        else "identical", reason="3 defect step(s), first at step 4")
+             for e in engines]
+    console = Console(width=width, record=True)
+    console.print(matrix_table(RunSummary(cells, None), 8))
+    console.print(details_table(cells[-1:]))
+    text = console.export_text()
+    assert "…" not in text
+    matrix, details = text.split("cells that are not identical")
+    assert _columns(matrix, "┏", "┡", "┃") == ["package", *engines]
+    assert _columns(matrix, "┡", "└", "│")[0] == "tiny_llama_static"
+    assert _columns(details, "┏", "┡", "┃") == ["package", "mode", "engine", "prompt",
+                                                 "verdict", "finding"]
+    row = _columns(details, "┡", "└", "│")
+    assert row[:3] == ["tiny_llama_static", "greedy", "planted-position-off-by-one"]

@@ -6,11 +6,13 @@ import shutil
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from engines.errors import InputError
 from engines.registry import engine_names
 
+from harness.cli.names import Name
 from harness.judge import SEVERITY
 
 STYLE = {"identical": "green", "near-tie": "yellow", "drift": "bold red", "budget": "bold red",
@@ -64,13 +66,14 @@ def matrix_table(summary, max_new_tokens: int, mode: str = "greedy") -> Table:
     rows = list(dict.fromkeys((c.package, c.mode) for c in summary.cells))
     against = "greedy and the oracle" if mode == "speculative" else "the oracle"
     table = Table(title=f"lockstep parity: {mode}, {max_new_tokens} new tokens, vs {against}")
-    table.add_column("package")
+    # names wrap at their separators and verdicts fold on a narrow terminal: nothing is cut
+    table.add_column("package", overflow="fold")
     if mode == "speculative":
-        table.add_column("mode")
+        table.add_column("mode", overflow="fold")
     for engine in engines:
-        table.add_column(engine, justify="center")
+        table.add_column(Name(engine), justify="center", overflow="fold")
     for package, label in rows:
-        row = [package] + ([label] if mode == "speculative" else [])
+        row = [Name(package)] + ([Name(label)] if mode == "speculative" else [])
         for engine in engines:
             cells = [c for c in summary.cells if c.package == package and c.engine == engine
                      and c.mode == label]
@@ -90,7 +93,7 @@ def details_table(cells) -> Table:
     """One row per cell that is not identical: what was found, where, and why."""
     table = Table(title="cells that are not identical")
     for col in ("package", "mode", "engine", "prompt", "verdict", "finding"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for c in cells:
         div = c.divergence
         where = c.reason
@@ -98,7 +101,7 @@ def details_table(cells) -> Table:
             where = (f"step {div.step}: engine {div.engine_token} is the oracle's rank-"
                      f"{div.rank} token, {div.gap:.3g} below oracle {div.oracle_token}"
                      + (f"; {c.reason}" if c.reason else ""))
-        table.add_row(c.package, c.mode, c.engine, c.prompt_name,
+        table.add_row(Name(c.package), Name(c.mode), Name(c.engine), Name(c.prompt_name),
                       f"[{STYLE[c.status]}]{c.status}[/]", where, style=None)
     return table
 
@@ -150,7 +153,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-evidence", action="store_true",
                    help="write no evidence (verdicts and budgets are judged all the same)")
     p.add_argument("--strict", action="store_true",
-                   help="an unavailable engine fails the run instead of being reported")
+                   help="an engine that cannot run here (or a cell found unavailable), or "
+                        "an engine named in --engines that runs no cell, fails the run "
+                        "instead of being reported (cells an engine's declarations leave out, "
+                        "such as hf on a fixture without a checkpoint, do not)")
     p.add_argument("--explain", action="store_true",
                    help="explain every failing greedy cell: the first node whose error leaves "
                         "the noise floor and a repro pack, written to <evidence dir>/forensics/ "
@@ -165,7 +171,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from harness.cli.arguments import engine_list, name_list, positive_int
     from harness.packages import fixture_names
-    from harness.runner import run_matrix
+    from harness.runner import resolve_engines, run_matrix
 
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
     engines = engine_list(args.engines, "--engines") or engine_names()
@@ -238,12 +244,13 @@ def run(args: argparse.Namespace) -> int:
     details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
     if details:
         console.print(details_table(details))
-    reasons = {c.engine: c.reason for c in summary.cells if c.status == "unavailable"}
-    for engine, reason in reasons.items():
-        asked = args.engines is not None  # every engine of an explicit --engines list
-        style = "bold yellow" if asked else "yellow"
-        console.print(f"[{style}]{engine}: UNAVAILABLE here{' (asked for by name)' if asked else ''}"
-                      f": {reason}[/]")
+    asked = set(resolve_engines(engines)) if args.engines is not None else set()
+    ran = {c.engine for c in summary.cells if c.status != "unavailable"}
+    for row in not_run(summary):
+        idle = row.engine in asked and row.engine not in ran
+        note = " (asked for by name, and it ran no cell)" if idle else ""
+        console.print(f"[{'bold yellow' if idle else 'yellow'}]{escape(row.line())}{note}[/]",
+                      highlight=False)
     counts = {}
     for c in summary.cells:
         counts[c.status] = counts.get(c.status, 0) + 1
@@ -259,5 +266,19 @@ def run(args: argparse.Namespace) -> int:
         from harness.forensics import explain_and_print
 
         explain_and_print(summary, engines, print_fn=print, repro=True)
-    unavailable = any(c.status == "unavailable" for c in summary.cells)
+    # --strict: an engine that cannot run here, a cell found unavailable, or an engine asked
+    # for by name that ran nothing fails the run (what declarations leave out does not)
+    unavailable = (any(c.status == "unavailable" for c in summary.cells)
+                   or any(lo.decided_by == "machine" for lo in summary.left_out)
+                   or bool(asked - ran))
     return 1 if summary.failed or (args.strict and unavailable) else 0
+
+
+def not_run(summary):
+    """One ``harness.plan.NotRun`` per engine with cells left out of the plan or found
+    unavailable when tried, with their reasons."""
+    from harness.plan import fold_not_run
+
+    return fold_not_run([(lo.engine, lo.package, lo.reason, lo.cells) for lo in summary.left_out]
+                        + [(c.engine, c.package, c.reason, 1) for c in summary.cells
+                           if c.status == "unavailable"])
