@@ -216,9 +216,17 @@ class NotRun:
     packages: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
 
+    SHOWN = 2  # reasons a line names; a reason that names its package would repeat
+
+    @property
+    def shown_reasons(self) -> str:
+        more = len(self.reasons) - self.SHOWN
+        return "; ".join(self.reasons[:self.SHOWN]) + (
+            f" (and {more} other reason(s))" if more > 0 else "")
+
     def line(self) -> str:
         return (f"{self.engine}: {self.cells} cell(s) on {len(self.packages)} package(s) not "
-                f"run: {'; '.join(self.reasons)}")
+                f"run: {self.shown_reasons}")
 
 
 def fold_not_run(entries) -> list[NotRun]:

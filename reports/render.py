@@ -6,10 +6,13 @@ string from evidence (token text, names, paths, reasons, error messages, traceba
 arrives escaped; only the SVG produced here from numbers is marked safe.
 
 What the report says, top to bottom: runs that are incomplete (a manifest not marked
-complete, or planned cells without a record) in a red banner; counts of records by status;
-engines that were unavailable and why; regressions against a baseline; the matrix (each
-cell the worst status of its records, ``missing`` where a planned cell has none); runs,
-planned against recorded; the planted-bug catch matrix; one article per record with
+complete, or planned cells without a record), records that do not match their run's plan
+and duplicate records (counted once), each in a red banner; how many cells were judged and
+how many failed, and the counts by status; one line per engine whose cells did not run
+(left out of the plan, or unavailable) and why; regressions against a baseline; the matrix
+(each cell the worst status of its records, ``missing`` where a planned cell has none); runs,
+planned against recorded; the planted-bug catch matrix (the committed
+result of the planted-bug suite, not of these runs); one article per record with
 findings or an error (the first finding with both top-5 lists, the further finding steps,
 the error with its traceback, which path of a speculative cell is wrong, the streams side
 by side); the logits audit; budgets per engine and claim; claims; graph slots; ledger;

@@ -358,7 +358,7 @@ def test_unavailable_engines_fold_into_one_line_each(planted_dom):
     assert [li.attrs["data-engine"] for li in lines] == [UNAVAILABLE_ENGINE]
     text = " ".join(lines[0].text().split())
     assert text == f"{UNAVAILABLE_ENGINE}: {UNAVAILABLE_REASON}, 4 cell(s) not run"
-    assert lines[0].attrs["title"] == "tiny_llama, tiny_mamba"
+    assert lines[0].attrs["title"] == f"tiny_llama, tiny_mamba\n{UNAVAILABLE_REASON}"
 
 
 def test_cells_left_out_of_a_plan_fold_with_unavailable_records_per_engine():
@@ -377,6 +377,14 @@ def test_cells_left_out_of_a_plan_fold_with_unavailable_records_per_engine():
         "ort-genai": "ort-genai: no checkpoint.json, 9 cell(s) not run",
         "native-cuda": "native-cuda: not available here: no CuPy, 9 cell(s) not run",
         UNAVAILABLE_ENGINE: f"{UNAVAILABLE_ENGINE}: {UNAVAILABLE_REASON}, 4 cell(s) not run"}
+    # a line names two reasons at most; every reason is in its title
+    many = [make_record(engine="picky", package=f"pk{i}", status="unavailable", verdicts={},
+                        reason=f"pk{i} is not for picky") for i in range(4)]
+    (line,) = [li for li in parse(render_report(many)).by_id("unavailable").find_all("li")]
+    assert " ".join(line.text().split()) == ("picky: pk0 is not for picky; pk1 is not for "
+                                             "picky (and 2 other reason(s)), 4 cell(s) not run")
+    assert line.attrs["title"].splitlines() == ["pk0, pk1, pk2, pk3"] + [
+        f"pk{i} is not for picky" for i in range(4)]
     # left-out cells were never planned: they are neither judged nor missing
     headline = dom.by_id("headline")
     assert headline.attrs["data-judged"] == str(len(planted_cells()) - 1 - 4)
