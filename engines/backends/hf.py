@@ -540,16 +540,6 @@ class HfCudaEngine(HfEngine):
         return Availability(True, f"transformers {transformers.__version__}, {found.reason}")
 
     @classmethod
-    def supports(cls, package) -> Availability:
-        """Packages converted from a checkpoint (their ``checkpoint.json``): transformers builds
-        its model from that checkpoint; a fixture built from a seed has none."""
-        if not (package.root / SIDECAR).is_file():
-            return Availability(False, f"{cls.name} builds its model from the package's source "
-                                       f"checkpoint; this package has no {SIDECAR} (a fixture "
-                                       f"built from a seed has no transformers counterpart)")
-        return Availability(True)
-
-    @classmethod
     def default_dtype(cls, package_dtype: str) -> str:
         """float16 for a float16 package; float32 for every other (float32, bfloat16)."""
         return "float16" if package_dtype == "float16" else "float32"
