@@ -404,7 +404,6 @@ class RunView:
     records: int  # record files of this run, copies included
     missing: list[str]  # first MISSING_SHOWN missing cells, "package · engine · mode · prompt"
     missing_total: int
-    problem: str  # harness.run_coverage.RunCoverage.describe(): "" when it matches its plan
 
     @property
     def incomplete(self) -> bool:
@@ -432,8 +431,7 @@ def _completeness(records: Sequence[EvidenceRecord], manifests: Sequence[RunMani
             m.run_id, m.started.isoformat(timespec="seconds"),
             m.finished.isoformat(timespec="seconds") if m.finished else None, m.complete,
             cov.planned, cov.recorded, len(cov.unplanned), cov.duplicates, cov.records,
-            [" · ".join(c.key) for c in cov.missing[:MISSING_SHOWN]], len(cov.missing),
-            cov.describe()))
+            [" · ".join(c.key) for c in cov.missing[:MISSING_SHOWN]], len(cov.missing)))
     return runs, dict(missing)
 
 
