@@ -101,11 +101,13 @@ class ChatTemplate:
             return self._template.render(messages=[dict(m) for m in messages],
                                          add_generation_prompt=add_generation_prompt,
                                          **self.special_tokens)
-        except self._error as exc:
-            raise PackageError(f"the chat template refused the conversation: {exc}",
+        except Exception as exc:  # the template is the package's code: any failure is its
+            kind = "" if isinstance(exc, self._error) else f"{type(exc).__name__}: "
+            raise PackageError(f"the chat template refused the conversation: {kind}{exc}",
                                field=CHAT_TEMPLATE_FILE, value=self.where or None,
                                remedy="give the roles and order the checkpoint's template "
-                                      "expects", where=self.where or None) from None
+                                      f"expects, or fix {CHAT_TEMPLATE_FILE}",
+                               where=self.where or None) from None
 
 
 def chat_template_path(package) -> Path | None:
@@ -128,7 +130,14 @@ def package_chat_template(package, tokenizer: PackageTokenizer | None = None) ->
     for key, tid in (("bos_token", package.spec.bos_id), ("eos_token", package.spec.eos_id)):
         if tid is not None and tokenizer is not None:
             special[key] = tokenizer.decode([tid])
-    return ChatTemplate(path.read_text(encoding="utf-8"), str(path), special)
+    try:
+        source = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PackageError(f"{CHAT_TEMPLATE_FILE} is not UTF-8 text ({exc.reason} at byte "
+                           f"{exc.start})", field=CHAT_TEMPLATE_FILE, value=str(path),
+                           remedy="convert the checkpoint again, or fix its chat template",
+                           where=str(path)) from None
+    return ChatTemplate(source, str(path), special)
 
 
 def package_tokenizer(package) -> PackageTokenizer | None:

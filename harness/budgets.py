@@ -3,7 +3,7 @@ measured by the engine's own ledger and, where the decode ran under it, by the i
 transfer guard. Judged by the claim registry, whether or not evidence is written."""
 from __future__ import annotations
 
-from harness.claims import judge
+from harness.claims import FAIL, SKIP, all_pass, judge
 
 
 def expected_readback(result) -> tuple[int, str]:
@@ -27,7 +27,7 @@ def device_budgets(engine, result, guard=None):
     if engine.residency == "host" or engine.capabilities().decodes_itself:
         # nothing crosses on the host; a black box that decodes by itself keeps no
         # crossing ledger the interpreter could judge (its own library moves its values)
-        return [], {"zero_staging": "skip", "readback_budget": "skip"}
+        return [], {"zero_staging": SKIP, "readback_budget": SKIP}
     expected, note = expected_readback(result)
     ledger = result.ledger
     measured = [("zero_staging", ledger.host_staging, "events (ledger)"),
@@ -45,8 +45,7 @@ def device_budgets(engine, result, guard=None):
         checks.append(BudgetCheck(claim=claim_id, budget=budget, measured=value, unit=unit,
                                   verdict=verdict,
                                   note=None if claim_id == "zero_staging" else note))
-    verdicts = {claim_id: ("fail" if any(c.claim == claim_id and c.verdict == "fail"
-                                         for c in checks) else "pass")
+    verdicts = {claim_id: all_pass([c.verdict for c in checks if c.claim == claim_id])
                 for claim_id in ("zero_staging", "readback_budget")}
     return checks, verdicts
 
@@ -54,4 +53,4 @@ def device_budgets(engine, result, guard=None):
 def budget_summary(checks) -> str:
     """One line naming each failed budget: claim, measured, budget, unit."""
     return "; ".join(f"{c.claim}: measured {c.measured:g}, budget {c.budget:g} {c.unit or ''}"
-                     .rstrip() for c in checks if c.verdict == "fail")
+                     .rstrip() for c in checks if c.verdict == FAIL)

@@ -47,6 +47,10 @@ def _audit_finite(audit: Any) -> str:
     return PASS if audit.non_finite_steps == 0 else FAIL
 
 
+def _band_within(statistics: Any) -> str:
+    return PASS if statistics.within else FAIL
+
+
 def _equal_streams(a: Sequence[int], b: Sequence[int]) -> str:
     return PASS if list(a) == list(b) else FAIL
 
@@ -81,6 +85,10 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in (
           "same prefix (max abs and NMSE)", "steps", _audit_within, DRIFT),
     Claim("finite_logits", "no logits row holds NaN or an infinity", "steps", _audit_finite,
           NON_FINITE),
+    Claim("quantized_band",
+          "a quantized engine's stream is within its scheme's calibrated band against float32 "
+          "over its own dequantized weights: per-step logits, mean and p99 KL, flips",
+          "steps", _band_within, DRIFT),
     Claim("zero_staging",
           "no value is staged to the host on a device engine (ledger and transfer guard)",
           "events", _zero),
@@ -116,6 +124,12 @@ def claim(claim_id: str) -> Claim:
         return CLAIMS[claim_id]
     except KeyError:
         raise KeyError(f"no claim {claim_id!r}; claims: {', '.join(CLAIM_IDS)}") from None
+
+
+def all_pass(verdicts: Sequence[str]) -> str:
+    """One claim measured several ways (the ledger and the transfer guard): it passes only
+    when every measurement does."""
+    return FAIL if FAIL in verdicts else PASS
 
 
 def judge(claim_id: str, *measurement: Any, **kwargs: Any) -> str:

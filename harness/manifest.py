@@ -6,7 +6,6 @@ Manifests live in ``<evidence dir>/runs/<run_id>.json``, beside the records (whi
 """
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from datetime import datetime
@@ -15,6 +14,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
+from engines import json_text
 from engines.errors import LockstepError
 
 RUNS = "runs"
@@ -102,7 +102,7 @@ def read_manifests(folder: str | os.PathLike) -> list[RunManifest]:
     out = []
     for path in sorted(runs.glob("*.json")):
         try:
-            out.append(RunManifest.model_validate(json.loads(path.read_text())))
+            out.append(RunManifest.model_validate(json_text.loads(path.read_text())))
         except (ValueError, ValidationError) as exc:
             raise LockstepError(f"unreadable run manifest ({type(exc).__name__})",
                                 where=str(path),

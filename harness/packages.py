@@ -32,8 +32,19 @@ def resolve_package(ref: str | Path) -> Package:
                             else smollm2_package())
     path = Path(text).expanduser()
     if path.exists():
-        return load_package(path)
+        return _with_reference_checked(load_package(path))
     raise PackageError("no such package", field="package", value=text,
                        remedy=f"name a built-in fixture ({', '.join(fixture_names())}), a real "
                               f"checkpoint ({', '.join(REAL_CHECKPOINTS)}) or a folder holding a "
                               f"package.yaml")
+
+
+def _with_reference_checked(package: Package) -> Package:
+    """``package``, once the reference it declares (the package the oracle runs to judge it)
+    is there and unchanged: a missing or changed reference is the package's fault, refused
+    here in one line, not an ``error`` in every cell of the matrix."""
+    if package.spec.reference is not None:
+        from engines.oracle import reference_package
+
+        reference_package(package)
+    return package

@@ -8,13 +8,13 @@ value and the remedy, and runs before any cell does.
 """
 from __future__ import annotations
 
-import json
 import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines import json_text
 from engines.errors import InputError, PackageError
 from engines.requests import check_token_ids
 from engines.tokenizer import CHAT_ROLES, CHAT_TEMPLATE_FILE
@@ -47,9 +47,26 @@ class ResolvedPrompt:
 
 def text_prompt(text: str, where: str = "--text", name: str | None = None) -> PromptSource:
     if not isinstance(text, str) or text == "":
-        raise InputError("the prompt text is empty", field=where, value=text,
+        raise InputError("the prompt text is empty" if text == "" else "the prompt text is "
+                         "not a string", field=where, value=text,
                          remedy="give some text to encode, e.g. --text \"Once upon a time\"")
+    _check_characters(text, where)
     return PromptSource("text", where, text=text, name=name)
+
+
+def _check_characters(text: str, field: str) -> None:
+    """Refuse a lone UTF-16 surrogate: it is no character, so no tokenizer encodes it. It
+    comes from bytes that are not UTF-8 on a command line (Python keeps each as one) or from
+    half a surrogate pair escaped in JSON (``"\\ud800"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"the text holds a lone surrogate {text[exc.start]!r} at character "
+                         f"{exc.start}, which is not a character", field=field,
+                         value=text[max(0, exc.start - 20):exc.start + 20],
+                         remedy="give UTF-8 text: re-encode the bytes that are not UTF-8, or "
+                                "write a character outside the BMP as both halves of its "
+                                "surrogate pair") from None
 
 
 def chat_prompt(messages, where: str = "--chat", name: str | None = None) -> PromptSource:
@@ -72,6 +89,7 @@ def chat_prompt(messages, where: str = "--chat", name: str | None = None) -> Pro
             raise InputError("a chat message's content is a non-empty string",
                              field=f"{field}.content", value=content,
                              remedy="give the message's text")
+        _check_characters(content, f"{field}.content")
         out.append((role, content))
     return PromptSource("chat", where, messages=tuple(out), name=name)
 
@@ -106,7 +124,7 @@ def read_prompts_file(path: str | Path) -> list[PromptSource]:
             continue
         where = f"{path.name}:{number}"
         try:
-            item = json.loads(line)
+            item = json_text.loads(line)
         except ValueError as exc:
             raise InputError(f"not valid JSON ({exc.args[0] if exc.args else exc})",
                              field=where, value=line[:80], remedy=JSONL_REMEDY,

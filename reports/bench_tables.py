@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from engines import json_text
 from engines.errors import LockstepError
 from harness.bench import FORMAT
 
@@ -59,7 +60,7 @@ def load_bench(path: str | os.PathLike) -> BenchTable:
     path = Path(path)
     remedy = "pass a file written by lockstep bench --json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_text.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise LockstepError(f"cannot read the bench file ({exc.strerror or exc})",
                             field="--bench", value=str(path), remedy=remedy) from exc

@@ -37,6 +37,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
+from engines import json_text
 from engines.errors import LockstepError
 from harness.evidence import CLAIMS, EvidenceRecord
 from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, IDENTICAL, NEAR_TIE,
@@ -489,7 +490,7 @@ def load_catch_matrix(path: str | os.PathLike) -> dict:
     naming the option and the remedy."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_text.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise _catch_error("catch matrix file does not exist", str(path),
                            "pass the JSON written by the planted-bug suite, or "

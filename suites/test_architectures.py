@@ -318,6 +318,10 @@ REFUSALS = [
     ("llama", {"some_new_scaling": 0.5}, "some_new_scaling"),
     ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ("gemma3", {"architectures": ["Gemma3ForConditionalGeneration"]}, "architectures"),
+    # fields transformers honours for any class, which change the model: refused by name
+    ("llama", {"pruned_heads": {"0": [1]}}, "pruned_heads"),
+    ("qwen2", {"quantization_config": {"quant_method": "gptq", "bits": 4}},
+     "quantization_config"),
 ]
 
 
@@ -337,6 +341,41 @@ def test_fields_transformers_ignores_for_the_class_are_accepted(tmp_path):
     folder = _folder_with(tmp_path, "llama", is_llama_config=True, rope_interleaved=False,
                           auto_map={"AutoModelForCausalLM": "modeling_x.X"})
     assert read_checkpoint(folder, with_tokenizer=False).arch.family == "LlamaForCausalLM"
+
+
+# what transformers itself writes into config.json besides the model's hyperparameters: token
+# ids the tokenizer owns, the dtype, task labels (passed to the config class as a hub config
+# holds them, then saved by save_pretrained)
+TRANSFORMERS_BOOKKEEPING = {"unk_token_id": 0, "sep_token_id": 2, "cls_token_id": 1,
+                            "mask_token_id": 3, "torch_dtype": "float32",
+                            "id2label": {0: "NEGATIVE", 1: "POSITIVE"}}
+
+
+@pytest.mark.claim("token_identity", "logits_within_tolerance")
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"llama3"}))
+def test_a_config_saved_by_transformers_converts_without_edits(family, tmp_path):
+    """A config.json holding what transformers writes for a real checkpoint (unk_token_id,
+    sep_token_id, ...: fields that cannot change the computation) converts as it is, decodes
+    as transformers does, and keeps those fields in the package's checkpoint.json."""
+    spec = TinySpec(family, extra=TRANSFORMERS_BOOKKEEPING)
+    _agrees_with_transformers(tmp_path, spec, "float32", "dynamic", 4)
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert {"unk_token_id", "sep_token_id", "cls_token_id", "mask_token_id"} <= set(saved)
+    sidecar = json.loads((tmp_path / "pkg" / "checkpoint.json").read_text())
+    for key in ("unk_token_id", "sep_token_id", "cls_token_id", "mask_token_id", "dtype",
+                "transformers_version"):
+        assert sidecar["bookkeeping"][key] == saved[key], key
+
+
+def test_bookkeeping_older_transformers_wrote_is_accepted_and_recorded(tmp_path):
+    """transformers 4 kept the model's name, torch_dtype and generation defaults in
+    config.json: none changes what a forward computes."""
+    fields = {"_name_or_path": "org/tiny", "torch_dtype": "bfloat16", "max_length": 20,
+              "temperature": 0.7, "output_past": True, "forced_eos_token_id": 2,
+              "pad_token_id": 0}
+    ckpt = read_checkpoint(_folder_with(tmp_path, "llama", **fields), with_tokenizer=False)
+    assert {k: ckpt.bookkeeping[k] for k in fields} == fields
+    assert ckpt.name == "org/tiny"
 
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_an_error(tmp_path):

@@ -8,8 +8,6 @@ error naming the op. The device itself is ``test_native_cuda_bf16.py``.
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
 import types
 
 import ml_dtypes
@@ -23,6 +21,7 @@ from engines.native.array_backend import NumpyArrayBackend
 from engines.native.plan import Plan
 from fixtures.llama_config import LlamaConfig
 from fixtures.llama_graph import llama_model
+from suites.nvcc_check import NVCC, compile_ptx
 
 BF = np.dtype(ml_dtypes.bfloat16)
 ALL_BITS = np.arange(1 << 16, dtype=np.uint16)
@@ -83,9 +82,6 @@ def test_rounding_is_to_nearest_even_at_the_ties():
 
 # -- the CUDA sources compile (nvcc -ptx; the GPU module runs them) --------------------------------
 
-NVCC = shutil.which("nvcc")
-
-
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed here")
 @pytest.mark.parametrize(("which", "arch"), [("executor", "sm_90"), ("casts", "sm_90"),
                                              ("casts", "sm_75")])
@@ -94,13 +90,7 @@ def test_cuda_sources_compile_with_the_bfloat16_type(tmp_path, which, arch):
     source = cuda_kernels.KERNEL_SOURCE if which == "executor" else bf16.cast_source()
     names = (("gemv_rows_bf16", "bmm_bf16", "sum_axis_bf16") if which == "executor"
              else bf16.CAST_KERNEL_NAMES)
-    cu, ptx = tmp_path / "k.cu", tmp_path / "k.ptx"
-    cu.write_text(source)
-    done = subprocess.run([NVCC, f"-arch={arch}", "-ptx", *cuda_kernels.COMPILE_OPTIONS,
-                           "-o", str(ptx), str(cu)], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr
-    text = ptx.read_text()
+    text = compile_ptx(source, arch, tmp_path)
     for name in names:
         assert f".entry {name}(" in text, name
     assert ("cvt.rn.bf16.f32" in text) == (arch != "sm_75")

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import shutil
-import subprocess
 
 import numpy as np
 import onnx
@@ -26,6 +24,7 @@ from fixtures.llama_config import LlamaConfig
 from fixtures.llama_config import llama_weights
 from fixtures.llama_graph import llama_graph, llama_model
 from fixtures.strategies import decoder_configs
+from suites.nvcc_check import NVCC, compile_ptx
 from suites.support import fixture_names
 
 PRECISIONS = [("float32", "uniform"), ("float16", "uniform"), ("float16", "mixed"),
@@ -337,17 +336,11 @@ def test_a_fused_node_given_a_shape_it_cannot_take_names_the_field():
 
 # -- the device source compiles ----------------------------------------------------------------
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("source", ["fused", "base"])
 def test_kernel_sources_compile_with_nvcc(tmp_path, source):
     text = fused_kernels.FUSED_SOURCE if source == "fused" else cuda_kernels.KERNEL_SOURCE
-    path = tmp_path / f"{source}.cu"
-    path.write_text(text)
-    done = subprocess.run(["nvcc", "-arch=sm_90", "-ptx", *cuda_kernels.COMPILE_OPTIONS,
-                           str(path), "-o", str(tmp_path / f"{source}.ptx")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    ptx = (tmp_path / f"{source}.ptx").read_text()
+    ptx = compile_ptx(text, "sm_90", tmp_path)
     names = fused_kernels.FUSED_NAMES if source == "fused" else cuda_kernels.KERNEL_NAMES
     assert all(f".entry {name}(" in ptx for name in names)
 

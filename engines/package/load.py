@@ -7,6 +7,7 @@ leads out) so a package cannot make an engine read arbitrary files.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -246,8 +247,10 @@ def _parse_onnx(path: Path, loc: tuple, source: YamlSource, root: Path) -> onnx.
         raise PackageError(f"{rel} parses, but holds no ONNX graph (ir_version "
                            f"{model.ir_version}, {len(model.graph.output)} outputs)",
                            field=field_path(loc), value=rel, remedy=remedy, where=str(path))
+    sizes: dict[Path, int] = {}
     for tensor in _external_tensors(model):
-        location = ExternalDataInfo(tensor).location
+        info = ExternalDataInfo(tensor)
+        location = info.location
         target = (path.parent / location).resolve()
         if _is_absolute(location) or not target.is_relative_to(root):
             raise PackageError(
@@ -260,7 +263,34 @@ def _parse_onnx(path: Path, loc: tuple, source: YamlSource, root: Path) -> onnx.
                 f"{rel} keeps tensor {tensor.name!r} in external file {location!r}, which does "
                 f"not exist", field=field_path(loc), value=location,
                 remedy=f"copy {location} next to {rel}", where=str(path))
+        if target not in sizes:
+            sizes[target] = target.stat().st_size
+        end = (info.offset or 0) + (_data_bytes(tensor) if info.length is None else info.length)
+        if end > sizes[target]:
+            raise PackageError(
+                f"{rel} keeps tensor {tensor.name!r} in bytes {info.offset or 0}..{end} of "
+                f"{location!r}, but that file holds {sizes[target]} bytes: it is truncated",
+                field=field_path(loc), value=location,
+                remedy=f"copy {location} again in full from where the package was made (or "
+                       f"rebuild the package)", where=str(path))
     return model
+
+
+# element types packed two to a byte: their extent is not count * itemsize
+_PACKED = {getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1")
+           if hasattr(onnx.TensorProto, name)}
+
+
+def _data_bytes(tensor: onnx.TensorProto) -> int:
+    """The bytes an external tensor's dims and type take; 0 when that cannot be told (a
+    packed or unknown type): without a declared length, only its offset is checked then."""
+    if tensor.data_type in _PACKED:
+        return 0
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return 0
+    return math.prod(tensor.dims) * itemsize
 
 
 def load_package(path: str | os.PathLike) -> Package:

@@ -88,7 +88,8 @@ class ComponentCheck:
         self.comp = spec.components[name]
         self.inputs = graph_inputs(model)
         self.outputs = graph_outputs(model)
-        self.weights = {t.name for t in model.graph.initializer}
+        self.weights = {t.name: tuple(t.dims) for t in model.graph.initializer}
+        self.nodes = model.graph.node
         self.cells = spec.state_of(name)
 
     def _error(self, loc: tuple, message: str, value, remedy: str) -> PackageError:
@@ -101,6 +102,7 @@ class ComponentCheck:
         for cell_name, cell in self.cells.items():
             self._cell(cell_name, cell)
         self._all_inputs_fed()
+        self._position_tables()
 
     # -- names -------------------------------------------------------------------------------
     def _find(self, loc: tuple, port: str, side: str, what: str) -> None:
@@ -243,3 +245,28 @@ class ComponentCheck:
                     f"embeddings, carry), declare a state cell with input: {port}, borrow a "
                     f"target cell through it (decoding.speculative.borrows), or remove it "
                     f"from the graph")
+
+    # -- tables indexed by position ----------------------------------------------------------
+    def _position_tables(self) -> None:
+        """A weight gathered by the ``positions`` input (a rotary cos/sin table, a learned
+        position embedding) must have a row for every position up to ``max_context``: one
+        row short, every engine fails the same way at that position, and the fault would be
+        blamed on the engines instead of on the package."""
+        positions = self.comp.inputs.get("positions")
+        if positions is None:
+            return
+        for node in self.nodes:
+            if (node.op_type != "Gather" or node.domain not in ("", "ai.onnx")
+                    or len(node.input) < 2 or node.input[1] != positions
+                    or any(a.name == "axis" and a.i != 0 for a in node.attribute)):
+                continue
+            rows = (self.weights.get(node.input[0]) or [self.spec.max_context])[0]
+            if rows < self.spec.max_context:
+                raise self._error(
+                    ("max_context",), f"{self.file} gathers {node.input[0]!r} by position "
+                    f"and it has {rows} rows, so the graph computes positions 0..{rows - 1} "
+                    f"only, but max_context is {self.spec.max_context}",
+                    self.spec.max_context,
+                    f"set max_context to {rows} or less, or rebuild the package for "
+                    f"{self.spec.max_context} positions (lockstep convert --max-context "
+                    f"{self.spec.max_context})")

@@ -17,6 +17,7 @@ forward): an unknown key refuses the file, so a variant is never converted silen
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -24,6 +25,8 @@ import numpy as np
 
 from harness.convert import errors
 from harness.convert.checkpoint import Architecture, Checkpoint
+from harness.convert.gguf_header import read_metadata
+from harness.convert.kinds import COUNT, POSITIVE
 
 # llama.cpp tensor name -> graph weight key (per block: {i})
 BLOCK_TENSORS = {
@@ -62,6 +65,15 @@ ARCH_KEYS = frozenset({
 })
 ARCH_EXTRA_KEYS = {"granite": frozenset(GRANITE_SCALES),
                    "phi3": frozenset({"attention.sliding_window"})}
+# what each <arch>.* value the reader uses must be
+VALUE_KINDS = {
+    **{key: COUNT for key in ("context_length", "embedding_length", "block_count",
+                              "feed_forward_length", "attention.head_count",
+                              "attention.head_count_kv", "attention.key_length",
+                              "attention.value_length", "rope.dimension_count", "vocab_size")},
+    **{key: POSITIVE for key in ("attention.layer_norm_rms_epsilon", "rope.freq_base",
+                                 "rope.scaling.factor", *GRANITE_SCALES)},
+}
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
@@ -77,16 +89,48 @@ def _gguf():
     return gguf
 
 
+class Truncated(Exception):
+    """A tensor's data reaches past the end of the file."""
+
+
+@functools.cache
+def _reader_class():
+    """``gguf.GGUFReader``, checking each tensor's data extent against the file's size
+    before it makes an array of it: a truncated file is then named as one, instead of
+    failing in numpy ("cannot reshape array of size 280 into shape (32,64)")."""
+    gguf = _gguf()
+
+    class CheckedReader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs, fields):
+            for field in fields:
+                _, name, _, dims, raw_type, offset = field.parts
+                kind = gguf.GGMLQuantizationType(int(raw_type[0]))
+                block, size = gguf.GGML_QUANT_SIZES[kind]
+                count = int(np.prod(dims, dtype=object))  # Python ints: no overflow
+                end = int(start_offs + offset[0]) + count * size // block
+                if end > len(self.data):
+                    raise Truncated(f"tensor {bytes(name).decode('utf-8', 'replace')!r} needs "
+                                    f"the file's bytes up to {end}, but the file ends at "
+                                    f"{len(self.data)}")
+            super()._build_tensors(start_offs, fields)
+
+    return CheckedReader
+
+
 def open_gguf(path: str | Path):
     """A ``gguf.GGUFReader`` (memory-mapped), or an InputError if the file is not GGUF."""
-    gguf = _gguf()
     path = Path(path)
     try:
-        return gguf.GGUFReader(str(path))
+        return _reader_class()(str(path))
+    except Truncated as exc:
+        raise errors.InputError(f"{path.name} is truncated: {exc}", field="checkpoint",
+                                value=str(path), remedy="download the checkpoint again (the "
+                                "file was cut short)", where=str(path)) from None
     except Exception as exc:  # the reader raises ValueError / struct errors on bad bytes
         raise errors.InputError(f"{path.name} is not a readable GGUF file: {exc}",
                                 field="checkpoint", value=str(path),
-                                remedy="pass a .gguf file or a Hugging Face folder "
+                                remedy="download the file again if it is damaged; the "
+                                       "converter reads .gguf files and Hugging Face folders "
                                        "(config.json + *.safetensors)",
                                 where=str(path)) from None
 
@@ -108,11 +152,34 @@ def dequantize_tensor(tensor, where: str = "") -> np.ndarray:
     return np.ascontiguousarray(values.astype(np.float32, copy=False).reshape(shape))
 
 
+def declared_architecture(path: str | Path) -> str | None:
+    """``general.architecture`` from the header alone (None: not found there); one the
+    converter does not read from GGUF is refused before the file is parsed or dequantized."""
+    arch = read_metadata(path, {"general.architecture"}).get("general.architecture")
+    if arch is not None:
+        _check_supported(arch, str(path))
+    return arch
+
+
+def declared_head_dim(path: str | Path, arch: str) -> int | None:
+    """The head width the header declares (key length, else width over heads), if it does."""
+    keys = [f"{arch}.attention.key_length", f"{arch}.embedding_length",
+            f"{arch}.attention.head_count"]
+    found = read_metadata(path, set(keys))
+    if isinstance(found.get(keys[0]), int):
+        return found[keys[0]]
+    width, heads = found.get(keys[1]), found.get(keys[2])
+    return width // heads if isinstance(width, int) and isinstance(heads, int) and heads else None
+
+
+def _check_supported(arch, where: str) -> None:
+    if arch not in errors.SUPPORTED_GGUF_ARCHITECTURES:
+        raise errors.unsupported_gguf_architecture(str(arch), where)
+
+
 def read_architecture(reader, where: str) -> Architecture:
     arch = field_value(reader, "general.architecture")
-    if arch not in errors.SUPPORTED_GGUF_ARCHITECTURES:
-        raise errors.unsupported_architecture(str(arch), where, "general.architecture",
-                                              errors.SUPPORTED_GGUF_ARCHITECTURES)
+    _check_supported(arch, where)
 
     def need(key: str):
         value = field_value(reader, f"{arch}.{key}")
@@ -132,9 +199,24 @@ def read_architecture(reader, where: str) -> Architecture:
                                     remedy="convert a checkpoint without it, or teach "
                                            "harness/convert/gguf_reader.py what it means",
                                     where=where)
+    for key, kind in VALUE_KINDS.items():
+        value = field_value(reader, f"{arch}.{key}")
+        if value is not None and not kind.ok(value):
+            raise errors.InputError(f"the GGUF metadata {arch}.{key} must be {kind.what}",
+                                    field=f"{arch}.{key}", value=value,
+                                    remedy="re-export the checkpoint with a current llama.cpp "
+                                           "converter", where=where)
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
     kv_heads = int(field_value(reader, f"{arch}.attention.head_count_kv", heads))
+    if heads % kv_heads:
+        raise errors.InputError(f"{heads} query heads cannot share {kv_heads} KV heads in "
+                                f"whole groups", field=f"{arch}.attention.head_count_kv",
+                                value=kv_heads, remedy=f"use a divisor of {heads}", where=where)
     head_dim = int(field_value(reader, f"{arch}.attention.key_length", hidden // heads))
+    if head_dim % 2:
+        raise errors.InputError(f"a head of {head_dim} channels cannot be rotated (RoPE turns "
+                                f"pairs of channels)", field=f"{arch}.attention.key_length",
+                                value=head_dim, remedy="use an even head width", where=where)
     value_dim = int(field_value(reader, f"{arch}.attention.value_length", head_dim))
     if value_dim != head_dim:
         raise errors.InputError("values and keys of different widths are not modelled",
@@ -152,10 +234,19 @@ def read_architecture(reader, where: str) -> Architecture:
     embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embd is None:
         raise errors.missing_weights(["token_embd.weight"], where)
+    layers = int(need("block_count"))
+    blocks = {int(m.group(1)) for t in reader.tensors if (m := _BLOCK_NAME.match(t.name))}
+    held = max(blocks) + 1 if blocks else 0
+    if layers != held:
+        raise errors.InputError(f"the metadata declares {layers} blocks, the tensors hold "
+                                f"{held} (blk.N tensors)",
+                                field=f"{arch}.block_count", value=layers,
+                                remedy="convert a complete checkpoint whose metadata belongs to "
+                                       "its tensors", where=where)
     vocab = int(embd.shape[1])
     names = {t.name for t in reader.tensors}
     return Architecture(
-        family=arch, layers=int(need("block_count")), hidden=hidden, heads=heads,
+        family=arch, layers=layers, hidden=hidden, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, ffn=int(need("feed_forward_length")),
         vocab=int(vocab), context=int(need("context_length")),
         rope_base=float(field_value(reader, f"{arch}.rope.freq_base", 10000.0)),
@@ -271,11 +362,18 @@ def read_gguf(path: str | Path, with_tokenizer: bool = True) -> Checkpoint:
 
     path = Path(path)
     where = str(path)
+    declared_architecture(path)
     reader = open_gguf(path)
     arch = read_architecture(reader, where)
     weights = read_weights(reader, arch, where)
     tokenizer = tokenizer_from_gguf(reader, where) if with_tokenizer else None
     bos, eos = special_ids(reader)
+    for key, tid in (("tokenizer.ggml.bos_token_id", bos), ("tokenizer.ggml.eos_token_id", eos)):
+        if tid is not None and not 0 <= tid < arch.vocab:
+            raise errors.InputError(f"token id {tid} is outside the vocabulary [0, "
+                                    f"{arch.vocab})", field=key, value=tid,
+                                    remedy="re-export the checkpoint (its special tokens must "
+                                           "be ids of its vocabulary)", where=where)
     name = field_value(reader, "general.name") or path.stem
     return Checkpoint(name=str(name), source_kind="gguf", source_path=path, arch=arch,
                       weights=weights, tokenizer=tokenizer, bos_id=bos, eos_id=eos,

@@ -2,9 +2,12 @@
 
 One ``Profile`` per ``architectures[0]``: the config fields it reads (each becomes a graph
 feature or is refused by value), its tensor names and how they map onto the graph's weight
-keys. Every other config field must be on ``HARMLESS`` (token ids, dropout, bookkeeping): an
-unknown field refuses the checkpoint, so a variant the converter does not model (Granite's
-multipliers under a Llama name, say) is never converted silently into a different model.
+keys. Every other config field must be bookkeeping (``is_bookkeeping``: names, versions,
+dtypes, training-only settings, token ids the tokenizer owns, generation defaults), which
+cannot change the computation: it is accepted and recorded in the package's
+``checkpoint.json``. An unknown field refuses the checkpoint, so a variant the converter does
+not model (Granite's multipliers under a Llama name, say) is never converted silently into a
+different model.
 """
 from __future__ import annotations
 
@@ -15,20 +18,52 @@ from dataclasses import dataclass, field
 from engines.errors import InputError
 from fixtures.llama_config import ROPE_SCALING_KEYS
 
-# fields that do not change what a greedy forward computes
-HARMLESS = frozenset({
-    "_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype",
-    "dtype", "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range",
-    "attention_dropout", "embd_pdrop", "resid_pdrop", "hidden_dropout", "dropout",
-    "chunk_size_feed_forward", "id2label", "label2id", "is_encoder_decoder",
-    "output_attentions", "output_hidden_states", "problem_type", "return_dict",
-    "tokenizer_class", "torchscript", "use_return_dict", "cache_implementation",
-    "max_position_embeddings", "original_max_position_embeddings", "tie_word_embeddings",
+# read by the converter besides COMMON and a profile's own fields
+READ = frozenset({"architectures", "model_type", "bos_token_id", "eos_token_id",
+                  "max_position_embeddings", "tie_word_embeddings"})
+# fields that cannot change what a greedy forward computes
+BOOKKEEPING = frozenset({
+    # names, versions, the dtype weights were saved in, task labels
+    "_name_or_path", "name_or_path", "_commit_hash", "transformers_version", "torch_dtype",
+    "dtype", "use_bfloat16", "tokenizer_class", "id2label", "label2id", "num_labels",
+    "problem_type", "finetuning_task", "task_specific_params", "prefix",
+    "_attn_implementation_autoset",
+    # remote code transformers runs only when trusted, never for an architecture it
+    # implements itself (the reference the converter matches)
+    "auto_map",
+    # how transformers returns results and caches keys, and training-only settings
+    "use_cache", "cache_implementation", "return_dict", "use_return_dict",
+    "output_attentions", "output_hidden_states", "output_past", "torchscript",
+    "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder", "tie_encoder_decoder",
+    "initializer_range", "attention_dropout", "embd_pdrop", "resid_pdrop", "hidden_dropout",
+    "dropout", "gradient_checkpointing", "xla_device", "tf_legacy_loss",
+    # the context a RoPE scaling was trained from, read only with a scaling that names it
+    "original_max_position_embeddings",
     # read by other tools, ignored by transformers' own class for the architecture (the
-    # reference the converter matches): SmolLM2's nanotron fields; auto_map names remote code
-    # transformers runs only when trusted, never for an architecture it implements itself
-    "is_llama_config", "rope_interleaved", "auto_map",
+    # reference the converter matches): SmolLM2's nanotron fields
+    "is_llama_config", "rope_interleaved",
+    # generation defaults older transformers kept in config.json (now generation_config.json):
+    # they choose among the logits, lockstep compares the logits and decodes greedily
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "epsilon_cutoff",
+    "eta_cutoff", "repetition_penalty", "encoder_repetition_penalty", "length_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
 })
+
+
+def is_bookkeeping(name: str) -> bool:
+    """A field that cannot change the computation: ``BOOKKEEPING``, or a token id the
+    tokenizer owns (``unk_token_id``, ``sep_token_id``, ``forced_eos_token_id``, ...)."""
+    return name in BOOKKEEPING or name.endswith(("_token_id", "_token_ids"))
+
+
+def bookkeeping(config: dict) -> dict:
+    """The bookkeeping fields ``config`` holds, for the package's provenance."""
+    return {k: v for k, v in sorted(config.items()) if k not in READ and is_bookkeeping(k)}
+
+
 # read by every profile
 COMMON = frozenset({
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -224,10 +259,10 @@ SUPPORTED = tuple(PROFILES)
 
 
 def check_fields(config: dict, profile: Profile, where: str) -> None:
-    """Refuse any config field that is neither read by ``profile`` nor known harmless."""
-    known = HARMLESS | COMMON | profile.fields
+    """Refuse any config field that is neither read for ``profile`` nor bookkeeping."""
+    read = READ | COMMON | profile.fields
     for name in sorted(config):
-        if name not in known:
+        if name not in read and not is_bookkeeping(name):
             raise refuse(name, config[name], f"lockstep does not know what this field does to "
                          f"a {profile.family} model, so converting would risk building a "
                          f"different model", "convert a checkpoint without it, or teach "

@@ -223,6 +223,7 @@ class StepAuditRecord(_Strict):
     non_finite: int = Field(ge=0)
     ok: bool
     where: str | None = None  # a speculative decode's forward and row ("verify r3 row 1")
+    kl: float | None = None  # KL(oracle || engine) of the rows' softmaxes, nats
 
 
 class LogitsAuditRecord(_Strict):
@@ -239,6 +240,22 @@ class LogitsAuditRecord(_Strict):
     worst_max_abs: float | None = None
     worst_nmse: float | None = None
     readback_bytes: int = 0  # logits_audit bytes the separate decode read back
+
+
+class BandRecord(_Strict):
+    """Claim 1d: a quantized engine's stream against its scheme's calibrated band
+    (``engines/quantized_bands.json``): the bounds and where they came from, and what this
+    stream showed."""
+    scheme: str
+    bounds: dict[str, float]  # near_tie_margin, step_max_abs, step_nmse, step_kl, mean_kl, ...
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    steps: int = Field(ge=0)
+    mean_kl: float | None = None
+    p99_kl: float | None = None
+    flips: int = Field(ge=0)
+    flip_p: float  # P(at least this many flips | the band's flip rate)
+    reasons: list[str] = Field(default_factory=list)
+    within: bool
 
 
 class GreedyRef(_Strict):
@@ -343,6 +360,8 @@ class EvidenceRecord(_Strict):
     judgement: Judgement | None = None
     logits_audit: LogitsAuditRecord | None = None
     greedy: GreedyRef | None = None
+    numeric_scheme: str | None = None  # Engine.numeric_scheme(): a quantized engine's scheme
+    band: BandRecord | None = None  # its band and this stream's statistics
     ledger: LedgerRecord = Field(default_factory=LedgerRecord)
     memory_series: list[MemorySample] = Field(default_factory=list)
     acceptance_per_round: list[int] = Field(default_factory=list)
@@ -434,7 +453,8 @@ class EvidenceRecord(_Strict):
 def found_status(record: EvidenceRecord) -> tuple[str, str]:
     """The status ``record`` stands for by what it holds, worst first as ``harness.judge.worst``
     orders them (an error, non-finite or out-of-tolerance logits rows, defect or near-tie steps
-    of its judgement, divergence or greedy stream, failed budgets and claims), and a few words
+    of its judgement, divergence or greedy stream, a stream beyond its quantized band, failed
+    budgets and claims), and a few words
     on what shows it. ``identical`` when nothing is found: a record cannot show it was
     ``unavailable``, so that status stands only where nothing was judged."""
     found: list[tuple[str, str]] = []
@@ -462,6 +482,8 @@ def found_status(record: EvidenceRecord) -> tuple[str, str]:
     if g is not None and not g.agrees_with_speculative:
         found.append((NEAR_TIE, f"greedy: speculative and greedy part at step "
                                 f"{g.first_difference}"))
+    if record.band is not None and not record.band.within:
+        found.append((DRIFT, f"band: beyond the {record.band.scheme} band"))
     failed = [b.claim for b in record.budgets if b.verdict == "fail"]
     if failed:
         found.append((BUDGET, f"budgets: {', '.join(dict.fromkeys(failed))} failed"))

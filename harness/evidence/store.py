@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from engines import json_text
 from engines.errors import LockstepError
 
 from .schema import SCHEMA_VERSION, EvidenceRecord
@@ -152,7 +153,7 @@ def read_evidence(path: str | os.PathLike) -> EvidenceRecord:
         raise EvidenceError(f"cannot read evidence file ({exc.strerror or exc})", where=where,
                             remedy="check the path and permissions") from exc
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json_text.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise EvidenceError(f"not UTF-8 text (byte {exc.start})", where=where,
                             remedy="the file is corrupted; re-run the cell or delete it") from exc

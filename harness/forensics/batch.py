@@ -15,9 +15,10 @@
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from engines import json_text
 
 from .compare import FACTOR
 
@@ -109,8 +110,10 @@ def load_explanations(evidence_dir) -> dict[str, dict]:
     for path in sorted(folder.glob("*.explain.json")):
         stem = path.name[:-len(".explain.json")]
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json_text.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):  # not an explanation: left out, as unreadable ones are
             continue
         plot = folder / f"{stem}.layers.svg"
         pack = folder / f"{stem}.repro"
