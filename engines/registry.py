@@ -346,6 +346,18 @@ def resolve_engine(ref: str) -> tuple[str, type[Engine]]:
     return cls.name, cls
 
 
+def class_reference(cls: type) -> str | None:
+    """``module:Class`` of an engine class that its ``name`` does not find here (it was
+    named by its class, ``--engines pkg.module:Class``), else None: what an evidence record
+    keeps so ``explain`` and ``repro`` can load the engine again without being told."""
+    try:
+        if get_engine_class(cls.name) is cls:
+            return None
+    except LockstepError:
+        pass
+    return _target_of(cls)
+
+
 def _spelling(ref: object) -> str:
     """How an entry of an engines list was written: the text itself, or a class as
     ``module:Class``."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, NonFiniteLogits
 from engines.oracle import STREAM
-from engines.registry import REFERENCE_ENGINE, get_engine_class
+from engines.registry import REFERENCE_ENGINE, class_reference, get_engine_class
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import speculative_decode
 from harness.budgets import budget_summary, device_budgets
@@ -322,6 +322,7 @@ class CellRunner:
         self._judge: PackageJudge | None = None
         self._engine_ref: str | None = None
         self._engine_name = ""
+        self._engine_class: str | None = None  # records' engine_class
         self._engine: Engine | CellError | _Unavailable | None = None
         self._greedy: dict = {}
         self._scheme: str | None = None  # the engine's numeric scheme, and its band
@@ -395,10 +396,12 @@ class CellRunner:
             cls = self._classes.get(spec.engine_ref) or get_engine_class(spec.engine_ref)
             self._engine = self._setup(cls)
             self._engine_ref, self._engine_name = spec.engine_ref, cls.name
+            self._engine_class = class_reference(cls)
         package, judge, state = self._package, self._judge, self._engine
         cell = CellResult(package.spec.name, self._engine_name, spec.prompt, list(spec.ids),
                           IDENTICAL, mode=spec.mode,
-                          prompt_source=self._sources.get((package.spec.name, spec.prompt)))
+                          prompt_source=self._sources.get((package.spec.name, spec.prompt)),
+                          engine_class=self._engine_class)
         if isinstance(state, _Unavailable):
             cell.status, cell.reason = UNAVAILABLE, str(state)
             return self._emit(cell, None)

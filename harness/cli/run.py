@@ -12,7 +12,8 @@ from rich.table import Table
 from engines.errors import InputError
 from engines.registry import engine_names
 
-from harness.cli.names import Name
+from harness.cli.arguments import integer
+from harness.cli.tables import print_table
 from harness.judge import SEVERITY
 
 STYLE = {"identical": "green", "near-tie": "yellow", "drift": "bold red", "budget": "bold red",
@@ -66,14 +67,13 @@ def matrix_table(summary, max_new_tokens: int, mode: str = "greedy") -> Table:
     rows = list(dict.fromkeys((c.package, c.mode) for c in summary.cells))
     against = "greedy and the oracle" if mode == "speculative" else "the oracle"
     table = Table(title=f"lockstep parity: {mode}, {max_new_tokens} new tokens, vs {against}")
-    # names wrap at their separators and verdicts fold on a narrow terminal: nothing is cut
-    table.add_column("package", overflow="fold")
+    table.add_column("package")
     if mode == "speculative":
-        table.add_column("mode", overflow="fold")
+        table.add_column("mode")
     for engine in engines:
-        table.add_column(Name(engine), justify="center", overflow="fold")
+        table.add_column(engine, justify="center")
     for package, label in rows:
-        row = [Name(package)] + ([Name(label)] if mode == "speculative" else [])
+        row = [package] + ([label] if mode == "speculative" else [])
         for engine in engines:
             cells = [c for c in summary.cells if c.package == package and c.engine == engine
                      and c.mode == label]
@@ -93,7 +93,7 @@ def details_table(cells) -> Table:
     """One row per cell that is not identical: what was found, where, and why."""
     table = Table(title="cells that are not identical")
     for col in ("package", "mode", "engine", "prompt", "verdict", "finding"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col)
     for c in cells:
         div = c.divergence
         where = c.reason
@@ -101,7 +101,7 @@ def details_table(cells) -> Table:
             where = (f"step {div.step}: engine {div.engine_token} is the oracle's rank-"
                      f"{div.rank} token, {div.gap:.3g} below oracle {div.oracle_token}"
                      + (f"; {c.reason}" if c.reason else ""))
-        table.add_row(Name(c.package), Name(c.mode), Name(c.engine), Name(c.prompt_name),
+        table.add_row(c.package, c.mode, c.engine, c.prompt_name,
                       f"[{STYLE[c.status]}]{c.status}[/]", where, style=None)
     return table
 
@@ -138,10 +138,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "planned cells (a CI matrix job, a Slurm array task, a Kubernetes "
                         "indexed job each take one); lockstep report over the N evidence "
                         "folders checks that the shards cover the plan exactly once")
-    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
+    p.add_argument("--max-new-tokens", type=integer("--max-new-tokens"), default=32, metavar="N",
                    help="tokens each decode generates after the prompt, each judged against "
                         "the oracle (default: 32)")
-    p.add_argument("--max-prompts", type=int, default=None, metavar="N",
+    p.add_argument("--max-prompts", type=integer("--max-prompts"), default=None, metavar="N",
                    help="only the first N of each package's default prompts")
     p.add_argument("--mode", choices=("greedy", "speculative"), default="greedy",
                    help="greedy (vs the oracle), or speculative: every width, each stream vs "
@@ -165,18 +165,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run the cells on these GPUs with pytest-xdist, one worker pinned to "
                         "each (all: every visible GPU; indices as nvidia-smi numbers them); "
                         "without it the matrix runs in this process")
-    p.set_defaults(func=run)
+    # library names -> options (harness.cli.main); --engines is checked before the run
+    p.set_defaults(func=run, fields={"package": "--packages", "engine": "--oracle-engine",
+                                     "max_new_tokens": "--max-new-tokens"})
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.cli.arguments import engine_list, name_list, positive_int
+    from harness.cli.arguments import engine_list, name_list
     from harness.packages import fixture_names
     from harness.runner import resolve_engines, run_matrix
 
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
     engines = engine_list(args.engines, "--engines") or engine_names()
-    positive_int(args.max_prompts, "--max-prompts")
-    positive_int(args.max_new_tokens, "--max-new-tokens")
     widths = parse_widths(args.width)
     if widths is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
@@ -211,9 +211,10 @@ def run(args: argparse.Namespace) -> int:
 
         prepare_evidence_dir(evidence_dir)
 
+    from harness.cli.interrupt import counted
     from harness.cli.progress import CellProgress
 
-    with CellProgress("parity matrix") as progress:  # on stderr
+    with CellProgress("parity matrix") as progress, counted(progress):  # on stderr
         def on_cell(cell):
             progress.advance(f"{cell.package} · {cell.mode} · {cell.engine} · "
                              f"{cell.prompt_name}")
@@ -236,14 +237,18 @@ def run(args: argparse.Namespace) -> int:
                 on_plan=progress.plan, on_progress=progress.set_completed,
                 oracle_engine=oracle_engine, oracle_mode=oracle_mode, shard=shard)
 
-    console.print(matrix_table(summary, args.max_new_tokens, args.mode))
+    print_table(console, matrix_table(summary, args.max_new_tokens, args.mode))
     for package, check in summary.oracle_checks.items():
         console.print(f"oracle for {package}: {check.engine}, agreeing with {check.against}'s "
                       f"on a {check.prefix_tokens}-token prefix and {check.steps} step(s) (max "
                       f"abs {check.max_abs:.3g}, NMSE {check.nmse:.3g})")
+    from harness.cli.generated_text import generated_lines
+
+    for line in generated_lines(summary, packages):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
     if details:
-        console.print(details_table(details))
+        print_table(console, details_table(details))
     asked = set(resolve_engines(engines)) if args.engines is not None else set()
     ran = {c.engine for c in summary.cells if c.status != "unavailable"}
     for row in not_run(summary):

@@ -347,6 +347,9 @@ class EvidenceRecord(_Strict):
     # what the engine really ran when not the package's components (Engine.provenance():
     # a builder or loader, its version, precision, the checkpoint's hash); None: the package
     engine_provenance: dict[str, Any] | None = None
+    # module:Class of an engine named by its class, not registered under its name (None for
+    # a registered one), so explain and repro load it again without --engine
+    engine_class: str | None = None
     mode: Mode
     prompt: PromptRef
     status: Status = "identical"  # the cell's verdict: worst of what was found
