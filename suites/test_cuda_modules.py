@@ -1,0 +1,66 @@
+"""The CUDA modules on the host (``engines/cuda_module.py``): a ``.cu`` file's text with its
+headers expanded once each, the launcher's sizes as ``-D`` options, the instances it names
+compiled and loaded once per device (CuPy stood in for)."""
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+from engines.cuda_module import CudaModule
+
+
+def test_text_expands_each_header_once_in_place(tmp_path):
+    (tmp_path / "a.cuh").write_text("#pragma once\nint a;\n")
+    (tmp_path / "b.cuh").write_text('#pragma once\n#include "a.cuh"\nint b;\n')
+    (tmp_path / "k.cu").write_text('#include "a.cuh"\n#include "b.cuh"  // b needs a\nint k;\n')
+    module = CudaModule(tmp_path, "k.cu", ("k",), (("LK_SIZE", 8),), ("--fmad=false",))
+    assert module.text() == "int a;\nint b;\nint k;\n"
+    assert module.compile_options() == ("--fmad=false", "-DLK_SIZE=8")
+
+
+def test_instantiation_takes_every_instance_s_address():
+    module = CudaModule(Path("."), "k.cu", ("k<float>", "k<lk_half>", "plain"))
+    table = module.instantiation()
+    assert all(f"(const void*)&{name}" in table for name in module.instances)
+
+
+class _FakeCupy:
+    """Records the modules CuPy would compile and the functions asked of them."""
+
+    def __init__(self):
+        self.compiled = []
+        cupy = self
+
+        class RawModule:
+            def __init__(self, code, options, name_expressions):
+                cupy.compiled.append((code, options, tuple(name_expressions)))
+
+            def get_function(self, name):
+                return f"function {name}"
+
+        self.RawModule = RawModule
+        self.cuda = types.SimpleNamespace(Device=lambda device_id: _Nothing())
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_a_module_is_compiled_once_per_device_with_its_instances(monkeypatch, tmp_path):
+    from engines import cuda_module
+
+    fake = _FakeCupy()
+    monkeypatch.setattr("engines.cuda_support.import_cupy", lambda: fake)
+    monkeypatch.setattr(cuda_module, "_LOADED", {})
+    (tmp_path / "k.cu").write_text("kernel text\n")
+    module = CudaModule(tmp_path, "k.cu", ("k<float>", "k<int>"), (("LK_N", 4),))
+    first = module.load(0)
+    assert module.load(0) is first and len(fake.compiled) == 1
+    assert fake.compiled[0] == ("kernel text\n", ("-DLK_N=4",), ("k<float>", "k<int>"))
+    assert first == {"k<float>": "function k<float>", "k<int>": "function k<int>"}
+    module.load(1)
+    assert len(fake.compiled) == 2
