@@ -1,12 +1,21 @@
 """The CUDA modules on the host (``engines/cuda_module.py``): a ``.cu`` file's text with its
 headers expanded once each, the launcher's sizes as ``-D`` options, the instances it names
-compiled and loaded once per device (CuPy stood in for)."""
+compiled and loaded once per device (CuPy stood in for), every kernel file of the tree
+belonging to a module."""
 from __future__ import annotations
 
+import re
 import types
 from pathlib import Path
 
+import pytest
+
 from engines.cuda_module import CudaModule
+from engines.errors import ExecutionError
+from engines.native.kernel_catalog import cuda_modules
+from engines.native.kernel_source import instance, instance_for
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_text_expands_each_header_once_in_place(tmp_path):
@@ -64,3 +73,32 @@ def test_a_module_is_compiled_once_per_device_with_its_instances(monkeypatch, tm
     assert first == {"k<float>": "function k<float>", "k<int>": "function k<int>"}
     module.load(1)
     assert len(fake.compiled) == 2
+
+
+def test_every_kernel_file_belongs_to_a_module():
+    """Each .cu file of a kernels folder is some module's file, and each header is included
+    by one, directly or through another header: nothing there that no launcher compiles."""
+    read = set()
+
+    def visit(folder: Path, name: str) -> None:
+        if (folder, name) not in read:
+            read.add((folder, name))
+            for header in re.findall(r'^#include "([\w.]+)"', (folder / name).read_text(),
+                                     re.MULTILINE):
+                visit(folder, header)
+
+    for module in cuda_modules().values():
+        visit(module.folder, module.file)
+    for folder in (ROOT / "engines" / "native" / "kernels",
+                   ROOT / "engines" / "tensor_ops" / "kernels"):
+        on_disk = {(folder, p.name) for p in [*folder.glob("*.cu"), *folder.glob("*.cuh")]}
+        assert on_disk and on_disk <= read, sorted(p for _, p in on_disk - read)
+
+
+def test_instance_names_a_template_by_its_storage_types():
+    assert instance("attention", "float16", "float32") == "attention<lk_half, float>"
+    assert instance_for("bmm", "int64", ("int64",)) == "bmm<long long>"
+    with pytest.raises(ExecutionError) as info:
+        instance_for("gemv_rows", "float64", ("float32", "float16"))
+    assert info.value.field == "dtype" and info.value.value == "float64"
+    assert "float32, float16" in info.value.remedy
