@@ -5,6 +5,7 @@ front end emits (an instance per dtype, the bfloat16 rounding chosen for the tar
 the optimiser makes of them: NVRTC compiles the same source optimised on the GPU, where the
 GPU suites run it. So the front end runs with NVVM's optimiser off (``-Xcicc -O0``), which
 keeps every entry and the instruction choices and takes a few seconds instead of a minute.
+``scripts/kernel_ptx_compare.py`` compiles with the optimiser on.
 """
 from __future__ import annotations
 

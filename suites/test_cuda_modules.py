@@ -1,10 +1,11 @@
 """The CUDA modules on the host (``engines/cuda_module.py``): a ``.cu`` file's text with its
 headers expanded once each, the launcher's sizes as ``-D`` options, the instances it names
 compiled and loaded once per device (CuPy stood in for), every kernel file of the tree
-belonging to a module."""
+belonging to a module; and ``scripts/kernel_ptx_compare.py``'s reading of PTX."""
 from __future__ import annotations
 
 import re
+import sys
 import types
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from engines.cuda_module import CudaModule
 from engines.errors import ExecutionError
 from engines.native.kernel_catalog import cuda_modules
 from engines.native.kernel_source import instance, instance_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import kernel_ptx_compare as ptx_compare  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,3 +106,55 @@ def test_instance_names_a_template_by_its_storage_types():
         instance_for("gemv_rows", "float64", ("float32", "float16"))
     assert info.value.field == "dtype" and info.value.value == "float64"
     assert "float32, float16" in info.value.remedy
+
+
+# -- scripts/kernel_ptx_compare.py -------------------------------------------------------------
+OLD_PTX = """
+.extern .shared .align 16 .b8 lk_tile_smem[];
+
+.visible .entry gemv_tile_f32(
+\t.param .u64 gemv_tile_f32_param_0
+)
+{
+\t.shared .align 4 .b8 _ZZ13gemv_tile_f32E4part[2048];
+\tld.param.u64 \t%rd1, [gemv_tile_f32_param_0];
+\tmov.u64 \t%rd2, lk_tile_smem;
+$L__BB0_2:
+\tadd.s64 \t%rd3, %rd1, 4;
+\t@%p1 bra \t$L__BB0_2;
+}
+"""
+NEW_PTX = OLD_PTX.replace("gemv_tile_f32_param", "_Z9gemv_tileIfEvPKT__param").replace(
+    "gemv_tile_f32(", "_Z9gemv_tileIfEvPKT_(").replace(
+    "_ZZ13gemv_tile_f32E4part", "_ZZ9gemv_tileIfEvPKT_E4part").replace("$L__BB0_", "$L__BB3_")
+
+
+def _normalised(ptx: str) -> str:
+    (name, (_linkage, body)), = ptx_compare.entries(ptx).items()
+    return ptx_compare.normalised(name, body, ptx_compare.declarations(ptx))
+
+
+def test_the_comparison_sees_only_names_change_as_identical():
+    assert ptx_compare.declarations(OLD_PTX) == {
+        "lk_tile_smem": ".extern .shared .align 16 .b8 lk_tile_smem[];"}
+    old, new = _normalised(OLD_PTX), _normalised(NEW_PTX)
+    assert "local.part" in old and "lk_tile_smem[]" in old and "ENTRY_param_0" in old
+    assert old == new
+
+
+def test_the_comparison_names_a_changed_instruction():
+    changed = NEW_PTX.replace("add.s64 \t%rd3, %rd1, 4", "add.s64 \t%rd3, %rd1, 8")
+    old, new = _normalised(OLD_PTX), _normalised(changed)
+    assert old != new
+    assert "%rd1, 8" in ptx_compare.first_difference(old, new)
+
+
+def test_each_old_kernel_name_becomes_its_launcher_s_instance():
+    assert ptx_compare.new_instance("fused_kernels", "rotary_kv_attention_f16_f32_f16") == \
+        "rotary_kv_attention<lk_half, float, lk_half>"
+    assert ptx_compare.new_instance("cuda_kernels", "kv_write2v_bf16") == "kv_write2v<lk_bf16>"
+    assert ptx_compare.new_instance("cuda_kernels", "bmm_i64") == "bmm<long long>"
+    assert ptx_compare.new_instance("argmax_bool", "lockstep_keys") == \
+        "lockstep_keys<lk_argmax_bool>"
+    assert ptx_compare.new_instance("argmax_bool", "lockstep_accept") == "lockstep_accept"
+    assert ptx_compare.new_instance("casts", "lk_f32_to_bf16") == "lk_cast<float, lk_bf16>"

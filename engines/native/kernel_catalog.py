@@ -1,5 +1,5 @@
-"""Every CUDA module of the device engines, in one list: what the source checks read and
-compile (``suites/nvcc_check.py``)."""
+"""Every CUDA module of the device engines, in one list: what the source checks compile
+(``suites/nvcc_check.py``) and what ``scripts/kernel_ptx_compare.py`` compares."""
 from __future__ import annotations
 
 from engines.cuda_module import CudaModule
