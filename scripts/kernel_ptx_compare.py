@@ -16,11 +16,11 @@ Usage (repository root):
   python scripts/kernel_ptx_compare.py --old-rev dde0fbc              # nvcc, here
   python scripts/kernel_ptx_compare.py --old-rev dde0fbc --save-old build/ptx_old.json
   python3 scripts/kernel_ptx_compare.py --old build/ptx_old.json --compiler nvrtc --out $OUT
-``--old-rev`` renders the old sources from ``git archive`` (needs the history); ``--save-old``
-writes them to a file (``build/`` is ignored: the device tool carries it) that ``--old``
-reads where there is no history (the GPU machine, where NVRTC comes with CuPy). Prints a
-summary (and writes it, with every difference, under ``--out``); exits 1 on any difference
-or unpaired kernel, 2 when it cannot compare at all.
+``--old-rev`` renders the old sources from ``git archive`` (needs the history); with
+``--save-old`` it writes them to a file and stops (``build/`` is ignored: the device tool
+carries it), for ``--old`` to read where there is no history (the GPU machine, where NVRTC
+comes with CuPy). Prints a summary (and writes it, with every difference, under ``--out``);
+exits 1 on any difference or unpaired kernel, 2 when it cannot compare at all.
 """
 from __future__ import annotations
 
@@ -257,7 +257,7 @@ def main(argv: list[str]) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--old-rev", help="a revision from before the move (git archive)")
     source.add_argument("--old", type=Path, help="the old sources, as --save-old wrote them")
-    parser.add_argument("--save-old", type=Path, help="also write the old sources here")
+    parser.add_argument("--save-old", type=Path, help="write the old sources here and stop")
     parser.add_argument("--compiler", choices=("nvcc", "nvrtc"), default="nvcc")
     parser.add_argument("--out", type=Path, help="write summary.txt and differences.txt here")
     parser.add_argument("--cache", type=Path, help="keep nvcc's PTX here between runs")
@@ -269,6 +269,8 @@ def main(argv: list[str]) -> int:
         if args.save_old:
             args.save_old.parent.mkdir(parents=True, exist_ok=True)
             args.save_old.write_text(json.dumps(old))
+            print(f"the old sources of {len(old)} modules are in {args.save_old}")
+            return 0
         with tempfile.TemporaryDirectory() as scratch:
             work = args.cache or Path(scratch)
             work.mkdir(parents=True, exist_ok=True)
