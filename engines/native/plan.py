@@ -230,6 +230,18 @@ class Plan:
                         remedy="derive it from Shape, Constant or integer initializers only "
                                "(shape arithmetic), or feed it as a declared host input")
 
+        # ---- an output shape read from values: on a device only over host values ----
+        if backend.residency != "host":
+            for ((index, node), kernel, is_host) in zip(order, kernels, on_host):
+                if kernel.value_dependent_shape and not is_host:
+                    raise ExecutionError(
+                        f"{node.op_type}'s output shape is read from its input's values, "
+                        "which live on the device here", where=_node_label(node, index),
+                        field=f"{node.op_type}.input[0]", value=node.input[0],
+                        remedy="compute its input from shape arithmetic (Shape, Constant, "
+                               "integer initializers) so it runs on the host, or run this "
+                               "model on native-host or ort-cpu")
+
         # ---- fold what depends on no input once: shape arithmetic on the host, weight-only
         # device ops (a transposed tied embedding, say) on the backend ----
         const_host: dict[str, Any] = dict(initializers)

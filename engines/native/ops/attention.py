@@ -15,6 +15,7 @@ import numpy as np
 from onnx import helper
 
 from .base import Kernel, host_ints
+from .nn import softmax_sum
 from .rotary import rotate
 
 
@@ -49,15 +50,8 @@ def masked_softmax(be, x, allowed=None):
 
 
 def row_sum(be, e):
-    """Sum over the last axis, kept. bfloat16 adds in bfloat16, in index order: ONNX
-    computes the softmax in the input type, and its reference rounds every addition (a
-    float32 accumulator lands one bfloat16 ulp away). Other dtypes go through ``be.sum``."""
-    if e.dtype.name != "bfloat16":
-        return be.sum(e, e.ndim - 1, keepdims=True)
-    total = be.xp.zeros(e.shape[:-1] + (1,), dtype=e.dtype)
-    for k in range(e.shape[-1]):
-        total = total + e[..., k:k + 1]
-    return total
+    """Sum over the last axis, kept (``nn.softmax_sum``: bfloat16 adds in bfloat16)."""
+    return softmax_sum(be, e, e.ndim - 1)
 
 
 def softcapped(xp, x, cap: float):
