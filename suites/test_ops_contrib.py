@@ -144,18 +144,26 @@ def gqa_cases(draw) -> OpCase:
     if past_len is not None:
         past_k = _normal(draw, (batch, kv_heads, past_len, head))
         past_v = _normal(draw, (batch, kv_heads, past_len, head))
-    cos = sin = None
+    cos = sin = positions = None
     if rotary:
         half = draw(st.sampled_from([h for h in (8, 16) if h <= head // 2]))
         cos, sin = _rope_caches(total + draw(st.integers(0, 3)), half)
+        if draw(st.booleans()):  # explicit rotary positions, anywhere in the tables
+            rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+            start = rng.integers(0, len(cos) - seq + 1, size=(batch, 1))
+            # a first prompt rotates from position_ids[0, 0] on: keep that run in the table
+            contiguous = mode == "prompt" or draw(st.booleans())
+            positions = start + (np.arange(seq) if contiguous
+                                 else rng.integers(0, len(cos) - start, size=(batch, seq)))
+            positions = positions.astype(np.int64)
     inputs = {"query": q, "key": k, "value": v, "past_key": past_k, "past_value": past_v,
               "seqlens_k": np.array(totals, np.int32) - 1,
               "total_sequence_length": np.array(total, np.int32),
-              "cos_cache": cos, "sin_cache": sin}
+              "cos_cache": cos, "sin_cache": sin, "position_ids": positions}
     dtype = draw(FLOAT_DTYPES)
     inputs = _in_dtype(inputs, dtype)
     label = (f"GQA {np.dtype(dtype).name} {mode} B{batch} S{seq} T{total} P{past_len} "
-             f"packed={packed} {attrs}")
+             f"packed={packed} position_ids={positions is not None} {attrs}")
     return one_node("GroupQueryAttention", MS, inputs, ["out", "present_key", "present_value"],
                     label, **attrs)
 
@@ -286,8 +294,25 @@ def gather_block_quantized_cases(draw) -> OpCase:
                     block_size=block, gather_axis=0, quantize_axis=1)
 
 
+@st.composite
+def gelu_family_cases(draw) -> OpCase:
+    """FastGelu (tanh form, optional bias), BiasGelu (erf form of A + B), QuickGelu
+    (x * sigmoid(alpha x)) over values wide enough to reach both tails."""
+    op = draw(st.sampled_from(["FastGelu", "BiasGelu", "QuickGelu"]))
+    shape = (draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.sampled_from([8, 24])))
+    inputs = {"X" if op != "BiasGelu" else "A": _normal(draw, shape, 4.0)}
+    attrs = {}
+    if op == "BiasGelu" or (op == "FastGelu" and draw(st.booleans())):
+        inputs["bias"] = _normal(draw, shape[-1:])
+    if op == "QuickGelu":
+        attrs["alpha"] = draw(st.sampled_from([1.702, 1.0, 0.5]))
+    inputs = _in_dtype(inputs, draw(FLOAT_DTYPES))
+    return one_node(op, MS, inputs, ["Y"], f"{op} {attrs} bias={'bias' in inputs}", **attrs)
+
+
 CASES = {
     "GatherBlockQuantized": gather_block_quantized_cases,
+    "GeluFamily": gelu_family_cases,
     "GroupQueryAttention": gqa_cases,
     "SkipNormalization": skip_norm_cases,
     "SimplifiedLayerNormalization": simplified_norm_cases,
@@ -348,6 +373,29 @@ def test_gqa_refuses_inputs_it_does_not_implement():
         Plan(case.model, NumpyArrayBackend(), host_inputs=case.host_inputs)
     assert info.value.field == "GroupQueryAttention.input[10]"
     assert info.value.value == "attention_bias" and "ort-cpu" in info.value.remedy
+
+
+def _gqa_rotary_prompt(positions: np.ndarray) -> OpCase:
+    rng = np.random.default_rng(7)
+    batch, seq = positions.shape
+    cos, sin = _rope_caches(16, 8)
+    return one_node("GroupQueryAttention", MS, {
+        "query": rng.standard_normal((batch, seq, 64)).astype(np.float32), "key": None,
+        "value": None, "past_key": None, "past_value": None,
+        "seqlens_k": np.full(batch, seq - 1, np.int32),
+        "total_sequence_length": np.array(seq, np.int32), "cos_cache": cos, "sin_cache": sin,
+        "position_ids": positions}, ["out", "present_key", "present_value"], num_heads=2,
+        kv_num_heads=1, do_rotary=1)
+
+
+def test_gqa_first_prompt_rotates_every_row_from_the_first_position_id():
+    """onnxruntime reads only position_ids[0, 0] on a first prompt: row 1's own start (7)
+    is ignored, so its keys equal those of a batch whose rows both start at 2."""
+    own = run_native_host(_gqa_rotary_prompt(np.array([[2, 3, 4], [7, 8, 9]], np.int64)))
+    want = run_ort(_gqa_rotary_prompt(np.array([[2, 3, 4], [7, 8, 9]], np.int64)))
+    assert_agree(own, want, "first prompt with position_ids")
+    same = run_native_host(_gqa_rotary_prompt(np.array([[2, 3, 4], [2, 3, 4]], np.int64)))
+    assert own["present_key"].tobytes() == same["present_key"].tobytes()
 
 
 def test_matmul_nbits_names_a_weight_of_the_wrong_shape():
