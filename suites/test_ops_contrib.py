@@ -8,6 +8,7 @@ are shared with ``test_ops_cuda.py``, which runs the same cases on native-cuda.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,8 @@ class OpCase:
     outputs: list[str]
     label: str = ""
     host_inputs: frozenset = field(default_factory=frozenset)
+    # environment onnxruntime's kernel reads when the session is made (a path switch)
+    ort_env: dict = field(default_factory=dict)
 
 
 def one_node(op: str, domain: str, inputs: dict, outputs: list[str], label: str = "",
@@ -62,8 +65,17 @@ def one_node(op: str, domain: str, inputs: dict, outputs: list[str], label: str 
 def run_ort(case: OpCase) -> dict[str, np.ndarray]:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(case.model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    saved = {key: os.environ.get(key) for key in case.ort_env}
+    os.environ.update(case.ort_env)
+    try:
+        session = ort.InferenceSession(case.model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     return dict(zip(case.outputs, session.run(case.outputs, case.feeds)))
 
 
@@ -310,8 +322,110 @@ def gelu_family_cases(draw) -> OpCase:
     return one_node(op, MS, inputs, ["Y"], f"{op} {attrs} bias={'bias' in inputs}", **attrs)
 
 
+def _router_logits(draw, rows: int, experts: int) -> np.ndarray:
+    """Router logits, sometimes with planted ties (a row's values drawn from two levels)."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    if draw(st.booleans()):
+        return rng.choice(np.array([0.5, -1.0], np.float32), size=(rows, experts))
+    return rng.standard_normal((rows, experts)).astype(np.float32)
+
+
+@st.composite
+def moe_shape(draw) -> dict:
+    experts = draw(st.integers(2, 5))
+    return dict(experts=experts, k=draw(st.integers(1, min(experts, 3))),
+                hidden=draw(st.sampled_from([8, 16])),
+                lead=draw(st.sampled_from([(1,), (3,), (2, 2)])),
+                activation=draw(st.sampled_from(["relu", "gelu", "silu", "identity", "swiglu"])),
+                normalize=int(draw(st.booleans())))
+
+
+def _swiglu_attrs(draw, p: dict) -> dict:
+    if p["activation"] != "swiglu":
+        return {}
+    attrs = dict(swiglu_fusion=1)  # onnxruntime's CPU kernels take the interleaved form only
+    if draw(st.booleans()):  # gpt-oss's clamped form
+        attrs.update(activation_alpha=1.702, activation_beta=1.0, swiglu_limit=0.7)
+    return attrs
+
+
+@st.composite
+def moe_cases(draw) -> OpCase:
+    """com.microsoft MoE as onnxruntime's CPU kernel takes it: fc1/fc2 (fc1 gate and up
+    interleaved for swiglu), optional biases, 2-D or 3-D tokens, router ties planted."""
+    p = draw(moe_shape())
+    e, h = p["experts"], p["hidden"]
+    inter = draw(st.integers(2, 12))
+    fused = 2 if p["activation"] == "swiglu" else 1
+    rows = int(np.prod(p["lead"]))
+    inputs = {"input": _normal(draw, p["lead"] + (h,)),
+              "router_probs": _router_logits(draw, rows, e),
+              "fc1_experts_weights": _normal(draw, (e, fused * inter, h), 0.3),
+              "fc1_experts_bias": _normal(draw, (e, fused * inter)) if draw(st.booleans()) else None,
+              "fc2_experts_weights": _normal(draw, (e, h, inter), 0.3),
+              "fc2_experts_bias": _normal(draw, (e, h)) if draw(st.booleans()) else None}
+    attrs = dict(k=p["k"], activation_type=p["activation"],
+                 normalize_routing_weights=p["normalize"], **_swiglu_attrs(draw, p))
+    inputs = _in_dtype(inputs, draw(FLOAT_DTYPES))
+    return one_node("MoE", MS, inputs, ["output"], f"MoE {p} inter={inter} {attrs}", **attrs)
+
+
+@st.composite
+def qmoe_cases(draw) -> OpCase:
+    """com.microsoft QMoE with integer experts: 4 or 8 bits, a scale per row or per block,
+    optional packed zero points, optional router_weights, onnxruntime's CPU types."""
+    p = draw(moe_shape())
+    e, h = p["experts"], p["hidden"] * 2
+    bits = draw(st.sampled_from([4, 8]))
+    block = draw(st.sampled_from([0, 16]))
+    inter = draw(st.sampled_from([16, 32]))
+    fused = 2 if p["activation"] == "swiglu" else 1
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    dtype = draw(FLOAT_DTYPES)
+    inputs = {"input": _normal(draw, p["lead"] + (h,)),
+              "router_probs": _router_logits(draw, int(np.prod(p["lead"])), e)}
+
+    def projection(name, n, k):
+        blocks = k // block if block else 1
+        q = pack_bits(rng.integers(0, 1 << bits, size=(e, n, k)), bits)
+        scales = (rng.random((e, n, blocks) if block else (e, n)) * 0.05 + 0.01)
+        zp = None
+        if draw(st.booleans()):
+            per = 8 // bits
+            if not block:  # a zero point a row, packed along the rows
+                zp = pack_bits(rng.integers(0, 1 << bits, size=(e, -(-n // per) * per)), bits)
+            else:
+                zp = pack_bits(rng.integers(0, 1 << bits, size=(e, n, -(-blocks // per) * per)),
+                               bits)
+        inputs[f"{name}_experts_weights"] = q
+        inputs[f"{name}_scales"] = scales.astype(np.float32)
+        inputs[f"{name}_experts_bias"] = _normal(draw, (e, n)) if draw(st.booleans()) else None
+        return zp
+
+    zp1 = projection("fc1", fused * inter, h)
+    zp2 = projection("fc2", h, inter)
+    inputs.update({"fc3_experts_weights": None, "fc3_scales": None, "fc3_experts_bias": None,
+                   "fc1_zero_points": zp1, "fc2_zero_points": zp2, "fc3_zero_points": None,
+                   "router_weights": (rng.random((int(np.prod(p["lead"])), e)).astype(np.float32)
+                                      if draw(st.booleans()) else None)})
+    attrs = dict(k=p["k"], activation_type=p["activation"], expert_weight_bits=bits,
+                 normalize_routing_weights=p["normalize"], **_swiglu_attrs(draw, p))
+    if block:
+        attrs["block_size"] = block
+    inputs = _in_dtype(inputs, dtype)
+    label = (f"QMoE {p} bits={bits} block={block} zp={zp1 is not None}/{zp2 is not None} "
+             f"router_weights={inputs['router_weights'] is not None} {attrs}")
+    case = one_node("QMoE", MS, inputs, ["output"], label, **attrs)
+    # onnxruntime's default 4-bit CPU path (MLAS Q4 GEMM) requantises weights with zero
+    # points to its own symmetric blocks; this switch keeps its exact dequantising path
+    case.ort_env = {"ORT_USE_MLAS_Q4_GEMM_MOE": "0"}
+    return case
+
+
 CASES = {
     "GatherBlockQuantized": gather_block_quantized_cases,
+    "MoE": moe_cases,
+    "QMoE": qmoe_cases,
     "GeluFamily": gelu_family_cases,
     "GroupQueryAttention": gqa_cases,
     "SkipNormalization": skip_norm_cases,
@@ -460,6 +574,64 @@ def test_gqa_verify_block_rows_equal_decode_steps_bitwise(params):
     assert block_k.tobytes() == step_k.tobytes()
 
 
+def _swiglu_moe(fusion: int, w_gate, w_up, rows=slice(None)) -> OpCase:
+    """MoE with swiglu's gate and up projections laid out as ``fusion`` says, over four
+    tokens (or the ``rows`` of them)."""
+    rng = np.random.default_rng(8)
+    experts, inter, hidden = w_gate.shape
+    fc1 = {1: np.stack([w_gate, w_up], axis=2).reshape(experts, 2 * inter, hidden),
+           2: np.concatenate([w_gate, w_up], axis=1), 0: w_gate}[fusion]
+    inputs = {"input": rng.standard_normal((4, hidden)).astype(np.float32)[rows],
+              "router_probs": rng.standard_normal((4, experts)).astype(np.float32)[rows],
+              "fc1_experts_weights": fc1, "fc1_experts_bias": None,
+              "fc2_experts_weights": rng.standard_normal((experts, hidden, inter)).astype(np.float32),
+              "fc2_experts_bias": None,
+              "fc3_experts_weights": w_up if fusion == 0 else None}
+    return one_node("MoE", MS, inputs, ["output"], k=2, activation_type="swiglu",
+                    swiglu_fusion=fusion, swiglu_limit=1.5, activation_alpha=1.702)
+
+
+def test_moe_swiglu_layouts_onnxruntime_cpu_lacks_compute_the_interleaved_result():
+    """onnxruntime's CPU kernel takes swiglu_fusion=1 only: fusion 2 ([gate | up]) and 0
+    (fc3 the up projection) hold the same weights laid out otherwise, so they must give its
+    bits exactly; the interleaved form is the one checked against onnxruntime."""
+    rng = np.random.default_rng(9)
+    gate, up = (rng.standard_normal((3, 5, 8)).astype(np.float32) for _ in range(2))
+    interleaved = _swiglu_moe(1, gate, up)
+    want = run_native_host(interleaved)["output"]
+    assert_agree({"output": want}, run_ort(interleaved), "swiglu fusion 1")
+    for fusion in (0, 2):
+        got = run_native_host(_swiglu_moe(fusion, gate, up))["output"]
+        assert got.tobytes() == want.tobytes(), f"fusion {fusion}"
+
+
+@pytest.mark.parametrize("op, attrs, field, value", [
+    ("MoE", dict(activation_type="geglu"), "activation_type", "geglu"),
+    ("MoE", dict(use_sparse_mixer=1), "use_sparse_mixer", 1),
+    ("QMoE", dict(quant_type="fp4"), "quant_type", "fp4"),
+    ("QMoE", dict(expert_weight_bits=3), "expert_weight_bits", 3),
+    ("QMoE", dict(weights_prepacked=1), "weights_prepacked", 1),
+])
+def test_moe_refuses_what_it_does_not_implement_by_name(op, attrs, field, value):
+    model = one_node(op, MS, {"input": np.zeros((1, 8), np.float32),
+                              "router_probs": np.zeros((1, 2), np.float32)},
+                     ["output"], k=1, **attrs).model
+    with pytest.raises(ExecutionError) as info:
+        Plan(model, NumpyArrayBackend())
+    assert info.value.field == field and info.value.value == value
+    assert info.value.remedy
+
+
+def test_moe_rows_of_a_block_are_the_rows_computed_alone_bitwise():
+    """Claim 2 for MoE: every expert runs over every row, so a row's bits do not depend on
+    the other rows of the call (nor on which experts they chose)."""
+    gate, up = np.random.default_rng(10).standard_normal((2, 4, 3, 8)).astype(np.float32)
+    block = run_native_host(_swiglu_moe(1, gate, up))["output"]
+    for row in range(block.shape[0]):
+        alone = run_native_host(_swiglu_moe(1, gate, up, slice(row, row + 1)))["output"]
+        assert alone.tobytes() == block[row:row + 1].tobytes(), f"row {row}"
+
+
 def test_matmul_nbits_dequantises_a_weight_once():
     """B and scales are initializers: the first forward dequantises them, later forwards
     reuse that weight; it is (q - 8) * scale, the default zero point of 4 bits."""
@@ -545,7 +717,32 @@ def _plant_nibble_order(monkeypatch):
     monkeypatch.setattr(quantized, "unpack", high_nibble_first)
 
 
+def _moe_tie_case() -> OpCase:
+    """Four experts, every router logit equal: onnxruntime takes the two highest indices."""
+    rng = np.random.default_rng(6)
+    return one_node("MoE", MS, {
+        "input": rng.standard_normal((3, 8)).astype(np.float32),
+        "router_probs": np.zeros((3, 4), np.float32),
+        "fc1_experts_weights": rng.standard_normal((4, 6, 8)).astype(np.float32),
+        "fc1_experts_bias": None,
+        "fc2_experts_weights": rng.standard_normal((4, 8, 6)).astype(np.float32)},
+        ["output"], k=2, activation_type="identity")
+
+
+def _plant_moe_ties_to_lower_index(monkeypatch):
+    from engines.native.ops import moe
+
+    def lower_index_first(self, be, scores):
+        order = np.argsort(-scores, axis=-1, kind="stable")[:, : self.k]
+        chosen = np.zeros(scores.shape, bool)
+        np.put_along_axis(chosen, order, True, axis=-1)
+        return chosen
+
+    monkeypatch.setattr(moe.MoE, "chosen", lower_index_first)
+
+
 PLANTED = {"gqa-window-off-by-one": (_window_case, _plant_window_off_by_one),
+           "moe-ties-to-lower-index": (_moe_tie_case, _plant_moe_ties_to_lower_index),
            "rotary-pairs-swapped": (_rotary_case, _plant_rotary_pairing),
            "nbits-nibble-order": (_nbits_case, _plant_nibble_order)}
 
