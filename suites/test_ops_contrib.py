@@ -422,8 +422,91 @@ def qmoe_cases(draw) -> OpCase:
     return case
 
 
+def _padding_mask(draw, batch: int, seq: int, total: int):
+    """None, key lengths [B], or a 0/1 mask [B, T] or [B, S, T], key 0 always visible (a
+    row that sees no key is a rounding contest at -10000, not a semantic check)."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    kind = draw(st.sampled_from(["none", "lengths", "2d", "3d"]))
+    if kind == "lengths":
+        return rng.integers(1, total + 1, size=batch).astype(np.int32)
+    if kind == "none":
+        return None
+    mask = (rng.random((batch, total) if kind == "2d" else (batch, seq, total)) < 0.7)
+    mask[..., 0] = True
+    return mask.astype(np.int32)
+
+
+@st.composite
+def mha_cases(draw) -> OpCase:
+    """com.microsoft MultiHeadAttention: self attention over [B, S, D] with an optional
+    bias, padding mask, attention bias, past key/value and the causal rule, or cross
+    attention on keys and values already split by head."""
+    batch, seq, heads = draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    head = draw(st.sampled_from([8, 16]))
+    d = heads * head
+    cross = draw(st.booleans())
+    past = 0 if cross else draw(st.sampled_from([0, 0, 3]))
+    kv_len = draw(st.integers(1, 5)) if cross else seq
+    total = past + kv_len
+    inputs = {"query": _normal(draw, (batch, seq, d))}
+    if cross:
+        inputs.update(key=_normal(draw, (batch, heads, kv_len, head)),
+                      value=_normal(draw, (batch, heads, kv_len, head)), bias=None)
+    else:
+        inputs.update(key=_normal(draw, (batch, seq, d)), value=_normal(draw, (batch, seq, d)),
+                      bias=_normal(draw, (3 * d,)) if draw(st.booleans()) else None)
+    inputs.update(key_padding_mask=_padding_mask(draw, batch, seq, total),
+                  attention_bias=(_normal(draw, (1, heads, seq, total))
+                                  if draw(st.booleans()) else None),
+                  past_key=_normal(draw, (batch, heads, past, head)) if past else None,
+                  past_value=_normal(draw, (batch, heads, past, head)) if past else None)
+    attrs = dict(num_heads=heads, unidirectional=int(not cross and draw(st.booleans())))
+    if draw(st.booleans()):
+        attrs["scale"] = 0.2
+    if draw(st.booleans()):
+        attrs["mask_filter_value"] = -3.0  # finite enough to matter in every masked row
+    outputs = ["out"] + (["present_key", "present_value"] if past else [])
+    return one_node("MultiHeadAttention", MS, inputs, outputs,
+                    f"MHA B{batch} S{seq} L{kv_len} P{past} cross={cross} {attrs} "
+                    f"mask={None if inputs['key_padding_mask'] is None else inputs['key_padding_mask'].shape}",
+                    **attrs)
+
+
+@st.composite
+def contrib_attention_cases(draw) -> OpCase:
+    """com.microsoft Attention: its own Q/K/V projection (equal or qkv_hidden_sizes), a
+    key-length or 0/1 mask, a past [2, B, N, P, H] or an attention bias (onnxruntime takes
+    one or the other), the causal rule."""
+    batch, seq, heads = draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    head = draw(st.sampled_from([8, 16]))
+    d, d_in = heads * head, draw(st.sampled_from([8, 24]))
+    v_head = draw(st.sampled_from([head, 8]))
+    past = draw(st.sampled_from([0, 0, 2]))
+    if past:
+        v_head = head  # with a past, K and V share a width
+    sizes = [d, d, heads * v_head]
+    total = past + seq
+    inputs = {"input": _normal(draw, (batch, seq, d_in)),
+              "weights": _normal(draw, (d_in, sum(sizes)), 0.5),
+              "bias": _normal(draw, (sum(sizes),)),
+              "mask_index": _padding_mask(draw, batch, seq, total),
+              "past": _normal(draw, (2, batch, heads, past, head)) if past else None,
+              "attention_bias": (_normal(draw, (1, heads, seq, total))
+                                 if not past and draw(st.booleans()) else None)}
+    attrs = dict(num_heads=heads, unidirectional=int(draw(st.booleans())))
+    if sizes[2] != d:
+        attrs["qkv_hidden_sizes"] = sizes
+    if draw(st.booleans()):
+        attrs["mask_filter_value"] = -3.0
+    outputs = ["out"] + (["present"] if past else [])
+    return one_node("Attention", MS, inputs, outputs,
+                    f"Attention(ms) B{batch} S{seq} P{past} sizes={sizes} {attrs}", **attrs)
+
+
 CASES = {
+    "Attention(ms)": contrib_attention_cases,
     "GatherBlockQuantized": gather_block_quantized_cases,
+    "MultiHeadAttention": mha_cases,
     "MoE": moe_cases,
     "QMoE": qmoe_cases,
     "GeluFamily": gelu_family_cases,
@@ -632,6 +715,35 @@ def test_moe_rows_of_a_block_are_the_rows_computed_alone_bitwise():
         assert alone.tobytes() == block[row:row + 1].tobytes(), f"row {row}"
 
 
+@pytest.mark.parametrize("op, inputs, attrs, field, value", [
+    ("MultiHeadAttention", ["query", "key", "value", "", "", "", "", "", "", "beams"], {},
+     "MultiHeadAttention.input[9]", "cache_indirection"),
+    ("Attention", ["input", "weights"], dict(do_rotary=1), "do_rotary", 1),
+    ("Attention", ["input", "weights"], dict(past_present_share_buffer=1),
+     "past_present_share_buffer", 1),
+])
+def test_contrib_attention_refuses_what_it_does_not_implement_by_name(op, inputs, attrs,
+                                                                       field, value):
+    node = helper.make_node(op, inputs, ["y"], domain=MS, num_heads=2, **attrs)
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                      for n in inputs if n], [helper.make_empty_tensor_value_info("y")]))
+    with pytest.raises(ExecutionError) as info:
+        Plan(model, NumpyArrayBackend())
+    assert info.value.field == field and info.value.value == value
+
+
+def test_multihead_attention_names_a_mask_form_it_does_not_take():
+    q = np.zeros((2, 3, 16), np.float32)
+    case = one_node("MultiHeadAttention", MS, {
+        "query": q, "key": q, "value": q, "bias": None,
+        "key_padding_mask": np.array([3, 3, 0, 0, 0, 0, 0, 0], np.int32)}, ["out"],
+        num_heads=2)
+    with pytest.raises(ExecutionError) as info:
+        run_native_host(case)
+    assert info.value.field == "mask.shape" and info.value.value == (8,)
+
+
 def test_matmul_nbits_dequantises_a_weight_once():
     """B and scales are initializers: the first forward dequantises them, later forwards
     reuse that weight; it is (q - 8) * scale, the default zero point of 4 bits."""
@@ -741,7 +853,24 @@ def _plant_moe_ties_to_lower_index(monkeypatch):
     monkeypatch.setattr(moe.MoE, "chosen", lower_index_first)
 
 
+def _mha_causal_case() -> OpCase:
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 2, 4, 16)).astype(np.float32)
+    return one_node("MultiHeadAttention", MS, {
+        "query": x[0], "key": x[1], "value": x[2], "bias": None,
+        "key_padding_mask": np.array([[1, 0, 1, 1], [0, 1, 1, 0]], np.int32)[:, :4]},
+        ["out"], num_heads=2, unidirectional=1, mask_filter_value=-3.0)
+
+
+def _plant_causal_uses_the_mask_filter(monkeypatch):
+    from engines.native.ops import contrib_attention
+
+    monkeypatch.setattr(contrib_attention, "CAUSAL_FILTER", -3.0)
+
+
 PLANTED = {"gqa-window-off-by-one": (_window_case, _plant_window_off_by_one),
+           "mha-causal-filter-is-mask-filter": (_mha_causal_case,
+                                                _plant_causal_uses_the_mask_filter),
            "moe-ties-to-lower-index": (_moe_tie_case, _plant_moe_ties_to_lower_index),
            "rotary-pairs-swapped": (_rotary_case, _plant_rotary_pairing),
            "nbits-nibble-order": (_nbits_case, _plant_nibble_order)}
