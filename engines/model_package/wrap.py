@@ -143,7 +143,8 @@ class _Graph:
                                               name=PROLOGUE + name))
 
     def write(self, folder: Path, source: Path) -> None:
-        for node in reversed(self.prologue):
+        for node in reversed(self.prologue):  # named, so a reader can tell them apart
+            node.name = node.name or PROLOGUE + node.output[0].rsplit("/", 1)[-1]
             self.model.graph.node.insert(0, node)
         onnx.save(self.model, str(folder / COMPONENT_FILE))
         data = {e.value for t in self.model.graph.initializer for e in t.external_data
