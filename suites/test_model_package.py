@@ -180,6 +180,9 @@ def _variant(manifest):
 
 
 BAD = {
+    "no schema version": (lambda p: _edit_json(p / "manifest.json",
+                                               lambda m: m.pop("schema_version")),
+                          "schema_version", None),
     "major version": (lambda p: _edit_json(p / "manifest.json",
                                            lambda m: m.update(schema_version="2.0")),
                       "schema_version", "2.0"),

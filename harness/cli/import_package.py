@@ -27,12 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engines.model_package import import_model_package, is_model_package
+    from engines.model_package import import_model_package
+    from engines.model_package.manifest import MANIFEST_FILE
     from engines.package import load_package
     from harness.cli.import_genai import clear_output
 
     root = Path(args.package).expanduser().resolve()
-    if not is_model_package(root):
+    if not (root / MANIFEST_FILE).is_file() or (root / "package.yaml").exists():
         raise InputError(f"{root} holds no model-package manifest.json", field="DIR",
                          value=str(root), remedy="give the folder whose manifest.json names "
                                                  "components and variants (a lockstep "
