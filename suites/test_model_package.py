@@ -240,9 +240,9 @@ def test_a_folder_without_a_manifest_is_named(tmp_path, capsys):
     assert "[field DIR" in line and "manifest.json" in line
 
 
-def test_the_workflow_sibling_of_the_seed_fixture_is_refused_by_name(source, tmp_path):
-    """A variant whose graph already takes a position input and a cache the metadata does
-    not name is refused, listing the unbound inputs."""
+def test_a_graph_input_the_metadata_leaves_unbound_is_refused(source, tmp_path):
+    """A graph input the metadata binds to nothing (cpu-rope's position_ids, undeclared)
+    refuses the import, listing the unbound inputs, nothing written."""
     from engines.errors import PackageError
 
     package = _copy(source, tmp_path)

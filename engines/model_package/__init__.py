@@ -13,7 +13,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import shutil
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,8 +71,9 @@ def import_model_package(root: str | Path, out: str | Path,
     providers = available_providers() if providers is None else providers
     report = ImportReport(package.root, package_content_hash(package.root))
     single = len(package.manifest.components) == 1
-    staged = out.parent / f".{out.name}.importing"
-    shutil.rmtree(staged, ignore_errors=True)
+    # a private sibling renamed into place, so no reader (nor a parallel import of the same
+    # package into the cache) sees half an import
+    staged = out.parent / f".{out.name}.importing-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staged.mkdir(parents=True)
     try:
         for variant in package.variants():
@@ -94,9 +97,14 @@ def import_model_package(root: str | Path, out: str | Path,
              "importer": importer_digest(),
              "imported": {k: v.name for k, v in report.imported.items()},
              "skipped": report.skipped}, indent=2, sort_keys=True) + "\n")
-        if out.exists():
+        if out.exists() and not any(out.iterdir()):
             out.rmdir()
-        staged.rename(out)
+        try:
+            staged.rename(out)
+        except OSError:
+            if not (out / IMPORT_FILE).is_file():
+                raise
+            shutil.rmtree(staged)  # the same import, published meanwhile by another process
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
@@ -123,13 +131,11 @@ def imported_variants(root: str | Path, cache: Path) -> ImportReport:
     content = package_content_hash(root)
     key = hashlib.sha256(f"{content}\0{importer_digest()}".encode()).hexdigest()[:16]
     folder = Path(cache) / f"{folder_name(root.name)}-{key}"
-    record = folder / IMPORT_FILE
-    if record.is_file():
-        data = json.loads(record.read_text())
-        return ImportReport(root, content, {k: folder / v for k, v in data["imported"].items()},
-                            dict(data["skipped"]))
-    shutil.rmtree(folder, ignore_errors=True)  # a half-written import
-    return import_model_package(root, folder)
+    if not (folder / IMPORT_FILE).is_file():
+        import_model_package(root, folder)
+    data = json.loads((folder / IMPORT_FILE).read_text())
+    return ImportReport(root, content, {k: folder / v for k, v in data["imported"].items()},
+                        dict(data["skipped"]))
 
 
 __all__ = ["ImportReport", "ModelPackage", "Variant", "available_providers",

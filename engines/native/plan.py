@@ -14,6 +14,10 @@ device (keyed by dtype, shape and bytes), so for a fixed set of feed shapes a fo
 nothing from the host: no per-step copy, and nothing a CUDA graph capture would record
 from a temporary host buffer.
 
+An op whose output shape is read from its input's values (``NonZero``) runs wherever its
+inputs are on the host backend; on a device backend only over host-resolved inputs, and a
+plan that would run it over device values is refused when built.
+
 Before binding, the fusion pass (``engines.native.fusion``) replaces the converter's
 standard subgraphs by one ``lockstep.fused`` node each; ``fuse=False`` keeps the graph node
 for node.
