@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engines.errors import PackageError
+from engines.model_package import is_model_package
 from engines.package import Package, load_package
 
 
@@ -31,8 +32,6 @@ def resolve_package(ref: str | Path) -> Package:
         return load_package(smollm2_selfspec_package() if text == "smollm2-selfspec"
                             else smollm2_package())
     path = Path(text).expanduser()
-    from engines.model_package import is_model_package
-
     if is_model_package(path):
         imported = imported_model_package(path)
         if len(imported) != 1:
@@ -72,8 +71,6 @@ def imported_model_package(folder: Path) -> list[Path]:
 def expand_package_refs(refs: list[str]) -> list[str]:
     """``refs`` with each onnx-genai model package folder replaced by its imported
     variants' folders, so a run plans one package per variant."""
-    from engines.model_package import is_model_package
-
     out: list[str] = []
     for ref in refs:
         path = Path(ref).expanduser()

@@ -260,3 +260,15 @@ def test_the_original_graph_is_kept_node_for_node(source, imported):
     prologue = [n for n in wrapped.graph.node if n.name.startswith("/lockstep/")]
     assert [n.op_type for n in wrapped.graph.node[len(prologue):]] == \
         [n.op_type for n in original.graph.node]
+
+
+def test_one_package_reference_to_a_several_variant_model_package_names_them(source, tmp_path,
+                                                                          monkeypatch):
+    from engines.errors import PackageError
+    from harness.packages import resolve_package
+
+    monkeypatch.setenv("LOCKSTEP_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(PackageError) as info:
+        resolve_package(str(source))
+    assert info.value.field == "package" and "name one" in str(info.value)
+    assert all(f"tiny-scatter-package-{v}" in info.value.remedy for v in CPU_VARIANTS)

@@ -27,7 +27,7 @@ class OnnxReferenceEngine(Engine):
 
         foreign = sorted({f"{n.domain}:{n.op_type}" for name in package.spec.components
                           for n in package.component_model(name).graph.node
-                          if n.domain not in ("", "ai.onnx")})
+                          if n.domain and not n.domain.startswith("ai.onnx")})
         if foreign:  # onnxruntime's contrib ops, say: a package this engine cannot load
             raise EngineUnavailable(
                 f"onnx.reference implements ONNX's own ops only, and package "
