@@ -71,10 +71,11 @@ def _driver_logits(model, prompt, steps, rope):
     """Greedy logits the way onnx-genai's driver feeds the original graph: write index =
     tokens so far, sequence length = that plus the step's tokens."""
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    caches = {i.name: np.zeros([1 if isinstance(d, str) or d == 0 else d
-                                for d in (x.dim_value or x.dim_param for x in i.type.tensor_type.shape.dim)],
-                               np.float32)
-              for i in model.graph.input if i.name.startswith(("key_cache", "value_cache"))}
+    def zeros(vi):  # the batch axis (symbolic) is 1
+        dims = [d.dim_value or 1 for d in vi.type.tensor_type.shape.dim]
+        return np.zeros(dims, np.float32)
+    caches = {i.name: zeros(i) for i in model.graph.input
+              if i.name.startswith(("key_cache", "value_cache"))}
     tokens, rows, done = list(prompt), [], 0
     for _ in range(steps):
         new = tokens[done:]

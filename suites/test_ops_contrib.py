@@ -361,7 +361,8 @@ def moe_cases(draw) -> OpCase:
     inputs = {"input": _normal(draw, p["lead"] + (h,)),
               "router_probs": _router_logits(draw, rows, e),
               "fc1_experts_weights": _normal(draw, (e, fused * inter, h), 0.3),
-              "fc1_experts_bias": _normal(draw, (e, fused * inter)) if draw(st.booleans()) else None,
+              "fc1_experts_bias": (_normal(draw, (e, fused * inter)) if draw(st.booleans())
+                                   else None),
               "fc2_experts_weights": _normal(draw, (e, h, inter), 0.3),
               "fc2_experts_bias": _normal(draw, (e, h)) if draw(st.booleans()) else None}
     attrs = dict(k=p["k"], activation_type=p["activation"],
@@ -466,10 +467,10 @@ def mha_cases(draw) -> OpCase:
     if draw(st.booleans()):
         attrs["mask_filter_value"] = -3.0  # finite enough to matter in every masked row
     outputs = ["out"] + (["present_key", "present_value"] if past else [])
+    mask = inputs["key_padding_mask"]
     return one_node("MultiHeadAttention", MS, inputs, outputs,
                     f"MHA B{batch} S{seq} L{kv_len} P{past} cross={cross} {attrs} "
-                    f"mask={None if inputs['key_padding_mask'] is None else inputs['key_padding_mask'].shape}",
-                    **attrs)
+                    f"mask={None if mask is None else mask.shape}", **attrs)
 
 
 @st.composite
@@ -667,7 +668,8 @@ def _swiglu_moe(fusion: int, w_gate, w_up, rows=slice(None)) -> OpCase:
     inputs = {"input": rng.standard_normal((4, hidden)).astype(np.float32)[rows],
               "router_probs": rng.standard_normal((4, experts)).astype(np.float32)[rows],
               "fc1_experts_weights": fc1, "fc1_experts_bias": None,
-              "fc2_experts_weights": rng.standard_normal((experts, hidden, inter)).astype(np.float32),
+              "fc2_experts_weights": (rng.standard_normal((experts, hidden, inter))
+                                      .astype(np.float32)),
               "fc2_experts_bias": None,
               "fc3_experts_weights": w_up if fusion == 0 else None}
     return one_node("MoE", MS, inputs, ["output"], k=2, activation_type="swiglu",

@@ -250,9 +250,9 @@ class ModelPackage:
         if tokenizer is None and (folder / "tokenizer.json").is_file():
             tokenizer = folder
         if tokenizer is not None and not tokenizer.is_dir():
-            raise PackageError("the tokenizer reference is not a folder", field=f"{field}.tokenizer",
-                               value=info.tokenizer, remedy="name the folder holding "
-                                                            "tokenizer.json",
+            raise PackageError("the tokenizer reference is not a folder",
+                               field=f"{field}.tokenizer", value=info.tokenizer,
+                               remedy="name the folder holding tokenizer.json",
                                where=str(source))
         precision = entry.additional_metadata.get("precision")
         return Variant(component, name, folder, entry.ep, entry.device,

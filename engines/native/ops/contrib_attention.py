@@ -138,8 +138,8 @@ class MultiHeadAttention(_ContribAttention):
 
 
 class ContribAttention(_ContribAttention):
-    """com.microsoft Attention: input [B, S, Din] projected by weights [Din, Dq + Dk + Dv] and bias (sizes from
-    qkv_hidden_sizes, else three equal parts); mask_index (key lengths [B], or 0/1 [B, T]
+    """com.microsoft Attention: input [B, S, Din] projected by weights [Din, Dq + Dk + Dv]
+    and bias (sizes from qkv_hidden_sizes, else three equal parts); mask_index (key lengths [B], or 0/1 [B, T]
     or [B, S, T]); past [2, B, N, P, H] in front of the new keys, returned as present
     [2, B, N, P + S, H]; attention_bias [B or 1, N or 1, S, T]."""
 
