@@ -110,8 +110,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run the parity matrix (engines x packages x prompts)")
     p.add_argument("--engines", help="comma list of engine names or module:Class "
                                      "(default: every registered engine)")
-    p.add_argument("--packages", help="comma list of fixture names or package folders "
-                                      "(default: every built-in fixture)")
+    p.add_argument("--packages", help="comma list of fixture names or package folders; an "
+                                      "onnx-genai model package (manifest.json) runs every "
+                                      "variant this machine can (default: every built-in "
+                                      "fixture)")
     p.add_argument("--prompt", action="append", dest="prompts", metavar="IDS",
                    help='a prompt as token ids, "1 5 7"; repeatable (default: the package\'s prompts)')
     p.add_argument("--text", action="append", dest="texts", metavar="TEXT",
@@ -186,7 +188,9 @@ def run(args: argparse.Namespace) -> int:
 
         packages = list(speculative_fixtures())
     else:
-        packages = name_list(args.packages, "--packages") or fixture_names()
+        from harness.packages import expand_package_refs
+
+        packages = expand_package_refs(name_list(args.packages, "--packages") or fixture_names())
     prompts = _prompts(args)
     oracle_engine = getattr(args, "oracle_engine", None)
     devices = None
