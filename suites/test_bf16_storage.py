@@ -17,6 +17,7 @@ from onnx import TensorProto, helper
 
 from engines.errors import ExecutionError
 from engines.native import bf16, cuda_kernels
+from engines.native.bf16_plan import Bf16Plan, model_uses_bf16
 from engines.native.array_backend import NumpyArrayBackend
 from engines.native.cuda_kernels import CudaKernels
 from engines.native.cupy_array_backend import CASTS, TO_BF16, TO_FLOAT32
@@ -167,10 +168,10 @@ def _feeds(c: LlamaConfig, tokens, start: int, past=None):
 def test_mixed_graphs_run_on_storage_bit_for_bit_as_on_the_host(cache):
     c = LlamaConfig(dtype="bfloat16", precision="mixed", cache=cache, seed=3)
     model = llama_model(c)
-    assert bf16.model_uses_bf16(model)
+    assert model_uses_bf16(model)
     backend = StorageBackend()
     # unfused: the fused nodes' device kernels read lk_bf16 themselves (the GPU module)
-    stored = bf16.Bf16Plan(model, backend, fuse=False)
+    stored = Bf16Plan(model, backend, fuse=False)
     host = Plan(model, NumpyArrayBackend(), fuse=False)
     prompt = [1, 17, 42, 5, 9]
     a, b = stored.run(_feeds(c, prompt, 0)), host.run(_feeds(c, prompt, 0))
@@ -195,7 +196,7 @@ def test_an_op_without_a_bfloat16_kernel_is_an_error_naming_it():
     """A uniform bfloat16 graph runs RMSNorm (ReduceMean) and the softmax in bfloat16: there
     is no such kernel, so the run stops there, naming the op and the remedy."""
     c = LlamaConfig(dtype="bfloat16", precision="uniform", seed=3)
-    plan = bf16.Bf16Plan(llama_model(c), StorageBackend(), fuse=False)
+    plan = Bf16Plan(llama_model(c), StorageBackend(), fuse=False)
     with pytest.raises(ExecutionError) as info:
         plan.run(_feeds(c, [1, 2], 0))
     err = info.value
@@ -229,11 +230,11 @@ def test_casts_to_and_from_bfloat16_equal_ml_dtypes(source):
     x = CAST_SOURCES[source]
     model, feeds = _one_node("Cast", [x], TensorProto.BFLOAT16, to=TensorProto.BFLOAT16)
     with np.errstate(invalid="ignore", over="ignore"):
-        down = bf16.Bf16Plan(model, StorageBackend()).run(feeds)["y"]
+        down = Bf16Plan(model, StorageBackend()).run(feeds)["y"]
         assert _same(down, x.astype(BF))
         back_type = helper.np_dtype_to_tensor_dtype(x.dtype)
         model, feeds = _one_node("Cast", [down], back_type, to=back_type)
-        up = bf16.Bf16Plan(model, StorageBackend()).run(feeds)["y"]
+        up = Bf16Plan(model, StorageBackend()).run(feeds)["y"]
         assert _same(up, down.astype(x.dtype))
 
 
@@ -244,7 +245,7 @@ def test_single_rounding_ops_equal_the_host_bit_for_bit(op):
     b[:4] = a[:4]  # ties for the comparisons
     out_type = TensorProto.BOOL if op in ("Greater", "LessOrEqual") else TensorProto.BFLOAT16
     model, feeds = _one_node(op, [a, b], out_type)
-    ours = bf16.Bf16Plan(model, StorageBackend()).run(feeds)["y"]
+    ours = Bf16Plan(model, StorageBackend()).run(feeds)["y"]
     assert _same(ours, Plan(model, NumpyArrayBackend()).run(feeds)["y"])
 
 
@@ -253,7 +254,7 @@ def test_ops_without_a_single_rounding_refuse_bfloat16(op):
     x = np.linspace(0.5, 2.0, 8).astype(BF)[None]
     model, feeds = _one_node(op, [x], TensorProto.BFLOAT16)
     with pytest.raises(ExecutionError) as info:
-        bf16.Bf16Plan(model, StorageBackend()).run(feeds)
+        Bf16Plan(model, StorageBackend()).run(feeds)
     assert info.value.field == f"{op}.inputs" and op in str(info.value)
 
 

@@ -28,6 +28,7 @@ import ml_dtypes  # noqa: E402
 from engines.errors import ExecutionError  # noqa: E402
 from engines.ledger import Ledger  # noqa: E402
 from engines.native import bf16  # noqa: E402
+from engines.native.bf16_plan import Bf16Plan  # noqa: E402
 from engines.native.array_backend import NumpyArrayBackend  # noqa: E402
 from engines.native.graph_slots import GraphSlot  # noqa: E402
 from engines.native.plan import Plan  # noqa: E402
@@ -189,17 +190,17 @@ def test_gpu_casts_to_and_from_bfloat16_equal_ml_dtypes(backend, stream, source)
     down_type = TensorProto.BFLOAT16
     back_type = helper.np_dtype_to_tensor_dtype(x.dtype)
     with stream, np.errstate(over="ignore", invalid="ignore"):
-        plan = bf16.Bf16Plan(_one_node("Cast", [x], down_type, to=down_type), backend)
+        plan = Bf16Plan(_one_node("Cast", [x], down_type, to=down_type), backend)
         down = plan.run({"x0": backend.adopt(x)})["y"]
         assert down.dtype == BF and _same(host(down, stream), x.astype(BF))
-        plan = bf16.Bf16Plan(_one_node("Cast", [x.astype(BF)], back_type, to=back_type), backend)
+        plan = Bf16Plan(_one_node("Cast", [x.astype(BF)], back_type, to=back_type), backend)
         up = host(plan.run({"x0": down})["y"], stream)
     assert _same_values(up, x.astype(BF).astype(x.dtype))
 
 
 def test_gpu_an_op_without_a_bfloat16_kernel_is_an_error_naming_it(backend, stream):
     x = np.linspace(0.5, 2.0, 8).astype(BF)[None]
-    plan = bf16.Bf16Plan(_one_node("Exp", [x], TensorProto.BFLOAT16), backend)
+    plan = Bf16Plan(_one_node("Exp", [x], TensorProto.BFLOAT16), backend)
     with stream, pytest.raises(ExecutionError) as info:
         plan.run({"x0": backend.adopt(x)})
     assert info.value.field == "Exp.inputs" and "native-host" in info.value.remedy
@@ -213,7 +214,7 @@ def test_gpu_comparisons_and_additions_equal_the_host(backend, stream):
                     ("Mul", TensorProto.BFLOAT16)):
         model = _one_node(op, [a, b], out)
         with stream:
-            got = host(bf16.Bf16Plan(model, backend).run(
+            got = host(Bf16Plan(model, backend).run(
                 {"x0": backend.adopt(a), "x1": backend.adopt(b)})["y"], stream)
         assert _same(got, Plan(model, NumpyArrayBackend()).run({"x0": a, "x1": b})["y"]), op
 

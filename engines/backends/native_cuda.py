@@ -42,7 +42,7 @@ import onnx
 from engines.cuda_support import cuda_availability, import_cupy
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, InputError, ResidencyError
-from engines.native.bf16 import model_uses_bf16
+from engines.native.bf16_plan import Bf16Plan, model_uses_bf16
 from engines.native.capacity_cache import CapacityCells, capacity_plan
 from engines.native.graph_slots import (CaptureError, CupyGraphDevice, GraphSlots,
                                         forward_positions, graphs_default)
@@ -130,7 +130,6 @@ class NativeCudaEngine(Engine):
 
         from engines.device_memory import CountingAllocator
         from engines.native.cupy_array_backend import CupyArrayBackend
-        from engines.native.bf16 import Bf16Plan
         from engines.native.plan import Plan
 
         self.allocator = CountingAllocator(device_id=self.device_id)

@@ -24,7 +24,6 @@ prelude's ``lk_load``/``lk_store`` for ``lk_bf16``) are tested against.
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +31,6 @@ import numpy as np
 
 from engines.dtypes import dtype_of
 from engines.errors import ExecutionError
-from engines.native.plan import Plan
 
 BF16 = dtype_of("bfloat16")
 
@@ -130,36 +128,5 @@ def bf16_call(kernel, be, *args):
     raise _unsupported(kernel, be.residency)
 
 
-class Bf16Plan(Plan):
-    """A ``Plan`` whose backend steps go through ``bf16_call`` (host-resolved steps, shape
-    arithmetic on numpy, are untouched). Built by native-cuda for components that declare a
-    bfloat16 value; every other component keeps the plain ``Plan``."""
-
-    def _call(self, kernel, be, args, label):  # Plan._call is a staticmethod: same signature
-        if be is self.backend:
-            return Plan._call(functools.partial(bf16_call, kernel), be, args, label)
-        return Plan._call(kernel, be, args, label)
-
-
-def model_uses_bf16(model) -> bool:
-    """Whether a component declares any bfloat16 value: an initializer, a graph input or
-    output, a typed intermediate, or a Cast to bfloat16."""
-    from onnx import TensorProto
-
-    graph = model.graph
-    if any(t.data_type == TensorProto.BFLOAT16 for t in graph.initializer):
-        return True
-    for v in list(graph.input) + list(graph.output) + list(graph.value_info):
-        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == TensorProto.BFLOAT16:
-            return True
-    for node in graph.node:
-        for a in node.attribute:
-            if node.op_type == "Cast" and a.name == "to" and a.i == TensorProto.BFLOAT16:
-                return True
-            if a.t.data_type == TensorProto.BFLOAT16:
-                return True
-    return False
-
-
-__all__ = ["BF16", "BITS_OPS", "Bf16Plan", "FUSED_DOMAINS", "NATIVE_OPS", "WIDENED_OPS",
-           "bf16_call", "bits_to_float32", "float32_to_bits", "is_bf16", "model_uses_bf16"]
+__all__ = ["BF16", "BITS_OPS", "FUSED_DOMAINS", "NATIVE_OPS", "WIDENED_OPS", "bf16_call",
+           "bits_to_float32", "float32_to_bits", "is_bf16"]

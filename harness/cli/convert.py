@@ -13,14 +13,13 @@ it (``--no-twin`` skips the twin: the oracle then runs the reduced package itsel
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 from pathlib import Path
 
 from rich.console import Console
 
 from engines.errors import LockstepError
 from harness.cli.arguments import as_option, integer
+from harness.cli.progress import converting_steps
 
 MAX_CONTEXT = 1 << 24  # engines.package.schema.MAX_CONTEXT_LIMIT (the CLI loads every command)
 
@@ -64,24 +63,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "model then wrapped as a package (lockstep import-genai); --dtype "
                         "picks its precision")
     p.set_defaults(func=run)
-
-
-@contextlib.contextmanager
-def converting_steps(label: str):
-    """The converter's steps (its ``harness.convert`` log) shown as progress while it runs."""
-    from harness.cli.progress import LogSteps, StepProgress
-
-    logger = logging.getLogger("harness.convert")
-    with StepProgress(label) as progress:  # on stderr
-        handler = LogSteps(progress)
-        level = logger.level
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        try:
-            yield progress
-        finally:
-            logger.removeHandler(handler)
-            logger.setLevel(level)
 
 
 def run(args: argparse.Namespace) -> int:

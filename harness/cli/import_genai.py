@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from engines.errors import InputError
+from harness.cli.progress import converting_steps
 
 # lockstep convert's --dtype -> the builder's -p
 PRECISIONS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -97,7 +98,6 @@ def wrap_and_report(build: Path, out: Path, name: str | None,
                     prompts: list[list[int]] | None, force: bool) -> int:
     """Wrap ``build`` into ``out`` with progress on stderr, then print what was written."""
     from engines.backends.genai_package import read_genai_config, wrap_genai_build
-    from harness.cli.convert import converting_steps
 
     read_genai_config(build)  # a genai build, before anything is removed
     clear_output(out, build, force)
@@ -137,7 +137,6 @@ def convert_with_builder(args: argparse.Namespace) -> int:
     from engines.backends.checkpoint_source import CheckpointSource, content_hash
     from engines.backends.genai_package import genai_package_folder, genai_package_for
     from fixtures.real_checkpoints import resolve_checkpoint
-    from harness.cli.convert import converting_steps
 
     unused = [flag for flag, given in (
         ("--cache", args.cache != "dynamic"), ("--no-twin", args.no_twin),

@@ -9,6 +9,7 @@ that long silent. The count shows only once the total is known (never "0/?").
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -196,3 +197,19 @@ class LogSteps(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.progress.step(record.getMessage())
+
+
+@contextlib.contextmanager
+def converting_steps(label: str):
+    """The converter's steps (its ``harness.convert`` log) shown as progress while it runs."""
+    logger = logging.getLogger("harness.convert")
+    with StepProgress(label) as progress:  # on stderr
+        handler = LogSteps(progress)
+        level = logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        try:
+            yield progress
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)

@@ -7,7 +7,8 @@ value can be looked at. Whether the converter can read a file at all (its
 would be (its head width) are known from the first few pairs, so they are read here by
 walking the pairs (the format's own layout: GGUF v2/v3, little-endian) up to the last one
 wanted. Anything this walk cannot follow ends it quietly: the full reader then opens the
-file and says what is wrong with it.
+file and says what is wrong with it. ``field_value`` reads one value of a file the full
+reader has parsed (the GGUF reader and the tokenizer builder both read through it).
 """
 from __future__ import annotations
 
@@ -87,3 +88,9 @@ def read_metadata(path: str | Path, wanted: set[str]) -> dict[str, Any]:
     except (_End, OSError, ValueError):  # ValueError: mmap of an empty file
         pass
     return found
+
+
+def field_value(reader, key: str, default=None):
+    """The value of ``key`` in a parsed ``gguf.GGUFReader``, or ``default`` when absent."""
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()

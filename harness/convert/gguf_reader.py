@@ -25,7 +25,7 @@ import numpy as np
 
 from harness.convert import errors
 from harness.convert.checkpoint import Architecture, Checkpoint
-from harness.convert.gguf_header import read_metadata
+from harness.convert.gguf_header import field_value, read_metadata
 from harness.convert.kinds import COUNT, POSITIVE
 
 # llama.cpp tensor name -> graph weight key (per block: {i})
@@ -133,11 +133,6 @@ def open_gguf(path: str | Path):
                                        "converter reads .gguf files and Hugging Face folders "
                                        "(config.json + *.safetensors)",
                                 where=str(path)) from None
-
-
-def field_value(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
 
 
 def dequantize_tensor(tensor, where: str = "") -> np.ndarray:
