@@ -68,8 +68,8 @@ def cache_entries(now: float | None = None) -> list[CacheEntry]:
     kind's marker file (whose time is the folder's age)."""
     from engines.backends.genai_build import BUILD_FILE, cache_folder
     from engines.backends.hf import gguf_load_folder
-    from fixtures.cache import CACHE_ENV, REPO_ROOT, cache_root
-    from fixtures.staging import find_staging
+    from engines.cache_root import CACHE_ENV, REPO_ROOT, cache_root
+    from harness.staging import find_staging
     from harness.convert.cache import converted_root
     from harness.convert.writer import SIDECAR
 

@@ -2,7 +2,7 @@
 
 For each prompt length, one greedy cell per engine runs through the real runner
 (``run_matrix``: the same judge, oracle and audit as a parity run) on a prompt of exactly that
-many tokens: the first tokens of our own long text (``fixtures/prompts/long_context.txt``)
+many tokens: the first tokens of our own long text (``harness/texts/long_context.txt``)
 where the package has a tokenizer, else seeded ids. Each cell reports the engine's decode
 wall time (prefill and every step) and the judge's wall time for the same cell (oracle
 forwards, guesses, the verdict and the logits audit; loading either side is left out of

@@ -9,7 +9,7 @@ from engines.package import Package, load_package
 
 
 def fixture_names() -> list[str]:
-    from fixtures.catalog import list_fixtures
+    from harness.catalog.builtin import list_fixtures
 
     return [f if isinstance(f, str) else f.name for f in list_fixtures()]
 
@@ -23,7 +23,7 @@ def resolve_package(ref: str | Path) -> Package:
     anything else must be a package folder."""
     text = str(ref)
     if text in fixture_names():
-        from fixtures.catalog import build
+        from harness.catalog.builtin import build
 
         return load_package(build(text))
     if text in REAL_CHECKPOINTS:
@@ -63,7 +63,7 @@ def imported_model_package(folder: Path) -> list[Path]:
     """The lockstep packages of an onnx-genai model package's runnable variants, imported
     into the cache once per package content (``engines.model_package``)."""
     from engines.model_package import imported_variants
-    from fixtures.cache import cache_root
+    from engines.cache_root import cache_root
 
     return list(imported_variants(folder, cache_root() / "imported").imported.values())
 

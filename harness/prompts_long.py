@@ -1,6 +1,6 @@
 """Long-context prompts (1-2k tokens) for the nightly GPU run, built deterministically.
 
-The text is ours (``fixtures/prompts/long_context.txt``, written for lockstep): whole
+The text is ours (``harness/texts/long_context.txt``, written for lockstep): whole
 paragraphs are taken in order, cycling, for as long as the package's tokenizer keeps the
 prompt within a token budget, so each prompt is real prose of a known length for that
 tokenizer. ``python -m harness.prompts_long PACKAGE --out FILE`` writes the JSONL that
@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-TEXT_FILE = Path(__file__).resolve().parents[1] / "fixtures" / "prompts" / "long_context.txt"
+TEXT_FILE = Path(__file__).resolve().parent / "texts" / "long_context.txt"
 # name, token budget (the prompt stays within it and is at least 1000 tokens long: paragraphs
 # are at most ~200 tokens), kind; 2048 + 256 new tokens fit a converted package's default
 # dynamic context (4096)

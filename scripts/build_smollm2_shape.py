@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fixtures.llama_config import LlamaConfig
-from fixtures.llama_graph import build_llama
+from harness.convert.llama_config import LlamaConfig
+from harness.convert.llama_graph import build_llama
 
 
 def main(path: str, variant: str) -> int:

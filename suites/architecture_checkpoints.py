@@ -211,7 +211,7 @@ def write_gguf(model, spec: TinySpec, path: Path) -> Path:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(float(rope["factor"]))
     elif rope.get("rope_type") == "llama3":  # the per-frequency divisors, as a tensor
-        from fixtures.llama_config import rope_inv_freq
+        from harness.convert.llama_config import rope_inv_freq
 
         plain = rope_inv_freq(rope["rope_theta"], spec.head_dim)
         scaled = rope_inv_freq(rope["rope_theta"], spec.head_dim,

@@ -10,7 +10,7 @@ def smollm2_for_genai():
     pytest.importorskip("gguf", reason="make real (pip install gguf tokenizers)")
     from engines.package import load_package
     from engines.registry import get_engine_class
-    from fixtures.real_checkpoints import INSTALL, smollm2_path
+    from engines.shipped_checkpoint import INSTALL, smollm2_path
     from harness.convert.smollm2 import smollm2_package
 
     if smollm2_path() is None:

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-# four more prompts beside the six of fixtures/prompts/real.yaml: (name, kind, topic, text)
+# four more prompts beside the six of harness/texts/real.yaml: (name, kind, topic, text)
 EXTRA_PROMPTS = (
     ("chat_sky", "chat", "prose", "Why is the sky blue? Explain in two sentences."),
     ("chat_units", "chat", "numbers", "How many seconds are there in three hours?"),
@@ -80,7 +80,7 @@ def prompts(package) -> list[tuple[str, str, list[int]]]:
     """(name, kind, ids) of the shipped real prompts and ``EXTRA_PROMPTS``, tokenized by the
     package's tokenizer (chat ones through ChatML, as the shipped ones are)."""
     from engines.tokenizer import package_tokenizer
-    from fixtures.real_checkpoints import RealPrompt, load_prompts
+    from harness.real_prompts import RealPrompt, load_prompts
 
     tokenizer = package_tokenizer(package)
     chosen = load_prompts() + [RealPrompt(*p) for p in EXTRA_PROMPTS]

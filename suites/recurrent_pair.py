@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fixtures.graph import INT64, GraphBuilder
-from fixtures.package_writer import write_package
+from harness.convert.onnx_graph import INT64, GraphBuilder
+from harness.convert.package_writer import write_package
 
 VOCAB = 24
 MAX_CONTEXT = 64

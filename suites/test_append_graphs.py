@@ -22,8 +22,8 @@ from engines.native.plan import Plan
 from engines.package.schema import PackageSpec
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import speculative_decode
-from fixtures.llama_config import LlamaConfig
-from fixtures.llama_graph import llama_model, llama_spec
+from harness.convert.llama_config import LlamaConfig
+from harness.convert.llama_graph import llama_model, llama_spec
 
 CONFIGS = {"float32": {}, "bfloat16-mixed": {"dtype": "bfloat16", "precision": "mixed"},
            "tied-gqa4": {"tied": True, "heads": 8, "kv_heads": 2},

@@ -31,10 +31,11 @@ from engines.registry import get_engine_class  # noqa: E402
 from engines.tolerances import tolerance_for  # noqa: E402
 from engines.workflow import greedy_decode  # noqa: E402
 from harness.compare import compare_tensors  # noqa: E402
-from harness.convert import convert, read_checkpoint  # noqa: E402
+from harness.convert.architectures import FAMILIES as TABLE, GGUF_FAMILIES  # noqa: E402
+from harness.convert.conversion import convert, read_checkpoint  # noqa: E402
 from harness.convert.writer import ConvertOptions, write_converted  # noqa: E402
 from harness.judge import judge_stream  # noqa: E402
-from suites.architecture_checkpoints import (FAMILIES, GEMMA, TinySpec,  # noqa: E402
+from suites.architecture_checkpoints import (GEMMA, TinySpec,  # noqa: E402
                                              build_model, save_checkpoint,
                                              transformers_greedy, write_gguf)
 
@@ -111,7 +112,7 @@ def _agrees_with_transformers(tmp_path, spec: TinySpec, storage: str, cache: str
 
 @pytest.mark.claim("token_identity", "logits_within_tolerance")
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"llama3"}))
+@pytest.mark.parametrize("family", [f.name for f in TABLE])
 def test_converted_architecture_computes_what_transformers_computes(family, cache,
                                                                      tmp_path_factory):
     @settings(max_examples=EXAMPLES)
@@ -128,7 +129,7 @@ def test_converted_architecture_computes_what_transformers_computes(family, cach
 
 @pytest.mark.claim("token_identity", "logits_within_tolerance")
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "granite", "olmo2", "phi3"])
+@pytest.mark.parametrize("family", GGUF_FAMILIES)
 def test_converted_gguf_architecture_computes_what_transformers_computes(family, cache,
                                                                           tmp_path_factory):
     """The transformers model written as llama.cpp lays a GGUF out (Llama's and Granite's
@@ -310,16 +311,18 @@ def test_router_ties_go_to_the_lowest_expert_index(tmp_path):
 
 # -- mixed precision over the new features -------------------------------------------------
 
-REDUCED = [*((f, "float16") for f in sorted(set(FAMILIES) - {"llama3"})),
-           ("olmo2", "bfloat16"), ("gemma3", "bfloat16"), ("llama3", "bfloat16")]
+REDUCED = [(f.name, dtype) for f in TABLE for dtype in f.reduced]
 
 
 @pytest.mark.claim("token_identity")
 @pytest.mark.parametrize("family,dtype", REDUCED)
 def test_reduced_precision_conversions_pass_their_float32_twin(family, dtype, tmp_path):
+    """Each family in each reduced dtype its row names, with its last RoPE variant (Llama:
+    Llama 3 scaling, as Llama 3 checkpoints ship in bfloat16)."""
     from engines.oracle import oracle_for
 
-    spec = TinySpec(family, window=3 if family in WINDOWED else None)
+    spec = TinySpec(family, window=3 if family in WINDOWED else None,
+                    rope=ROPE_VARIANTS.get(family, ["default"])[-1])
     folder, _ = save_checkpoint(spec, 3, tmp_path / "hf")
     pkg = load_package(convert(folder, tmp_path / "pkg", dtype=dtype, max_context=32).folder)
     assert pkg.spec.dtype == dtype and pkg.spec.reference is not None
@@ -399,7 +402,7 @@ TRANSFORMERS_BOOKKEEPING = {"unk_token_id": 0, "sep_token_id": 2, "cls_token_id"
 
 
 @pytest.mark.claim("token_identity", "logits_within_tolerance")
-@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"llama3"}))
+@pytest.mark.parametrize("family", [f.name for f in TABLE])
 def test_a_config_saved_by_transformers_converts_without_edits(family, tmp_path):
     """A config.json holding what transformers writes for a real checkpoint (unk_token_id,
     sep_token_id, ...: fields that cannot change the computation) converts as it is, decodes

@@ -46,7 +46,7 @@ class Materials:
 @pytest.fixture(scope="module")
 def intact(tmp_path_factory):
     from harness.cli import main
-    from harness.convert import convert
+    from harness.convert.conversion import convert
 
     root = tmp_path_factory.mktemp("intact")
     hf = write_tiny_hf(root / "hf")

@@ -13,7 +13,8 @@ pytest.importorskip("safetensors", reason="the converter needs the 'real' extra 
 from engines.errors import InputError, PackageError  # noqa: E402
 from engines.package import load_package  # noqa: E402
 from engines.package.schema import MAX_CONTEXT_LIMIT  # noqa: E402
-from harness.convert import context_room, convert  # noqa: E402
+from harness.convert import context_room  # noqa: E402
+from harness.convert.conversion import convert  # noqa: E402
 from suites.convert_support import DIMS, write_tiny_hf  # noqa: E402
 
 
@@ -25,7 +26,7 @@ def test_a_gemma_gguf_is_refused_by_name_before_it_is_hashed_or_parsed(tmp_path,
     import gguf
     import numpy as np
 
-    import harness.convert as convert_module
+    import harness.convert.conversion as convert_module
     from harness.convert import gguf_reader
 
     path = tmp_path / "gemma3.gguf"
@@ -49,12 +50,12 @@ def test_a_gemma_gguf_is_refused_by_name_before_it_is_hashed_or_parsed(tmp_path,
 
 def test_max_context_past_the_format_limit_is_refused_before_anything_is_allocated(
         tmp_path, monkeypatch):
-    import fixtures.llama_graph
-    import harness.convert as convert_module
+    import harness.convert.llama_graph
+    import harness.convert.conversion as convert_module
 
     folder = write_tiny_hf(tmp_path / "hf")
     monkeypatch.setattr(convert_module, "checkpoint_hash", _never)
-    monkeypatch.setattr(fixtures.llama_graph, "rope_tables", _never)
+    monkeypatch.setattr(harness.convert.llama_graph, "rope_tables", _never)
     with pytest.raises(InputError) as info:
         convert(folder, tmp_path / "out", max_context=100_000_000)
     err = info.value
@@ -65,8 +66,8 @@ def test_max_context_past_the_format_limit_is_refused_before_anything_is_allocat
 
 
 def test_max_context_whose_rotary_tables_exceed_free_memory_is_refused(tmp_path, monkeypatch):
-    import fixtures.llama_graph
-    import harness.convert as convert_module
+    import harness.convert.llama_graph
+    import harness.convert.conversion as convert_module
 
     folder = write_tiny_hf(tmp_path / "hf")
     free = 2**30
@@ -76,7 +77,7 @@ def test_max_context_whose_rotary_tables_exceed_free_memory_is_refused(tmp_path,
     asked = fits + 1
     with monkeypatch.context() as untouched:
         untouched.setattr(convert_module, "checkpoint_hash", _never)
-        untouched.setattr(fixtures.llama_graph, "rope_tables", _never)
+        untouched.setattr(harness.convert.llama_graph, "rope_tables", _never)
         with pytest.raises(InputError) as info:
             convert(folder, tmp_path / "out", max_context=asked)
     err = info.value

@@ -220,9 +220,9 @@ def test_every_listed_subcommand_exists_and_the_description_says_what_lockstep_i
 def test_fixtures_list_names_smollm2_and_whether_it_is_converted(tmp_path, monkeypatch, capsys):
     pytest.importorskip("gguf", reason="the converter needs the 'real' extra (make real)")
     pytest.importorskip("tokenizers", reason="the converter needs the 'real' extra (make real)")
-    import fixtures.real_checkpoints as real
+    import engines.shipped_checkpoint as real
     from harness.cli.fixtures import real_checkpoint_rows
-    from harness.convert import convert
+    from harness.convert.conversion import convert
     from suites.convert_support import write_tiny_gguf
 
     monkeypatch.setenv("LOCKSTEP_CACHE", str(tmp_path / "cache"))

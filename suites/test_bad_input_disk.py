@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures import staging
+from harness import staging
 from harness.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def test_stage_removes_what_dead_owners_left_and_keeps_live_ones(tmp_path):
 
 KILLED_CONVERT = """
 import os, signal, sys
-import harness.convert as convert
+import harness.convert.conversion as convert
 
 def write_and_die(ckpt, staged, *args, **kwargs):
     staged.mkdir(parents=True)
@@ -66,7 +66,7 @@ convert.convert(sys.argv[1], sys.argv[2])
 def test_a_killed_convert_leaves_nothing_after_the_next_convert(tmp_path):
     pytest.importorskip("gguf", reason="the converter needs the 'real' extra (make real)")
     pytest.importorskip("tokenizers", reason="the converter needs the 'real' extra (make real)")
-    from harness.convert import convert
+    from harness.convert.conversion import convert
     from suites.convert_support import write_tiny_gguf
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
@@ -105,7 +105,8 @@ def test_convert_refuses_up_front_when_the_disk_lacks_room(tiny_checkpoint, tmp_
                                                            monkeypatch, capsys):
     """Named: the folder, what the package needs, what is free, and how to make room;
     nothing is written, not even a staging folder."""
-    from harness.convert import disk_room, read_checkpoint
+    from harness.convert import disk_room
+    from harness.convert.conversion import read_checkpoint
 
     ckpt = read_checkpoint(tiny_checkpoint, with_tokenizer=False)
     needed = disk_room.package_bytes(ckpt.weights, "float32")
@@ -128,7 +129,7 @@ def test_a_write_that_runs_out_of_room_is_named_and_leaves_no_partial_package(
         tiny_checkpoint, tmp_path, monkeypatch, code, named):
     """Another process filled the disk after the check: the half-written package goes and
     the error names the folder and the remedy. Any other OSError is not dressed up."""
-    import harness.convert as convert
+    import harness.convert.conversion as convert
 
     from engines.errors import InputError
 

@@ -9,13 +9,13 @@ from engines.workflow.speculative import SpeculativeSession
 
 def test_the_package_hash_is_defined_once():
     from engines.package.hashing import package_content_hash
-    from fixtures import package_writer
+    from harness.convert import package_writer
 
     assert package_writer.content_hash is package_content_hash
 
 
 def test_the_conformance_suite_requires_exactly_the_ops_the_builder_allows():
-    from fixtures.graph import ALLOWED_OPS
+    from harness.convert.onnx_graph import ALLOWED_OPS
     from suites.test_op_conformance import FIXTURE_OPS
 
     assert FIXTURE_OPS == ALLOWED_OPS

@@ -88,7 +88,7 @@ def test_explain_factor_is_used_as_given(failing_record, capsys):
 def test_every_numeric_option_is_refused_out_of_range(capsys, monkeypatch, argv, option):
     import harness.bench as hb
     import harness.cache_admin as admin
-    import harness.convert as convert
+    import harness.convert.conversion as convert
     import harness.forward_bench as fb
     import harness.runner as runner
 
@@ -170,7 +170,7 @@ def test_a_write_the_machine_refuses_in_the_cache_names_the_variable(tmp_path, c
                                                                       monkeypatch):
     import errno
 
-    import fixtures.catalog as catalog
+    import harness.catalog.builtin as catalog
 
     monkeypatch.setenv("LOCKSTEP_CACHE", str(tmp_path / "cache"))
 

@@ -186,7 +186,7 @@ def test_explain_outputs_are_checked_before_explaining_and_its_own_are_replaced(
 
 def test_convert_refuses_a_folder_of_the_user_s_before_hashing(tmp_path, capsys, monkeypatch):
     pytest.importorskip("gguf", reason="the converter needs the 'real' extra (make real)")
-    import harness.convert as convert
+    import harness.convert.conversion as convert
     from suites.convert_support import write_tiny_gguf
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")

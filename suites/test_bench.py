@@ -758,7 +758,7 @@ def test_hf_cuda_is_refused_for_speculation():
 def converted(tmp_path_factory):
     """A tiny GGUF converted by lockstep convert (hf loads converted checkpoints only), and
     the same package with an eos its greedy stream emits at once."""
-    from harness.convert import convert
+    from harness.convert.conversion import convert
     from suites.convert_support import write_tiny_gguf
 
     folder = tmp_path_factory.mktemp("hf")

@@ -22,8 +22,8 @@ from engines.native.array_backend import NumpyArrayBackend
 from engines.native.cuda_kernels import CudaKernels
 from engines.native.cupy_array_backend import CASTS, TO_BF16, TO_FLOAT32
 from engines.native.plan import Plan
-from fixtures.llama_config import LlamaConfig
-from fixtures.llama_graph import llama_model
+from harness.convert.llama_config import LlamaConfig
+from harness.convert.llama_graph import llama_model
 from suites.nvcc_check import NVCC, compile_module, entry_instances
 
 BF = np.dtype(ml_dtypes.bfloat16)

@@ -26,7 +26,7 @@ from engines.package import load_package, package_content_hash  # noqa: E402
 from engines.registry import get_engine_class  # noqa: E402
 from engines.tolerances import tolerance_for  # noqa: E402
 from engines.workflow import greedy_decode  # noqa: E402
-from harness.convert import convert, read_checkpoint  # noqa: E402
+from harness.convert.conversion import convert, read_checkpoint  # noqa: E402
 from harness.convert.gguf_reader import dequantize_tensor, open_gguf, weight_key  # noqa: E402
 from harness.compare import compare_tensors  # noqa: E402
 from harness.judge import IDENTICAL, audit_logits, judge_stream  # noqa: E402
@@ -394,7 +394,7 @@ def test_cli_converts_and_reports_errors_without_traceback(tiny_gguf, tmp_path, 
 
 
 def test_shipped_real_prompts_cover_every_kind_and_topic():
-    from fixtures.real_checkpoints import KINDS, TOPICS, load_prompts
+    from harness.real_prompts import KINDS, TOPICS, load_prompts
 
     prompts = load_prompts()
     assert {p.kind for p in prompts} == set(KINDS)
@@ -555,8 +555,8 @@ def test_ort_cpu_cannot_run_bfloat16_and_says_why(tiny_gguf, tmp_path):
 def _scaled_tiny(dtype: str, precision: str, scale: float):
     """A random tiny decoder whose embedding rows are ``scale`` times larger: a residual
     stream in the hundreds, as a trained checkpoint's, whose square overflows float16."""
-    from fixtures.llama_config import LlamaConfig, llama_weights
-    from fixtures.llama_graph import llama_graph
+    from harness.convert.llama_config import LlamaConfig, llama_weights
+    from harness.convert.llama_graph import llama_graph
 
     c = LlamaConfig(dtype=dtype, precision=precision, head_scale=None, seed=5)
     w = llama_weights(c)

@@ -15,23 +15,23 @@ from engines.oracle import oracle_decode
 from engines.package import load_package
 from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
-from fixtures import catalog, lookup_chained
-from fixtures.conditioning import ConditioningError, choose_seed, measure
-from fixtures.graph import ALLOWED_OPS, IR_VERSION, OPSET
-from fixtures.llama_config import LlamaConfig
-from fixtures.llama_graph import build_llama
-from fixtures.package_writer import content_hash, read_build_info
+from harness.catalog import builtin, lookup_chained
+from harness.catalog.conditioning import ConditioningError, choose_seed, measure
+from harness.convert.onnx_graph import ALLOWED_OPS, IR_VERSION, OPSET
+from harness.convert.llama_config import LlamaConfig
+from harness.convert.llama_graph import build_llama
+from harness.convert.package_writer import content_hash, read_build_info
 from fixtures.strategies import build_generated, decoder_configs
 from harness.cli import main
 
-NAMES = list(catalog.FIXTURES)
+NAMES = list(builtin.FIXTURES)
 NEW = 32
 
 
 @pytest.fixture(scope="module")
 def built():
     """The built-in fixtures in the shared cache (built once, only read here)."""
-    return {name: catalog.build(name) for name in NAMES}
+    return {name: builtin.build(name) for name in NAMES}
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_builtin_fixture_builds_validates_and_is_well_conditioned(built, name):
     info = read_build_info(built[name])
     threshold = tolerance_for(pkg.spec.dtype).near_tie_margin
     assert pkg.spec.name == name and pkg.content_hash == content_hash(built[name])
-    assert info["seed"] >= catalog.FIXTURES[name].default_seed
+    assert info["seed"] >= builtin.FIXTURES[name].default_seed
     assert info["conditioning"]["min_margin"] >= threshold
     assert [s["prompt"] for s in info["conditioning"]["streams"]] == pkg.spec.prompts
     for prompt in pkg.spec.prompts:
@@ -85,42 +85,42 @@ def test_builtin_fixture_builds_validates_and_is_well_conditioned(built, name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_build_is_deterministic_and_seeded(private_cache, monkeypatch, tmp_path, name):
-    first = content_hash(catalog.build(name))
+    first = content_hash(builtin.build(name))
     monkeypatch.setenv("LOCKSTEP_CACHE", str(tmp_path / "second"))
-    again = catalog.build(name)
+    again = builtin.build(name)
     assert content_hash(again) == first
-    other = catalog.build(name, seed=catalog.FIXTURES[name].default_seed + 1)
+    other = builtin.build(name, seed=builtin.FIXTURES[name].default_seed + 1)
     assert content_hash(other) != first
 
 
 def test_build_reuses_the_cache_and_force_rebuilds(private_cache):
-    folder = catalog.build("lookup_chained")
+    folder = builtin.build("lookup_chained")
     assert folder.parent == private_cache
     stamp = (folder / "package.yaml").stat().st_mtime_ns
     inode = os.stat(folder).st_ino
-    assert catalog.build("lookup_chained") == folder
+    assert builtin.build("lookup_chained") == folder
     assert (folder / "package.yaml").stat().st_mtime_ns == stamp
-    assert catalog.build("lookup_chained", force=True) == folder
+    assert builtin.build("lookup_chained", force=True) == folder
     assert os.stat(folder).st_ino != inode or (folder / "package.yaml").stat().st_mtime_ns != stamp
     assert not [p for p in private_cache.iterdir() if p.name.startswith(".")]  # no staging left
 
 
 def test_a_build_by_other_builder_code_is_stale_and_rebuilt(private_cache):
-    folder = catalog.build("lookup_chained")
+    folder = builtin.build("lookup_chained")
     (private_cache / "lookup_chained-0.recipe").write_text("an older builder\n")
-    status = {s.name: s for s in catalog.list_fixtures()}["lookup_chained"]
+    status = {s.name: s for s in builtin.list_fixtures()}["lookup_chained"]
     assert status.built and not status.current
     (folder / "marker").write_text("from the stale build")
-    assert catalog.build("lookup_chained") == folder
+    assert builtin.build("lookup_chained") == folder
     assert not (folder / "marker").exists()
-    assert {s.name: s for s in catalog.list_fixtures()}["lookup_chained"].current
+    assert {s.name: s for s in builtin.list_fixtures()}["lookup_chained"].current
 
 
 def test_unknown_fixture_is_a_clear_error():
     from engines.errors import InputError
 
     with pytest.raises(InputError) as err:
-        catalog.build("tiny_lama")
+        builtin.build("tiny_lama")
     assert err.value.field == "name" and "tiny_llama" in err.value.remedy
 
 
@@ -255,8 +255,8 @@ def test_conditioning_moves_past_a_bad_seed_and_accepts_the_default(tmp_path):
 
 def test_conditioning_rejects_a_collapsed_stream(tmp_path):
     # a random tied-head decoder echoes its input: a constant stream, whatever the margins
-    config = dataclasses.replace(catalog.TINY_LLAMA, tied=True, seed=0)
-    report = measure(build_llama(tmp_path / "tied", config, catalog.TINY_LLAMA_PROMPTS))
+    config = dataclasses.replace(builtin.TINY_LLAMA, tied=True, seed=0)
+    report = measure(build_llama(tmp_path / "tied", config, builtin.TINY_LLAMA_PROMPTS))
     assert not report.ok and any("degenerate" in p for p in report.problems)
 
 
@@ -393,9 +393,9 @@ def tied_engines(built):
 
 
 def test_tied_llama_is_declared_and_its_build_record_counts_every_step_tied(built):
-    fixture = catalog.FIXTURES["tied_llama"]
+    fixture = builtin.FIXTURES["tied_llama"]
     assert fixture.tie_group == 2 and fixture.max_width == 0
-    assert catalog.FIXTURES["tiny_llama"].tie_group == 1
+    assert builtin.FIXTURES["tiny_llama"].tie_group == 1
     info = read_build_info(built["tied_llama"])
     cond = info["conditioning"]
     streams = cond["streams"]
@@ -454,8 +454,8 @@ def test_tied_llama_measured_tied_steps_match_the_build_record(built):
 def test_conditioning_needs_the_tie_group_and_the_ties(built, tmp_path):
     """A paired head measured as an ordinary fixture is all near-ties; an ordinary decoder
     measured with a tie group of 2 is never tied: both are rejected, each for its reason."""
-    paired = dataclasses.replace(catalog.TIED_LLAMA, seed=catalog.TIED_LLAMA_SEED)
-    folder = build_llama(tmp_path / "paired", paired, catalog.TINY_LLAMA_PROMPTS)
+    paired = dataclasses.replace(builtin.TIED_LLAMA, seed=builtin.TIED_LLAMA_SEED)
+    folder = build_llama(tmp_path / "paired", paired, builtin.TINY_LLAMA_PROMPTS)
     plain = measure(folder)
     assert not plain.ok and plain.min_margin == 0.0
     assert all("near-tie margin" in p for p in plain.problems)

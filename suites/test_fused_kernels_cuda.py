@@ -21,8 +21,8 @@ from engines.native.array_backend import NumpyArrayBackend
 from engines.native.fusion import FUSED_DOMAIN
 from engines.native.kernel_source import instance
 from engines.native.ops.fused import KVWrite, Rotary
-from fixtures.llama_config import LlamaConfig
-from fixtures.llama_graph import llama_model
+from harness.convert.llama_config import LlamaConfig
+from harness.convert.llama_graph import llama_model
 from harness.compare import compare_tensors
 from suites.support import device_greedy_matches_oracle, fixture_names, write_figure
 
@@ -465,7 +465,7 @@ def _forward_ms(engine, prompt, m: int, phase: str, repeats: int = 20) -> float:
 def _smollm2_package(tmp_path, dtype: str):
     """A random package of SmolLM2-135M's shape (float16: mixed precision)."""
     from engines.package import load_package
-    from fixtures.llama_graph import build_llama
+    from harness.convert.llama_graph import build_llama
 
     config = LlamaConfig(**SMOLLM2_SHAPE, dtype=dtype,
                          precision="mixed" if dtype == "float16" else "uniform")

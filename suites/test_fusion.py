@@ -23,9 +23,9 @@ from engines.native.fusion import FUSED_DOMAIN
 from engines.native.kernel_source import instance
 from engines.native.launch.fused_dtypes import FUSED_DTYPES
 from engines.native.plan import Plan, unsupported_ops
-from fixtures.llama_config import LlamaConfig
-from fixtures.llama_config import llama_weights
-from fixtures.llama_graph import llama_graph, llama_model
+from harness.convert.llama_config import LlamaConfig
+from harness.convert.llama_config import llama_weights
+from harness.convert.llama_graph import llama_graph, llama_model
 from fixtures.strategies import decoder_configs
 from suites.nvcc_check import NVCC, compile_module, entry_instances
 from suites.support import fixture_names

@@ -24,7 +24,7 @@ from engines.backends.checkpoint_source import (SEARCH_ENV, content_hash,  # noq
 from engines.errors import EngineUnavailable  # noqa: E402
 from engines.package import load_package  # noqa: E402
 from engines.registry import get_engine_class  # noqa: E402
-from harness.convert import convert  # noqa: E402
+from harness.convert.conversion import convert  # noqa: E402
 from harness.judge import DEFECT, DRIFT, IDENTICAL  # noqa: E402
 from harness.runner import run_matrix  # noqa: E402
 from suites.convert_support import write_tiny_hf  # noqa: E402

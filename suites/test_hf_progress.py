@@ -13,7 +13,7 @@ pytest.importorskip("gguf")
 from engines.backends import hf  # noqa: E402
 from engines.backends.checkpoint_source import SEARCH_ENV  # noqa: E402
 from engines.package import load_package  # noqa: E402
-from harness.convert import convert  # noqa: E402
+from harness.convert.conversion import convert  # noqa: E402
 from suites.convert_support import write_tiny_gguf, write_tiny_hf  # noqa: E402
 
 

@@ -11,9 +11,9 @@ from engines.oracle import oracle_decode
 from engines.package import load_package
 from engines.tolerances import tolerance_for
 from engines.workflow import DecodeSession, greedy_decode
-from fixtures import hybrid_mtp
-from fixtures.hybrid_graph import HybridConfig, successor
-from fixtures.package_writer import content_hash
+from harness.catalog import hybrid_mtp
+from harness.catalog.hybrid_graph import HybridConfig, successor
+from harness.convert.package_writer import content_hash
 from suites.support import HOST_ENGINES
 from suites.test_fixtures import check_graph_contract
 

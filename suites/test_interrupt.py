@@ -61,7 +61,7 @@ def test_every_command_ends_on_ctrl_c_with_one_line(tmp_path, capsys, monkeypatc
 
 def test_ctrl_c_during_a_conversion_leaves_nothing_half_written(tmp_path, capsys, monkeypatch):
     pytest.importorskip("gguf", reason="the converter needs the 'real' extra (make real)")
-    import harness.convert as convert
+    import harness.convert.conversion as convert
     from suites.convert_support import write_tiny_gguf
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")

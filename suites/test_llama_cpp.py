@@ -127,7 +127,7 @@ def tiny_gguf(tmp_path_factory):
     """A 2-block GGUF of mixed tensor types (``write_tiny_gguf``) and its conversion."""
     pytest.importorskip("gguf", reason="make real (pip install gguf tokenizers)")
     from engines.package import load_package
-    from harness.convert import convert
+    from harness.convert.conversion import convert
     from suites.convert_support import write_tiny_gguf
 
     folder = tmp_path_factory.mktemp("tiny_gguf")
@@ -153,8 +153,8 @@ def test_the_numeric_scheme_is_the_gguf_s_dominant_weight_type(tiny_gguf, tmp_pa
 def test_a_package_without_a_gguf_source_is_refused_with_the_remedy(tmp_path):
     need_llama()
     from engines.package import load_package
-    from fixtures.catalog import build
-    from harness.convert import convert
+    from harness.catalog.builtin import build
+    from harness.convert.conversion import convert
     from suites.convert_support import write_tiny_hf
 
     with pytest.raises(EngineUnavailable) as err:  # a fixture built from a seed
@@ -200,7 +200,7 @@ def test_the_gguf_is_found_by_content_not_by_name(tiny_gguf, tmp_path, monkeypat
 def smollm2():
     pytest.importorskip("gguf", reason="make real (pip install gguf tokenizers)")
     from engines.package import load_package
-    from fixtures.real_checkpoints import INSTALL, smollm2_path
+    from engines.shipped_checkpoint import INSTALL, smollm2_path
     from harness.convert.smollm2 import smollm2_package
 
     if smollm2_path() is None:

@@ -24,7 +24,7 @@ import yaml
 from engines.model_package import import_model_package
 from engines.model_package.wrap import load_graph
 from engines.package import load_package
-from fixtures.conditioning import measure
+from harness.catalog.conditioning import measure
 from fixtures.model_package import VARIANTS, write_model_package
 from harness.runner import run_matrix
 from suites.support import HOST_ENGINES, one_line_error

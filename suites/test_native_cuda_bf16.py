@@ -74,7 +74,7 @@ def _same_values(a: np.ndarray, b: np.ndarray) -> bool:
 def converted(cp, tmp_path_factory):
     """The tiny GGUF converted to bfloat16 (with its float32 twin), one per cache kind."""
     from engines.package import load_package
-    from harness.convert import convert
+    from harness.convert.conversion import convert
     from suites.convert_support import write_tiny_gguf
 
     root = tmp_path_factory.mktemp("bf16")

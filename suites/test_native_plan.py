@@ -227,8 +227,8 @@ def test_erf_matches_math_erf():
     ("append", "float32", False), ("static", "float32", True),
     ("append", "float16", True), ("static", "float16", False)])
 def test_llama_fixture_runs_without_device_reads_and_matches_ort(cache, dtype, tied):
-    from fixtures.llama_config import LlamaConfig
-    from fixtures.llama_graph import llama_model
+    from harness.convert.llama_config import LlamaConfig
+    from harness.convert.llama_graph import llama_model
 
     config = LlamaConfig(cache=cache, dtype=dtype, tied=tied)
     m = llama_model(config)

@@ -23,7 +23,7 @@ from onnx import numpy_helper
 from engines.native.onnx_backend import NativeBackend
 from engines.native.ops import KERNELS
 from engines.native.plan import unsupported_ops
-from fixtures.graph import ALLOWED_OPS
+from harness.convert.onnx_graph import ALLOWED_OPS
 
 # The ops a fixture (or a converted checkpoint, built by the same graph code) may use, as the
 # graph builder enforces them: each must pass every node test. One list, not a copy of it.

@@ -25,7 +25,7 @@ from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, InputError, ResidencyError
 from engines.oracle import oracle_decode
 from engines.workflow import greedy_decode
-from fixtures.catalog import speculative_fixtures
+from harness.catalog.builtin import speculative_fixtures
 from suites.support import device_greedy_matches_oracle, fixture_names
 
 ENGINE = "ort-cuda"

@@ -31,7 +31,7 @@ FRANCE_CONTINUATION = [504, 3575, 282, 4649, 314, 7042, 30, 2]  # ends with eos 
 @pytest.fixture(scope="module")
 def smollm2():
     pytest.importorskip("gguf", reason="make real (pip install gguf tokenizers)")
-    from fixtures.real_checkpoints import INSTALL, smollm2_path
+    from engines.shipped_checkpoint import INSTALL, smollm2_path
     from harness.convert.smollm2 import smollm2_package
 
     if smollm2_path() is None:
@@ -141,14 +141,14 @@ def genai_bandwidth(residency):
 
 def test_packages_it_cannot_run_are_refused_with_the_remedy(tmp_path):
     from engines.package import load_package
-    from fixtures.catalog import build
+    from harness.catalog.builtin import build
 
     seeded = load_package(build("tiny_llama"))
     with pytest.raises(EngineUnavailable) as err:
         OrtGenaiEngine(seeded)
     assert err.value.field == "package" and "lockstep convert" in err.value.remedy
 
-    from harness.convert import convert
+    from harness.convert.conversion import convert
     from suites.convert_support import write_tiny_gguf
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")

@@ -12,12 +12,12 @@ import yaml
 from engines.errors import PackageError
 from engines.package import load_package
 from engines.package.schema import PackageSpec
-from fixtures import catalog
+from harness.catalog import builtin
 
 
 @pytest.fixture(scope="module")
 def built():
-    return {name: catalog.build(name) for name in ("lookup_chained", "tiny_llama_pair")}
+    return {name: builtin.build(name) for name in ("lookup_chained", "tiny_llama_pair")}
 
 
 def copy_of(built, name: str, tmp_path: Path) -> Path:

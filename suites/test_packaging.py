@@ -24,3 +24,21 @@ def test_setuptools_applies_the_metadata_without_a_warning(pyproject, monkeypatc
         dist = apply_configuration(Distribution(), pyproject)
     assert not [str(w.message).splitlines()[0] for w in caught]
     assert dist.metadata.license_expression == "Apache-2.0"
+
+
+def test_the_wheel_ships_product_code_and_the_texts_it_reads(monkeypatch):
+    """No test package (suites, fixtures) is installed as a top-level package of the wheel;
+    the files product code reads at run time (harness/texts/) are its package data."""
+    from fnmatch import fnmatch
+
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    monkeypatch.chdir(ROOT)
+    dist = apply_configuration(Distribution(), ROOT / "pyproject.toml")
+    packages = set(dist.packages)
+    assert {p.split(".")[0] for p in packages} == {"engines", "harness", "reports"}
+    assert {"harness.catalog", "harness.convert"} <= packages
+    texts = [f"texts/{p.name}" for p in (ROOT / "harness" / "texts").iterdir()]
+    patterns = dist.package_data["harness"]
+    assert texts and all(any(fnmatch(t, pattern) for pattern in patterns) for t in texts)

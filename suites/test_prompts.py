@@ -49,7 +49,7 @@ def _tokenizer():
 def chat_package(tmp_path_factory):
     """A tiny Hugging Face folder with tokenizer.json and a chat template in
     tokenizer_config.json, converted: the package carries both."""
-    from harness.convert import convert
+    from harness.convert.conversion import convert
 
     root = tmp_path_factory.mktemp("chat")
     folder = write_tiny_hf(root / "hf", vocab=VOCAB)
@@ -70,7 +70,7 @@ def test_the_converter_carries_a_gguf_chat_template_too(tmp_path, monkeypatch):
     """A GGUF's ``tokenizer.chat_template`` lands in the package as the HF folder's does
     (the tiny GGUF writer is given the template as it writes the tokenizer's eos id)."""
     gguf = pytest.importorskip("gguf")
-    from harness.convert import convert
+    from harness.convert.conversion import convert
     from suites.convert_support import write_tiny_gguf
 
     plain = gguf.GGUFWriter.add_eos_token_id
@@ -117,7 +117,7 @@ def smollm2_tokenizer(tmp_path_factory):
     pytest.importorskip("gguf")
     from gguf import GGUFReader
 
-    from fixtures.real_checkpoints import smollm2_path
+    from engines.shipped_checkpoint import smollm2_path
     from harness.convert.gguf_reader import field_value
     from harness.convert.tokenizer_builder import tokenizer_from_gguf
 

@@ -43,7 +43,7 @@ NATIVE_SPEC = ("chat_capital", 6, 2)  # native-host (~0.9 s per token): prompt, 
 def smollm2():
     pytest.importorskip("gguf", reason="make real (pip install gguf tokenizers)")
     pytest.importorskip("tokenizers", reason="make real (pip install gguf tokenizers)")
-    from fixtures.real_checkpoints import INSTALL, smollm2_path
+    from engines.shipped_checkpoint import INSTALL, smollm2_path
     from harness.convert.smollm2 import smollm2_package
 
     if smollm2_path() is None:
@@ -62,7 +62,7 @@ def tokenizer(smollm2):
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer):
-    from fixtures.real_checkpoints import encode_prompts
+    from harness.real_prompts import encode_prompts
 
     return encode_prompts(tokenizer)
 
@@ -82,7 +82,7 @@ def oracles(oracle, prompts):
 
 
 def test_checkpoint_is_the_one_the_notes_describe(smollm2):
-    from fixtures.real_checkpoints import SMOLLM2_BYTES, smollm2_path
+    from engines.shipped_checkpoint import SMOLLM2_BYTES, smollm2_path
 
     assert smollm2_path().stat().st_size == SMOLLM2_BYTES
     spec = smollm2.spec
@@ -91,13 +91,13 @@ def test_checkpoint_is_the_one_the_notes_describe(smollm2):
 
 
 def test_chatml_prompt_encodes_to_the_known_ids(tokenizer):
-    from fixtures.real_checkpoints import chatml
+    from harness.real_prompts import chatml
 
     assert tokenizer.encode(chatml([("user", "What is the capital of France?")])) == CHATML_FRANCE
 
 
 def test_every_shipped_prompt_round_trips(tokenizer, prompts):
-    from fixtures.real_checkpoints import load_prompts
+    from harness.real_prompts import load_prompts
 
     for p in load_prompts():
         assert tokenizer.decode(prompts[p.name]) == p.render(), p.name
@@ -117,7 +117,7 @@ def test_real_q4_1_and_q8_0_tensors_decode_as_specified():
     """The block layouts checked by hand on the real file's first block of each type."""
     pytest.importorskip("gguf")
     from harness.convert.gguf_reader import dequantize_tensor, open_gguf
-    from fixtures.real_checkpoints import smollm2_path
+    from engines.shipped_checkpoint import smollm2_path
 
     if smollm2_path() is None:
         pytest.skip("SmolLM2 is not installed")

@@ -12,8 +12,8 @@ from engines.oracle import oracle_decode
 from engines.workflow import greedy_decode
 from engines.workflow.proposers import CarryProposer
 from engines.workflow.speculative import SpeculativeSession, speculative_decode
-from fixtures import lookup_chained
-from fixtures.catalog import speculative_fixtures
+from harness.catalog import lookup_chained
+from harness.catalog.builtin import speculative_fixtures
 from suites.support import HOST_ENGINES
 
 NEW_TOKENS = 32

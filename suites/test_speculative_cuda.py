@@ -22,7 +22,7 @@ from engines.ledger import Ledger
 from engines.oracle import oracle_decode
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import SpeculativeSession, speculative_decode
-from fixtures.catalog import speculative_fixtures
+from harness.catalog.builtin import speculative_fixtures
 from suites.support import write_figure
 
 pytestmark = pytest.mark.gpu

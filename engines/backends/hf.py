@@ -438,7 +438,7 @@ _GGUF_LOADED: dict[str, tuple[Any, dict]] = {}
 
 def gguf_load_folder() -> Path:
     """Where transformers' GGUF loads are cached (``lockstep cache list`` shows them)."""
-    from fixtures.cache import cache_root
+    from engines.cache_root import cache_root
 
     return cache_root() / "hf-gguf"
 

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 def _in_cache(filename) -> str | None:
     """lockstep's cache folder, where the path that failed lies in it (the variable
     LOCKSTEP_CACHE, or its default, is then what the user can change)."""
-    from fixtures.cache import cache_root
+    from engines.cache_root import cache_root
 
     try:
         root, path = cache_root().resolve(), Path(filename).resolve()

@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     if args.packages is not None:
         packages = name_list(args.packages, "--packages")
     elif args.mode == "speculative":
-        from fixtures.catalog import speculative_fixtures
+        from harness.catalog.builtin import speculative_fixtures
 
         packages = list(speculative_fixtures())
     else:

@@ -20,14 +20,14 @@ from rich.console import Console
 from engines.errors import LockstepError
 from harness.cli.arguments import as_option, integer
 from harness.cli.progress import converting_steps
+from harness.convert.architectures import titles
 
 MAX_CONTEXT = 1 << 24  # engines.package.schema.MAX_CONTEXT_LIMIT (the CLI loads every command)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert", help="convert a GGUF file or Hugging Face folder (Llama, "
-                                       "Qwen2/3, Mistral, Granite, OLMo2, Phi3, Gemma2/3) "
-                                       "into a lockstep package")
+    p = sub.add_parser("convert", help=f"convert a GGUF file or Hugging Face folder "
+                                       f"({titles()}) into a lockstep package")
     p.add_argument("checkpoint", metavar="CHECKPOINT",
                    help="a .gguf file, a folder with config.json + *.safetensors, or smollm2")
     p.add_argument("-o", "--output", type=Path, default=None, metavar="PACKAGE",
@@ -67,8 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engines.package import load_package
-    from harness.convert import convert
-    from fixtures.real_checkpoints import resolve_checkpoint
+    from harness.convert.conversion import convert
+    from engines.shipped_checkpoint import resolve_checkpoint
 
     if args.builder == "onnxruntime-genai":
         from harness.cli.import_genai import convert_with_builder

@@ -27,20 +27,20 @@ def short_hash(digest: str) -> str:
 
 
 def build(args: argparse.Namespace) -> int:
-    from fixtures import catalog
+    from harness.catalog import builtin
     from engines.package import package_content_hash
-    from fixtures.package_writer import read_build_info
+    from harness.convert.package_writer import read_build_info
 
-    names = args.names or list(catalog.FIXTURES)
+    names = args.names or list(builtin.FIXTURES)
     for name in names:  # every name is checked before anything is built
-        catalog.get_fixture(name)
+        builtin.get_fixture(name)
     table = Table(title="fixtures built")
     table.add_column("name", no_wrap=True)
     for column in ("seed", "min margin", "hash"):
         table.add_column(column, no_wrap=True)
     table.add_column("folder", overflow="fold")
     for name in names:
-        folder = catalog.build(name, force=args.force)
+        folder = builtin.build(name, force=args.force)
         info = read_build_info(folder) or {}
         table.add_row(name, str(info.get("seed")),
                       str(info.get("conditioning", {}).get("min_margin")),
@@ -50,14 +50,14 @@ def build(args: argparse.Namespace) -> int:
 
 
 def list_(args: argparse.Namespace) -> int:
-    from fixtures import catalog
-    from fixtures.cache import cache_root
+    from harness.catalog import builtin
+    from engines.cache_root import cache_root
 
     table = Table(title="built-in fixtures", caption=f"cache: {cache_root()}")
     for column in ("name", "seed", "built", "min margin", "hash"):
         table.add_column(column, no_wrap=True)
     table.add_column("what")
-    for s in catalog.list_fixtures():
+    for s in builtin.list_fixtures():
         seed = str(s.default_seed) if s.seed in (None, s.default_seed) else \
             f"{s.default_seed}->{s.seed}"
         built = "yes" if s.current else ("stale" if s.built else "no")
@@ -73,7 +73,7 @@ def list_(args: argparse.Namespace) -> int:
 def real_checkpoint_rows() -> list[tuple[str, str, str]]:
     """``smollm2`` and ``smollm2-selfspec`` (the names ``lockstep run --packages`` takes):
     whether the checkpoint is installed and converted by the converter checked out now."""
-    from fixtures.real_checkpoints import INSTALL, smollm2_path
+    from engines.shipped_checkpoint import INSTALL, smollm2_path
 
     what = {"smollm2": "SmolLM2-135M-Instruct (real checkpoint, converted from GGUF)",
             "smollm2-selfspec": "the same with a 24-block layer-skip drafter (speculative)"}
@@ -82,7 +82,8 @@ def real_checkpoint_rows() -> list[tuple[str, str, str]]:
         return [(name, "not installed", f"{text}; {INSTALL}") for name, text in what.items()]
     try:
         from engines.package.hashing import checkpoint_hash
-        from harness.convert import _folder_name, _key, cache
+        from harness.convert import cache
+        from harness.convert.conversion import _folder_name, _key
         from harness.convert.smollm2 import SELFSPEC_DRAFT_LAYERS
         from harness.convert.writer import ConvertOptions
     except ImportError as exc:  # the converter's libraries: the 'real' extra

@@ -70,7 +70,7 @@ def build_prompts(build: Path) -> list[list[int]] | None:
         return None
     if not path.is_file():
         return None
-    from fixtures.real_checkpoints import encode_prompts
+    from harness.real_prompts import encode_prompts
 
     tokenizer = Tokenizer.from_file(str(path))
     vocab = tokenizer.get_vocab(with_added_tokens=True)
@@ -136,7 +136,7 @@ def convert_with_builder(args: argparse.Namespace) -> int:
     from engines.backends import genai_build
     from engines.backends.checkpoint_source import CheckpointSource, content_hash
     from engines.backends.genai_package import genai_package_folder, genai_package_for
-    from fixtures.real_checkpoints import resolve_checkpoint
+    from engines.shipped_checkpoint import resolve_checkpoint
 
     unused = [flag for flag, given in (
         ("--cache", args.cache != "dynamic"), ("--no-twin", args.no_twin),

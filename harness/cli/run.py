@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--width applies to speculative decoding only", field="--width",
                          value=args.width, remedy="add --mode speculative, or drop --width")
     if args.mode == "speculative" and args.packages is None:
-        from fixtures.catalog import speculative_fixtures
+        from harness.catalog.builtin import speculative_fixtures
 
         packages = list(speculative_fixtures())
     else:

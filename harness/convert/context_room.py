@@ -1,6 +1,6 @@
 """The positions a conversion is asked to hold, checked before anything is allocated for them.
 
-The rotary tables hold one row per position (``fixtures.llama_config.rope_tables``: angles,
+The rotary tables hold one row per position (``harness.convert.llama_config.rope_tables``: angles,
 cos and sin in float64, then float32 initializers), so ``--max-context 100000000`` once
 allocated for 40 s and died with numpy's 23.8 GiB ``_ArrayMemoryError``. A context past the
 package format's limit (``MAX_CONTEXT_LIMIT``, 2^24) is refused, and so is one whose tables

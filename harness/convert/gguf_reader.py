@@ -12,8 +12,10 @@ channels; those weights are kept as stored and the graph rotates pairs. ``qwen2`
 ``qwen3`` GGUFs were not permuted and rotate halves. Llama 3.x scaling arrives as the
 ``rope_freqs`` tensor (one divisor per frequency), linear scaling as metadata.
 
-Metadata under ``<arch>.`` must be on ``ARCH_KEYS`` (read, or known not to change the
-forward): an unknown key refuses the file, so a variant is never converted silently.
+Metadata under ``<arch>.`` must be on ``ARCH_KEYS`` or its family's own keys (read, or
+known not to change the forward): an unknown key refuses the file, so a variant is never
+converted silently. What differs by family (the Q/K row order, tensors, keys, the features
+only its metadata says) is its ``GgufLayout``, found through ``architectures``.
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from harness.convert import errors
+from harness.convert.architectures import BY_NAME, GGUF_FAMILIES
 from harness.convert.checkpoint import Architecture, Checkpoint
+from harness.convert.gguf_architectures import GgufLayout
 from harness.convert.gguf_header import field_value, read_metadata
 from harness.convert.kinds import COUNT, POSITIVE
 
@@ -42,18 +46,7 @@ GLOBAL_TENSORS = {"token_embd.weight": "embed", "output_norm.weight": "final_nor
                   "output.weight": "head"}
 # matrices stored [out, in] (GGUF ne reversed) whose graph layout is [in, out]
 TRANSPOSED = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "head"}
-ROPE_LAYOUT = {"llama": "pairs", "granite": "pairs", "qwen2": "halves", "qwen3": "halves",
-               "olmo2": "halves", "phi3": "halves"}
-# per architecture: block tensors that differ from BLOCK_TENSORS' meaning
-ARCH_BLOCK_TENSORS = {
-    "olmo2": {"post_attention_norm.weight": "attn_post_norm",
-              "post_ffw_norm.weight": "mlp_post_norm"},
-    "phi3": {"attn_qkv.weight": "fused:qkv", "ffn_up.weight": "fused:gate_up"},
-}
 FUSED = {"fused:qkv": ("wq", "wk", "wv"), "fused:gate_up": ("w_gate", "w_up")}
-# Granite's four multipliers: metadata key -> Architecture field
-GRANITE_SCALES = {"embedding_scale": "embed_scale", "attention.scale": "attn_scale",
-                  "residual_scale": "residual_scale", "logit_scale": "logits_divisor"}
 ROPE_FREQS = "rope_freqs.weight"
 # <arch>.* metadata the reader reads, or that does not change the forward
 ARCH_KEYS = frozenset({
@@ -63,16 +56,14 @@ ARCH_KEYS = frozenset({
     "rope.dimension_count", "rope.scaling.type", "rope.scaling.factor",
     "rope.scaling.original_context_length", "rope.scaling.finetuned", "vocab_size",
 })
-ARCH_EXTRA_KEYS = {"granite": frozenset(GRANITE_SCALES),
-                   "phi3": frozenset({"attention.sliding_window"})}
-# what each <arch>.* value the reader uses must be
+# what each <arch>.* value the reader uses must be (a family's own keys: its GgufLayout)
 VALUE_KINDS = {
     **{key: COUNT for key in ("context_length", "embedding_length", "block_count",
                               "feed_forward_length", "attention.head_count",
                               "attention.head_count_kv", "attention.key_length",
                               "attention.value_length", "rope.dimension_count", "vocab_size")},
     **{key: POSITIVE for key in ("attention.layer_norm_rms_epsilon", "rope.freq_base",
-                                 "rope.scaling.factor", *GRANITE_SCALES)},
+                                 "rope.scaling.factor")},
 }
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 
@@ -168,13 +159,19 @@ def declared_head_dim(path: str | Path, arch: str) -> int | None:
 
 
 def _check_supported(arch, where: str) -> None:
-    if arch not in errors.SUPPORTED_GGUF_ARCHITECTURES:
+    if arch not in GGUF_FAMILIES:
         raise errors.unsupported_gguf_architecture(str(arch), where)
+
+
+def layout_of(arch: str) -> GgufLayout:
+    """The GGUF layout of a family the converter reads from GGUF (its ``architectures`` row)."""
+    return BY_NAME[arch].gguf
 
 
 def read_architecture(reader, where: str) -> Architecture:
     arch = field_value(reader, "general.architecture")
     _check_supported(arch, where)
+    layout = layout_of(arch)
 
     def need(key: str):
         value = field_value(reader, f"{arch}.{key}")
@@ -185,8 +182,8 @@ def read_architecture(reader, where: str) -> Architecture:
                                            "converter", where=where)
         return value
 
+    known = ARCH_KEYS | set(layout.extra_keys)
     for key in sorted(reader.fields):
-        known = ARCH_KEYS | ARCH_EXTRA_KEYS.get(arch, frozenset())
         if key.startswith(f"{arch}.") and key[len(arch) + 1:] not in known:
             raise errors.InputError(f"the GGUF metadata {key} is not modelled: converting would "
                                     f"risk building a different model", field=key,
@@ -194,7 +191,8 @@ def read_architecture(reader, where: str) -> Architecture:
                                     remedy="convert a checkpoint without it, or teach "
                                            "harness/convert/gguf_reader.py what it means",
                                     where=where)
-    for key, kind in VALUE_KINDS.items():
+    kinds = {**VALUE_KINDS, **{k: v for k, v in layout.extra_keys.items() if v is not None}}
+    for key, kind in kinds.items():
         value = field_value(reader, f"{arch}.{key}")
         if value is not None and not kind.ok(value):
             raise errors.InputError(f"the GGUF metadata {arch}.{key} must be {kind.what}",
@@ -240,42 +238,28 @@ def read_architecture(reader, where: str) -> Architecture:
                                        "its tensors", where=where)
     vocab = int(embd.shape[1])
     names = {t.name for t in reader.tensors}
+    features = {
+        "attention_bias": any(n.endswith("attn_q.bias") for n in names),
+        "output_bias": any(n.endswith("attn_output.bias") for n in names),
+        "mlp_bias": any(n.endswith("ffn_gate.bias") for n in names),
+        "qk_norm": "head" if any(n.endswith("attn_q_norm.weight") for n in names) else "none",
+        "rope_scaling": _rope_scaling(reader, arch, head_dim, where),
+        "sliding_window": _window(reader, arch)}
+    if layout.read is not None:  # the family's own reader function
+        features.update(layout.read(reader, arch, where))
     return Architecture(
         family=arch, layers=layers, hidden=hidden, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, ffn=int(need("feed_forward_length")),
         vocab=int(vocab), context=int(need("context_length")),
         rope_base=float(field_value(reader, f"{arch}.rope.freq_base", 10000.0)),
         rms_eps=float(need("attention.layer_norm_rms_epsilon")),
-        rope_layout=ROPE_LAYOUT[arch],
-        tied="output.weight" not in names,
-        attention_bias=any(n.endswith("attn_q.bias") for n in names),
-        output_bias=any(n.endswith("attn_output.bias") for n in names),
-        mlp_bias=any(n.endswith("ffn_gate.bias") for n in names),
-        qk_norm=("none" if not any(n.endswith("attn_q_norm.weight") for n in names)
-                 else "full" if arch == "olmo2" else "head"),
-        norm_placement="post" if arch == "olmo2" else "pre",
-        rope_scaling=_rope_scaling(reader, arch, head_dim, where),
-        sliding_window=_window(reader, arch),
-        **_granite_scales(reader, arch, where))
+        rope_layout=layout.rope_layout,
+        tied="output.weight" not in names, **features)
 
 
 def _window(reader, arch: str) -> int | None:
     window = field_value(reader, f"{arch}.attention.sliding_window")
     return int(window) if window else None
-
-
-def _granite_scales(reader, arch: str, where: str) -> dict:
-    if arch != "granite":
-        return {}
-    out = {}
-    for key, name in GRANITE_SCALES.items():
-        value = field_value(reader, f"{arch}.{key}")
-        if value is None or not float(value) > 0:
-            raise errors.InputError(f"Granite's {key} is part of the model", field=f"{arch}.{key}",
-                                    value=value, remedy="re-export the checkpoint with every "
-                                    "Granite multiplier", where=where)
-        out[name] = float(value)
-    return out
 
 
 def _rope_scaling(reader, arch: str, head_dim: int, where: str) -> tuple | None:
@@ -309,10 +293,8 @@ def weight_key(name: str, arch: str = "llama") -> str | None:
     if name in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[name]
     match = _BLOCK_NAME.match(name)
-    table = {**BLOCK_TENSORS, **ARCH_BLOCK_TENSORS.get(arch, {})}
-    if arch == "olmo2":  # its post_attention_norm follows attention; it has no ffn_norm
-        table.pop("ffn_norm.weight")
-    if match and match.group(2) in table:
+    table = {**BLOCK_TENSORS, **layout_of(arch).block_tensors}
+    if match and table.get(match.group(2)) is not None:
         return f"l{int(match.group(1))}.{table[match.group(2)]}"
     return None
 

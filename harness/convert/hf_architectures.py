@@ -1,8 +1,10 @@
-"""What each Hugging Face decoder architecture means to the LLaMA graph.
+"""What each family's Hugging Face checkpoint means to the LLaMA graph.
 
-One ``Profile`` per ``architectures[0]``: the config fields it reads (each becomes a graph
-feature or is refused by value), its tensor names and how they map onto the graph's weight
-keys. Every other config field must be bookkeeping (``is_bookkeeping``: names, versions,
+One ``Profile`` per family (its row in ``architectures`` names the ``architectures[0]`` it
+reads): the config fields it reads (each becomes a graph feature or is refused by value),
+its tensor names and how they map onto the graph's weight keys, and its reader function
+(``read_<family>``: the config's fields as ``Architecture`` features). Every other config
+field must be bookkeeping (``is_bookkeeping``: names, versions,
 dtypes, training-only settings, token ids the tokenizer owns, generation defaults), which
 cannot change the computation: it is accepted and recorded in the package's
 ``checkpoint.json``. An unknown field refuses the checkpoint, so a variant the converter does
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engines.errors import InputError
-from fixtures.llama_config import ROPE_SCALING_KEYS
+from harness.convert.llama_config import ROPE_SCALING_KEYS
 
 # read by the converter besides COMMON and a profile's own fields
 READ = frozenset({"architectures", "model_type", "bos_token_id", "eos_token_id",
@@ -101,7 +103,7 @@ class Profile:
     family: str
     fields: frozenset  # architecture-specific config fields this profile reads
     layer_tensors: dict
-    features: Callable[[dict, str], dict]  # config -> Architecture feature kwargs
+    read: Callable[[dict, str], dict]  # its reader function: config -> Architecture features
     fused: dict = field(default_factory=dict)
     gemma_norms: bool = False  # gains stored as w, applied as (1 + w)
     tied_default: bool = False
@@ -110,6 +112,7 @@ class Profile:
     # a mixture of experts: "<prefix>{e}.<name>" -> "e{e}.<key>" for each name here
     expert_tensors: dict = field(default_factory=dict)
     expert_prefix: str = ""
+    local_rope: bool = False  # sliding layers with their own RoPE base (Gemma3)
 
 
 def expert_key(suffix: str, profile: Profile) -> str | None:
@@ -144,18 +147,18 @@ def _bias_all(config: dict) -> dict:
     return {"attention_bias": on, "output_bias": on}
 
 
-def _llama(config, where):
+def read_llama(config, where):
     if int(config.get("pretraining_tp") or 1) != 1:
         raise refuse("pretraining_tp", config["pretraining_tp"], "sliced projections are not "
                      "modelled", "set pretraining_tp to 1 (it only changes rounding)", where)
     return {**_bias_all(config), "mlp_bias": _flag(config, "mlp_bias")}
 
 
-def _qwen2(config, where):
+def read_qwen2(config, where):
     return {**_full_attention_only(config, where), "attention_bias": True}
 
 
-def _qwen3(config, where):
+def read_qwen3(config, where):
     return {**_full_attention_only(config, where), **_bias_all(config), "qk_norm": "head"}
 
 
@@ -167,15 +170,15 @@ def _window(config: dict, where: str) -> int | None:
     return window
 
 
-def _mistral(config, where):
+def read_mistral(config, where):
     return {"sliding_window": _window(config, where)}
 
 
-def _phi3(config, where):
+def read_phi3(config, where):
     return {"sliding_window": _window(config, where)}
 
 
-def _mixtral(config, where):
+def read_mixtral(config, where):
     """Mixtral: Mistral's attention and a sparse mixture of SwiGLU experts, the router's
     top ``num_experts_per_tok`` of ``num_local_experts`` (its router jitter is training
     noise; aux-loss settings only add a training loss)."""
@@ -192,8 +195,8 @@ def _mixtral(config, where):
             "experts_per_token": per_token}
 
 
-def _granite(config, where):
-    out = {**_llama(config, where)}
+def read_granite(config, where):
+    out = {**read_llama(config, where)}
     for name, key in (("embedding_multiplier", "embed_scale"),
                       ("attention_multiplier", "attn_scale"),
                       ("residual_multiplier", "residual_scale"),
@@ -206,7 +209,7 @@ def _granite(config, where):
     return out
 
 
-def _olmo2(config, where):
+def read_olmo2(config, where):
     return {**_bias_all(config), "qk_norm": "full", "norm_placement": "post"}
 
 
@@ -232,7 +235,7 @@ def _layer_windows(config: dict, where: str) -> dict:
             "sliding_layers": sliding if sliding else None}
 
 
-def _gemma2(config, where):
+def read_gemma2(config, where):
     if _flag(config, "use_bidirectional_attention"):
         raise refuse("use_bidirectional_attention", True, "the graph is causal",
                      "convert a causal (decoder) checkpoint", where)
@@ -248,53 +251,23 @@ def _gemma2(config, where):
     return out
 
 
-def _gemma3(config, where):
-    return {**_gemma2(config, where), "qk_norm": "head"}
+def read_gemma3(config, where):
+    return {**read_gemma2(config, where), "qk_norm": "head"}
 
 
-_GEMMA_FIELDS = frozenset({"attention_bias", "query_pre_attn_scalar", "attn_logit_softcapping",
-                           "final_logit_softcapping", "sliding_window", "layer_types",
-                           "hidden_activation", "use_bidirectional_attention",
-                           "sliding_window_pattern", "_sliding_window_pattern"})
-_QWEN_FIELDS = frozenset({"use_sliding_window", "sliding_window", "max_window_layers",
-                          "layer_types"})
-PROFILES = {
-    "LlamaForCausalLM": Profile("llama", frozenset({"attention_bias", "mlp_bias",
-                                                    "pretraining_tp"}), LLAMA_LAYER, _llama),
-    "Qwen2ForCausalLM": Profile("qwen2", _QWEN_FIELDS, LLAMA_LAYER, _qwen2),
-    "Qwen3ForCausalLM": Profile("qwen3", _QWEN_FIELDS | {"attention_bias"},
-                                {**LLAMA_LAYER, **QK_NORMS}, _qwen3),
-    "MistralForCausalLM": Profile("mistral", frozenset({"sliding_window"}), LLAMA_LAYER,
-                                  _mistral),
-    "GraniteForCausalLM": Profile("granite", frozenset({
-        "attention_bias", "mlp_bias", "pretraining_tp", "embedding_multiplier",
-        "attention_multiplier", "residual_multiplier", "logits_scaling"}), LLAMA_LAYER,
-        _granite),
-    "Olmo2ForCausalLM": Profile("olmo2", frozenset({"attention_bias"}), OLMO2_LAYER, _olmo2),
-    "MixtralForCausalLM": Profile(
-        "mixtral", frozenset({"sliding_window", "num_local_experts", "num_experts_per_tok",
-                              "router_jitter_noise", "router_aux_loss_coef",
-                              "output_router_logits"}),
-        {"input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "mlp_norm",
-         **{k: v for k, v in _ATTN.items() if k.endswith("weight")},
-         "block_sparse_moe.gate.weight": "router"}, _mixtral,
-        expert_tensors={"w1.weight": "w_gate", "w3.weight": "w_up", "w2.weight": "w_down"},
-        expert_prefix="block_sparse_moe.experts."),
-    "Phi3ForCausalLM": Profile("phi3", frozenset({"sliding_window"}), {
-        "input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "mlp_norm",
-        "self_attn.o_proj.weight": "wo", "mlp.down_proj.weight": "w_down"}, _phi3,
-        fused=PHI3_FUSED),
-    "Gemma2ForCausalLM": Profile("gemma2", _GEMMA_FIELDS, GEMMA_LAYER, _gemma2,
-                                 gemma_norms=True, tied_default=True,
-                                 activation_field="hidden_activation",
-                                 activation="gelu_pytorch_tanh"),
-    "Gemma3ForCausalLM": Profile("gemma3", _GEMMA_FIELDS | {"rope_local_base_freq"},
-                                 GEMMA_LAYER, _gemma3,
-                                 gemma_norms=True, tied_default=True,
-                                 activation_field="hidden_activation",
-                                 activation="gelu_pytorch_tanh"),
-}
-SUPPORTED = tuple(PROFILES)
+GEMMA_FIELDS = frozenset({"attention_bias", "query_pre_attn_scalar", "attn_logit_softcapping",
+                          "final_logit_softcapping", "sliding_window", "layer_types",
+                          "hidden_activation", "use_bidirectional_attention",
+                          "sliding_window_pattern", "_sliding_window_pattern"})
+QWEN_FIELDS = frozenset({"use_sliding_window", "sliding_window", "max_window_layers",
+                         "layer_types"})
+MIXTRAL_LAYER = {"input_layernorm.weight": "attn_norm",
+                 "post_attention_layernorm.weight": "mlp_norm",
+                 **{k: v for k, v in _ATTN.items() if k.endswith("weight")},
+                 "block_sparse_moe.gate.weight": "router"}
+PHI3_LAYER = {"input_layernorm.weight": "attn_norm",
+              "post_attention_layernorm.weight": "mlp_norm",
+              "self_attn.o_proj.weight": "wo", "mlp.down_proj.weight": "w_down"}
 
 
 def check_fields(config: dict, profile: Profile, where: str) -> None:
@@ -324,7 +297,7 @@ def rope(config: dict, where: str, profile: Profile) -> tuple[float, tuple | Non
     ``rope_theta`` + ``rope_scaling`` (+ Gemma3's ``rope_local_base_freq``)."""
     params = config.get("rope_parameters") or {}
     local = None
-    if profile.family == "gemma3":
+    if profile.local_rope:
         local = float(config.get("rope_local_base_freq") or 10000.0)
         if "full_attention" in params or "sliding_attention" in params:
             local_params = params.get("sliding_attention") or {}

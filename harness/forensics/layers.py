@@ -1,6 +1,6 @@
 """Which decoder layer each node of a component belongs to.
 
-Node names in lockstep's graphs (``fixtures/llama_graph.py``, the converter, the hybrid
+Node names in lockstep's graphs (``harness/convert/llama_graph.py``, the converter, the hybrid
 fixture) carry no layer: the builder names nodes ``n_<Op>_<k>`` with one counter per op type.
 The layer is read from what a node consumes instead, and propagated:
 
