@@ -21,6 +21,7 @@ import traceback
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
+from typing import Literal
 
 from engines.engine import Availability, Capabilities, Engine
 from engines.errors import (EngineDefinitionError, EngineImportError, InputError,
@@ -473,7 +474,7 @@ class EngineListing:
     """One engine as the registry knows it, loadable or not (``describe_engines``)."""
     name: str
     target: str                    # "package.module:Class"
-    source: str                    # "built-in" or "entry point"
+    source: Literal["built-in", "entry point"]
     distribution: str | None       # the distribution declaring the entry point
     version: str | None            # that distribution's version; lockstep's for built-ins
     engine_class: type[Engine] | None  # None when it cannot be loaded

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from engines.engine import Engine
 from engines.errors import EngineUnavailable, InputError, LockstepError
@@ -51,7 +51,8 @@ from engines.workflow.speculative import check_width, speculative_decode
 from engines.workflow.validation import check_count, check_request
 
 MODES = ("greedy", "speculative")
-OK, UNAVAILABLE, ERROR = "ok", "unavailable", "error"
+RowStatus = Literal["ok", "unavailable", "error"]
+OK, UNAVAILABLE, ERROR = get_args(RowStatus)
 FORMAT = 2  # the JSON file's layout version (2: prefill, steady decode, floor, bandwidth)
 KIND = "lockstep-bench"  # the JSON file's "kind"
 MARKER = f'"kind": "{KIND}"'  # in a file's first bytes: `bench --json` may replace it
@@ -67,7 +68,7 @@ class BenchRow:
     package: str
     engine: str
     mode: str  # "greedy" or "<kind>/w<width>"
-    status: str  # ok | unavailable | error
+    status: RowStatus
     reason: str = ""
     residency: str = ""
     prompt: list[int] = field(default_factory=list)

@@ -3,7 +3,7 @@ measured by the engine's own ledger and, where the decode ran under it, by the i
 transfer guard. Judged by the claim registry, whether or not evidence is written."""
 from __future__ import annotations
 
-from harness.claims import FAIL, SKIP, all_pass, judge
+from harness.claims import FAIL, SKIP, all_pass, judge_claim
 
 
 def expected_readback(result) -> tuple[int, str]:
@@ -39,9 +39,9 @@ def device_budgets(engine, result, guard=None):
     checks = []
     for claim_id, value, unit in measured:
         if claim_id == "zero_staging":
-            budget, verdict = 0, judge(claim_id, value)
+            budget, verdict = 0, judge_claim(claim_id, value)
         else:
-            budget, verdict = expected, judge(claim_id, value, expected)
+            budget, verdict = expected, judge_claim(claim_id, value, expected)
         checks.append(BudgetCheck(claim=claim_id, budget=budget, measured=value, unit=unit,
                                   verdict=verdict,
                                   note=None if claim_id == "zero_staging" else note))

@@ -18,6 +18,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -31,7 +32,7 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 @dataclass
 class CacheEntry:
     path: Path
-    kind: str  # conversion | fixture | staging
+    kind: Literal["conversion", "fixture", "staging"]
     size: int  # bytes
     age_s: float
     variant: str  # conversions: the folder name without its key (same checkpoint + options)
@@ -67,7 +68,7 @@ def cache_entries(now: float | None = None) -> list[CacheEntry]:
     """Everything under the caches, oldest first: each folder of a cache that holds its
     kind's marker file (whose time is the folder's age)."""
     from engines.backends.genai_build import BUILD_FILE, cache_folder
-    from engines.backends.hf import gguf_load_folder
+    from engines.backends.hf_model import gguf_load_folder
     from engines.cache_root import CACHE_ENV, REPO_ROOT, cache_root
     from harness.staging import find_staging
     from harness.convert.cache import converted_root

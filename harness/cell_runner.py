@@ -28,10 +28,10 @@ from engines.workflow import greedy_decode
 from engines.workflow.speculative import speculative_decode
 from harness.budgets import budget_summary, device_budgets
 from harness.cells import CellError, CellResult
-from harness.claims import FAIL, PASS, SKIP, judge as judge_claim
+from harness.claims import FAIL, PASS, SKIP, judge_claim
 from engines.tolerances import band_for
-from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, IDENTICAL, NEAR_TIE, NON_FINITE,
-                           UNAVAILABLE, StepJudgement, band_statistics, first_difference, worst)
+from harness.judgement import (BUDGET, DEFECT, DRIFT, ERROR, IDENTICAL, NEAR_TIE, NON_FINITE,
+                               UNAVAILABLE, StepJudgement, band_statistics, first_difference, worst)
 from harness.package_judge import OracleFailed, PackageJudge
 from harness.packages import resolve_package
 from harness.plan import CellSpec
@@ -137,7 +137,7 @@ def _greedy_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tokens: 
         return _errored(cell, failed.error)
     rows = audited.logits if auditable else None
     try:
-        cell.judgement = judge.judge(cell.prompt, cell.tokens, max_new_tokens, rows, tol)
+        cell.judgement = judge.judge_stream(cell.prompt, cell.tokens, max_new_tokens, rows, tol)
         if rows is not None:
             cell.audit = judge.audit(cell.prompt, audited.tokens, rows, how, tol)
             cell.audit.readback_bytes = (audited.ledger.readback_bytes.get("logits_audit", 0)
@@ -194,7 +194,7 @@ def _greedy_for_speculation(engine, judge: PackageJudge, name: str, prompt,
     except OracleFailed as failed:
         return failed.error
     try:
-        return list(result.tokens), judge.judge(prompt, result.tokens, max_new_tokens, None,
+        return list(result.tokens), judge.judge_stream(prompt, result.tokens, max_new_tokens, None,
                                                 tol)
     except Exception as exc:
         return CellError.of("judge", exc)
@@ -228,7 +228,7 @@ def _speculative_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tok
                                                   "restores")}
     cell.budgets, cell.verdicts = device_budgets(engine, result, guard)
     try:
-        cell.judgement = judge.judge(cell.prompt, cell.tokens, max_new_tokens, None, tol)
+        cell.judgement = judge.judge_stream(cell.prompt, cell.tokens, max_new_tokens, None, tol)
         if auditable and audited.audited is not None:
             cell.audit = judge.audit_forwards(cell.prompt, audited.audited, how, tol)
             cell.audit.readback_bytes = (audited.ledger.readback_bytes.get("logits_audit", 0)

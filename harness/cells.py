@@ -9,20 +9,25 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from harness.judge import FAILING, LogitsAudit, StepJudgement, StreamJudgement
+from harness.judgement import FAILING, LogitsAudit, Status, StepJudgement, StreamJudgement
+
+# where in a cell an exception was raised
+Stage = Literal["availability", "constructor", "oracle", "greedy", "decode", "audit", "judge",
+                "runner", "worker"]
 
 
 @dataclass
 class CellError:
-    stage: str  # constructor | oracle | greedy | decode | audit | judge
+    stage: Stage
     type: str
     message: str
     step: int | None = None
     traceback: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, stage: str, exc: BaseException, step: int | None = None) -> "CellError":
+    def of(cls, stage: Stage, exc: BaseException, step: int | None = None) -> "CellError":
         frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
         short = [line.rstrip() for chunk in frames[-6:] for line in chunk.splitlines()][-12:]
         return cls(stage, type(exc).__name__, str(exc), step, short)
@@ -38,7 +43,7 @@ class CellResult:
     engine: str
     prompt_name: str
     prompt: list[int]
-    status: str  # identical | near-tie | drift | budget | defect | non-finite | error | unavailable
+    status: Status
     tokens: list[int] = field(default_factory=list)
     reference: list[int] = field(default_factory=list)  # the oracle's own stream
     divergence: StepJudgement | None = None  # first defect, else first near-tie
@@ -64,7 +69,7 @@ class CellResult:
     oracle_forwards: int = 0  # forwards the oracle ran for this cell (0: rows it had already)
     oracle_positions: int = 0  # positions those forwards fed
     scheme: str | None = None  # Engine.numeric_scheme(): a quantized engine's scheme
-    band: object | None = None  # harness.judge.BandStatistics, where its scheme has a band
+    band: object | None = None  # harness.judgement.BandStatistics, where its scheme has a band
 
     @property
     def failed(self) -> bool:

@@ -2,7 +2,7 @@
 
 Every claim has an id (used as the evidence ``verdicts`` key, the report's column and the
 ``@pytest.mark.claim("...")`` marker), a one-line statement, the unit its measurement is
-in, and the function that judges a measurement. ``docs/CLAIMS.md`` is the prose; this
+in, and the rule that judges a measurement. ``docs/CLAIMS.md`` is the prose; this
 module is what the code uses, so the two cannot drift silently (a test compares them).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.judge import BUDGET, DEFECT, DRIFT, NON_FINITE
+from harness.judgement import BUDGET, DEFECT, DRIFT, NON_FINITE
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 
@@ -21,8 +21,8 @@ class Claim:
     id: str
     statement: str
     unit: str
-    judge: Callable[..., str]  # measurement -> pass | fail
-    # the cell status a failed verdict stands for (harness.judge.SEVERITY): a token or
+    rule: Callable[..., str]  # measurement -> pass | fail
+    # the cell status a failed verdict stands for (harness.judgement.SEVERITY): a token or
     # stream claim is a defect, a logits claim non-finite or drift, a device claim a budget
     fails_as: str = BUDGET
 
@@ -132,6 +132,6 @@ def all_pass(verdicts: Sequence[str]) -> str:
     return FAIL if FAIL in verdicts else PASS
 
 
-def judge(claim_id: str, *measurement: Any, **kwargs: Any) -> str:
-    """Judge one measurement of ``claim_id`` with the claim's own function."""
-    return claim(claim_id).judge(*measurement, **kwargs)
+def judge_claim(claim_id: str, *measurement: Any, **kwargs: Any) -> str:
+    """Judge one measurement of ``claim_id`` by the claim's own rule."""
+    return claim(claim_id).rule(*measurement, **kwargs)

@@ -1,6 +1,6 @@
 """Comparators: tensors against a reference, by the metrics of the one tolerance table.
 
-Token streams are judged by ``harness.judge.judge_stream`` (every token on the engine's own
+Token streams are judged by ``harness.judgement.judge_stream`` (every token on the engine's own
 prefix), not here."""
 from __future__ import annotations
 

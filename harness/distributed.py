@@ -337,7 +337,7 @@ def _records_of(folder: Path, run_id: str) -> list[Path]:
 def cell_from_record(record, path: Path | None):
     """A ``CellResult`` as the CLI's tables read it, from a record a worker wrote."""
     from harness.cells import CellError, CellResult
-    from harness.judge import StepJudgement
+    from harness.judgement import StepJudgement
 
     div = record.divergence
     divergence = None if div is None else StepJudgement(

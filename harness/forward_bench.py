@@ -29,12 +29,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from engines.engine import Engine
 from engines.errors import InputError
 from engines.registry import get_engine_class
 from engines.workflow.session import DecodeSession
+from harness.bench import RowStatus
 
 FORMAT = 1
 KIND = "lockstep-bench-forward"  # the JSON file's "kind"
@@ -47,10 +48,10 @@ class ForwardRow:
 
     package: str
     engine: str
-    kind: str  # "prefill" or "rows"
+    kind: Literal["prefill", "rows"]
     tokens: int  # L for prefill, M for rows
     prefix: int  # positions already in the cache when the forward starts
-    status: str = "ok"
+    status: RowStatus = "ok"
     reason: str = ""
     ms: float | None = None  # median wall time of one forward, its token on the host
     spread: float | None = None  # (max - min) / median

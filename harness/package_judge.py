@@ -18,8 +18,8 @@ from engines.oracle import STREAM, Oracle, OracleTrace, check_oracle_mode, oracl
 from engines.workflow import greedy_decode
 from engines.tolerances import tolerance_for
 from harness.cells import CellError
-from harness.judge import (LogitsAudit, StreamJudgement, audit_forwards, audit_logits,
-                           judge_stream)
+from harness.judgement import (LogitsAudit, StreamJudgement, audit_forwards, audit_logits,
+                               judge_stream)
 
 
 def with_guesser(oracle: Oracle) -> Oracle:
@@ -104,7 +104,8 @@ class PackageJudge:
             raise OracleFailed(got)
         return got
 
-    def judge(self, prompt, tokens, max_new_tokens, rows=None, tol=None) -> StreamJudgement:
+    def judge_stream(self, prompt, tokens, max_new_tokens, rows=None,
+                     tol=None) -> StreamJudgement:
         """``tol``: the row to judge by (a quantized scheme's band), else the package dtype's."""
         oracle = self.oracle
         with self.timed():

@@ -18,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from engines.errors import InputError
 from engines.requests import check_count
@@ -135,7 +136,7 @@ class LeftOut:
     mode: str
     reason: str
     cells: int
-    decided_by: str  # declaration | machine
+    decided_by: Literal["declaration", "machine"]
 
 
 def declared_refusal(cls, package, mode: str) -> str | None:

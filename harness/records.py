@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from harness import evidence as ev
-from harness.judge import first_difference
+from harness.judgement import first_difference
 
 
 def _finite(x: float | None) -> float | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.evidence import EvidenceRecord
-from harness.judge import SEVERITY
+from harness.judgement import SEVERITY
 from harness.manifest import PlannedCell, RunManifest
 
 CellKey = tuple[str, str, str, str]  # package, engine, mode label, prompt name

@@ -18,7 +18,7 @@ from engines.oracle import STREAM
 from engines.registry import REFERENCE_ENGINE
 from harness.cell_runner import CellRunner, decode, engine_provenance
 from harness.cells import CellError, CellResult, RunSummary
-from harness.judge import first_difference
+from harness.judgement import first_difference
 from harness.package_judge import PackageJudge
 from harness.packages import resolve_package
 from harness.plan import (MODES, CellSpec, PackagePlan, Shard, check_counts, plan_packages,

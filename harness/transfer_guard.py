@@ -57,7 +57,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from types import ModuleType
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from engines.cuda_support import current_readback_purpose
 from engines.errors import LockstepError
@@ -88,7 +88,7 @@ class TransferEvent:
     path: str        # entry point, e.g. "cupy.ndarray.get"
     nbytes: int
     site: str        # "file:line in function" of the first frame outside the guard and CuPy
-    kind: str        # "staging" or "readback"
+    kind: Literal["staging", "readback"]
     purpose: str | None = None  # readback purpose
 
 

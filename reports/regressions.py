@@ -12,9 +12,10 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from harness.evidence import EvidenceRecord, found_status
-from harness.judge import BUDGET, DEFECT, FAILING, IDENTICAL, SEVERITY, worst
+from harness.judgement import BUDGET, DEFECT, FAILING, IDENTICAL, SEVERITY, worst
 
 NOISE_BAND = 0.10  # relative drop in tokens/s or mean acceptance tolerated as noise
 
@@ -32,7 +33,8 @@ def record_status(record: EvidenceRecord) -> str:
 
 @dataclass(frozen=True)
 class Regression:
-    kind: str  # new-divergence | status | budget-breach | claim-failing | throughput | acceptance | missing-cell
+    kind: Literal["new-divergence", "status", "budget-breach", "claim-failing", "throughput",
+                  "acceptance", "missing-cell"]
     cell: CellKey
     detail: str
     baseline: str = ""

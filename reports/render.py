@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
@@ -40,8 +40,8 @@ from markupsafe import Markup
 from engines import json_text
 from engines.errors import LockstepError
 from harness.evidence import CLAIMS, EvidenceRecord
-from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, IDENTICAL, NEAR_TIE,
-                           NON_FINITE, SEVERITY, UNAVAILABLE, worst)
+from harness.judgement import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, IDENTICAL, NEAR_TIE,
+                               NON_FINITE, SEVERITY, UNAVAILABLE, worst)
 from harness.manifest import PlannedCell, RunManifest
 from harness.plan import NotRun, fold_not_run
 from harness.run_coverage import Duplicate, drop_duplicates, run_coverage
@@ -91,7 +91,7 @@ def _mode_sort(label: str) -> tuple:
 
 
 def cell_verdict(records: Sequence[EvidenceRecord], missing: int = 0) -> str:
-    """The worst status of the cell's records (``harness.judge.SEVERITY``). A planned prompt
+    """The worst status of the cell's records (``harness.judgement.SEVERITY``). A planned prompt
     without a record makes an otherwise passing cell ``missing``: it was not shown to pass.
     No record at all: ``missing``."""
     if not records:
@@ -144,7 +144,7 @@ class GreedyView:
     speculative: str  # the speculative stream's own verdict against the oracle
     agrees: bool
     first_difference: int | None
-    wrong: str  # greedy | speculative | both | neither | none
+    wrong: Literal["greedy", "speculative", "both", "neither", "none"]
     sentence: str
     first_finding: Any  # Divergence | None
 

@@ -42,7 +42,7 @@ def measure(dtype: str, engines: list[str], tokens: int, same: bool,
     from engines.tolerances import tolerance_for
     from engines.workflow import greedy_decode
     from harness.convert.smollm2 import smollm2_package
-    from harness.judge import audit_logits, judge_stream
+    from harness.judgement import audit_logits, judge_stream
 
     pkg = load_package(smollm2_package(dtype=dtype))
     tol = tolerance_for(dtype)

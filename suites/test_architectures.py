@@ -34,7 +34,7 @@ from harness.compare import compare_tensors  # noqa: E402
 from harness.convert.architectures import FAMILIES as TABLE, GGUF_FAMILIES  # noqa: E402
 from harness.convert.conversion import convert, read_checkpoint  # noqa: E402
 from harness.convert.writer import ConvertOptions, write_converted  # noqa: E402
-from harness.judge import judge_stream  # noqa: E402
+from harness.judgement import judge_stream  # noqa: E402
 from suites.architecture_checkpoints import (GEMMA, TinySpec,  # noqa: E402
                                              build_model, save_checkpoint,
                                              transformers_greedy, write_gguf)

@@ -202,7 +202,7 @@ def test_cache_list_shows_genai_builds_their_packages_and_gguf_loads(cache, caps
     """onnxruntime-genai's builds (ort-genai) and transformers' GGUF loads (hf) are caches
     too (~1 GB for SmolLM2 alone): listed with their size; prune leaves them."""
     from engines.backends.genai_build import cache_folder
-    from engines.backends.hf import gguf_load_folder
+    from engines.backends.hf_model import gguf_load_folder
 
     made = {"genai build": cache_folder() / "ck-cpu-fp32",
             "genai package": cache_folder() / "ck-cpu-fp32-package",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.claims import CLAIM_IDS, CLAIMS, claim, judge
+from harness.claims import CLAIM_IDS, CLAIMS, claim, judge_claim
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "CLAIMS.md"
 
@@ -41,7 +41,7 @@ def test_an_unknown_claim_id_is_an_error_naming_the_valid_ones():
     ("graph_replay", (0,), "pass"), ("graph_replay", (2,), "fail"),
 ])
 def test_each_judge_decides_its_claim(claim_id, measurement, verdict):
-    assert judge(claim_id, *measurement) == verdict
+    assert judge_claim(claim_id, *measurement) == verdict
 
 
 def test_lockstep_claims_lists_every_claim_with_its_covering_tests(capsys):

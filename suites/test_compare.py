@@ -1,4 +1,4 @@
-"""The comparators: every token judged on the engine's own prefix (harness.judge), logits
+"""The comparators: every token judged on the engine's own prefix (harness.judgement), logits
 audited against the oracle's row, tensors by the tolerance table.
 
 The judge is exercised on a fake oracle with fixed float64 rows, one per step, so each rule
@@ -14,8 +14,8 @@ import pytest
 from engines.oracle import top2_margin
 from engines.tolerances import TABLE, tolerance_for
 from harness.compare import compare_tensors
-from harness.judge import (DEFECT, DRIFT, IDENTICAL, NEAR_TIE, NON_FINITE, audit_logits,
-                           judge_stream)
+from harness.judgement import (DEFECT, DRIFT, IDENTICAL, NEAR_TIE, NON_FINITE, audit_logits,
+                               judge_stream)
 
 VOCAB = 8
 EOS = 7

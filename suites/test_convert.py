@@ -29,7 +29,7 @@ from engines.workflow import greedy_decode  # noqa: E402
 from harness.convert.conversion import convert, read_checkpoint  # noqa: E402
 from harness.convert.gguf_reader import dequantize_tensor, open_gguf, weight_key  # noqa: E402
 from harness.compare import compare_tensors  # noqa: E402
-from harness.judge import IDENTICAL, audit_logits, judge_stream  # noqa: E402
+from harness.judgement import IDENTICAL, audit_logits, judge_stream  # noqa: E402
 from suites.convert_support import (GGUF_TYPES, write_tiny_gguf,  # noqa: E402
                                     write_tiny_hf)
 

@@ -351,7 +351,7 @@ def test_status_is_derived_where_a_writer_leaves_it_out_and_kept_where_it_agrees
 
 
 def test_derived_status_follows_the_judges_severity_order():
-    from harness.judge import worst
+    from harness.judgement import worst
 
     audit = ev.LogitsAuditRecord(dtype="float32", tolerance={}, decode="same", steps=[],
                                  non_finite_steps=1, out_of_tolerance_steps=2)

@@ -143,6 +143,31 @@ def test_correct_engines_stay_within_the_noise_floor(tmp_path, package):
                      "onnx-reference": "boundary"}
 
 
+class ShiftedBlackBox(pe.Planted):
+    """A black box that decodes by itself (its forwards invisible: another engine inside)
+    and shifts every logit of step K's row by 0.5: its tokens stay right, its row drifts."""
+    name = "test-shifted-black-box"
+    decodes_itself = True
+
+    def generate(self, prompt, max_new_tokens: int, audit: bool = False):
+        from engines.backends.native_host import NativeHostEngine
+        from engines.workflow import greedy_decode
+
+        self.reset_ledger()
+        result = greedy_decode(NativeHostEngine(self.package), prompt, max_new_tokens,
+                               audit=audit)
+        if result.logits is not None and len(result.logits) > K:
+            result.logits[K] = np.asarray(result.logits[K]) + np.float32(0.5)
+        return result
+
+
+def test_a_black_box_is_explained_by_its_logits_rows(records):
+    e = explain_record(records(ShiftedBlackBox, "tiny_llama"), engine=ShiftedBlackBox)
+    [node] = e.nodes
+    assert (e.step, e.view, e.first_bad) == (K, "outputs", node)
+    assert node.name == "logits[last row]" and abs(node.error - 0.5) < 1e-3 > node.floor
+
+
 def test_nothing_to_explain_is_an_input_error(tmp_path, records):
     from harness.evidence import read_evidence
 

@@ -3,7 +3,7 @@
 The strategy (``fixtures.strategies.decoder_configs``) draws layers 1-3, every query/KV
 grouping ratio, head_dim, hidden, vocab, max context, prompt length, cache kind and
 float32/float16; a package is built on the fly. Every engine's tokens are judged on the
-engine's own prefix (``harness.judge.judge_stream``). Generated weights are not conditioned,
+engine's own prefix (``harness.judgement.judge_stream``). Generated weights are not conditioned,
 so a token within the dtype's near-tie tolerance of the oracle's best is counted (a
 Hypothesis event), not failed; a ``defect`` fails and Hypothesis shrinks it to the smallest
 configuration, whose repr carries the seed that rebuilds the package.
@@ -19,7 +19,7 @@ from engines.registry import get_engine_class
 from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
 from fixtures.strategies import build_generated, decoder_configs
-from harness.judge import judge_stream
+from harness.judgement import judge_stream
 from suites.support import HOST_ENGINES
 
 NEW_TOKENS = 8

@@ -25,7 +25,7 @@ from engines.errors import EngineUnavailable  # noqa: E402
 from engines.package import load_package  # noqa: E402
 from engines.registry import get_engine_class  # noqa: E402
 from harness.convert.conversion import convert  # noqa: E402
-from harness.judge import DEFECT, DRIFT, IDENTICAL  # noqa: E402
+from harness.judgement import DEFECT, DRIFT, IDENTICAL  # noqa: E402
 from harness.runner import run_matrix  # noqa: E402
 from suites.convert_support import write_tiny_hf  # noqa: E402
 
@@ -131,18 +131,15 @@ def test_the_fallback_refuses_a_record_it_cannot_rebuild():
     agree with the converter."""
     from types import SimpleNamespace
 
-    from engines.backends.hf import _PLAIN_FEATURES, HfEngine
+    from engines.backends.hf_model import PLAIN_FEATURES, model_from_package
     from harness.convert.checkpoint import FEATURES, Architecture
 
     fields = Architecture.__dataclass_fields__
-    assert _PLAIN_FEATURES == {k: fields[k].default for k in FEATURES}  # one list, in step
+    assert PLAIN_FEATURES == {k: fields[k].default for k in FEATURES}  # one list, in step
     for extra in ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
                   {"attention_bias": True}):
-        engine = object.__new__(HfEngine)
-        engine.sidecar = {"architecture": {"family": "llama", "attention_bias": False, **extra}}
-        engine.package = SimpleNamespace(spec=SimpleNamespace())
-        engine._fallback = "no checkpoint here"
-        engine._torch = None
+        sidecar = {"architecture": {"family": "llama", "attention_bias": False, **extra}}
         with pytest.raises(EngineUnavailable) as err:
-            engine._model_from_package()
+            model_from_package(SimpleNamespace(spec=SimpleNamespace()), sidecar, "eager",
+                               "no checkpoint here")
         assert err.value.field == "architecture" and next(iter(extra)) in str(err.value)

@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 pytest.importorskip("gguf")
 
-from engines.backends import hf  # noqa: E402
+from engines.backends import hf, hf_model  # noqa: E402
 from engines.backends.checkpoint_source import SEARCH_ENV  # noqa: E402
 from engines.package import load_package  # noqa: E402
 from harness.convert.conversion import convert  # noqa: E402
@@ -22,7 +22,7 @@ def test_building_hf_prints_no_progress_bar(kind, tmp_path, monkeypatch, capfd):
     from transformers.utils import logging as hf_logging
 
     monkeypatch.setenv("LOCKSTEP_CACHE", str(tmp_path / "cache"))  # no cached GGUF load
-    monkeypatch.setattr(hf, "_GGUF_LOADED", {})
+    monkeypatch.setattr(hf_model, "_GGUF_LOADED", {})
     if kind == "hf folder":
         source = write_tiny_hf(tmp_path / "hf")
     else:

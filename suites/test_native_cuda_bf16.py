@@ -222,7 +222,7 @@ def test_gpu_comparisons_and_additions_equal_the_host(backend, stream):
 # -- the converted checkpoint, end to end ----------------------------------------------------------
 
 def _judged(oracle, prompt, tokens, tol):
-    from harness.judge import judge_stream
+    from harness.judgement import judge_stream
 
     return judge_stream(oracle, prompt, tokens, NEW_TOKENS, tol)
 
@@ -237,7 +237,7 @@ def test_gpu_bf16_greedy_passes_the_verdict_rules_with_zero_staging(converted, c
     from engines.registry import get_engine_class
     from engines.tolerances import tolerance_for
     from engines.workflow import greedy_decode
-    from harness.judge import IDENTICAL, NEAR_TIE
+    from harness.judgement import IDENTICAL, NEAR_TIE
     from harness.transfer_guard import transfer_guard
 
     package = converted[cache]
@@ -285,7 +285,7 @@ def test_gpu_bf16_logits_are_finite_and_within_the_row(converted, cache):
     from engines.oracle import oracle_for
     from engines.tolerances import tolerance_for
     from engines.workflow import greedy_decode
-    from harness.judge import audit_logits
+    from harness.judgement import audit_logits
 
     package = converted[cache]
     engine = NativeCudaEngine(package)

@@ -18,7 +18,7 @@ from engines.package import load_package
 from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
 from fixtures.strategies import build_generated, decoder_configs
-from harness.judge import judge_stream
+from harness.judgement import judge_stream
 from suites.support import device_greedy_matches_oracle, fixture_names, write_figure
 
 pytestmark = pytest.mark.gpu

@@ -19,7 +19,7 @@ from engines.errors import InputError
 from engines.oracle import RECOMPUTE, STREAM, Oracle, oracle_for
 from engines.tolerances import tolerance_for
 from harness.compare import compare_tensors
-from harness.judge import lowest_argmax
+from harness.judgement import lowest_argmax
 from harness.package_judge import with_guesser
 from harness.packages import fixture_names, resolve_package
 

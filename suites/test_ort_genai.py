@@ -19,7 +19,7 @@ from engines.backends import genai_build
 from engines.backends.ort_genai import OrtGenaiCudaEngine, OrtGenaiEngine
 from engines.errors import EngineUnavailable
 from engines.registry import get_engine_class
-from harness.judge import DEFECT, IDENTICAL, NEAR_TIE
+from harness.judgement import DEFECT, IDENTICAL, NEAR_TIE
 from harness.runner import run_matrix
 
 pytestmark = pytest.mark.real_checkpoint

@@ -22,7 +22,7 @@ from engines.oracle import Oracle
 from engines.registry import get_engine_class
 from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
-from harness.judge import IDENTICAL, NEAR_TIE, UNAVAILABLE, judge_stream
+from harness.judgement import IDENTICAL, NEAR_TIE, UNAVAILABLE, judge_stream
 from harness.runner import run_matrix
 from suites.genai_support import build, smollm2  # noqa: F401 - shared fixtures
 

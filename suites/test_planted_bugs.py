@@ -128,7 +128,7 @@ def test_a_near_tie_is_judged_by_the_engines_token_not_the_top2_margin(monkeypat
 
     from engines.oracle import Oracle
     from engines.tolerances import tolerance_for
-    from harness.judge import DEFECT, NEAR_TIE, judge_stream
+    from harness.judgement import DEFECT, NEAR_TIE, judge_stream
     from harness.packages import resolve_package
 
     package = resolve_package("tied_llama")
@@ -164,7 +164,7 @@ def test_exact_ties_go_to_the_lowest_index_on_every_host_engine():
 
     from engines.ledger import Ledger
     from engines.tensor_ops.host import HostTensorOps
-    from harness.judge import lowest_argmax
+    from harness.judgement import lowest_argmax
     from engines.oracle import top2_margin
 
     row = np.array([[0.5, 2.0, 2.0, -1.0, 2.0]], dtype=np.float32)

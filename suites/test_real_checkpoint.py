@@ -4,7 +4,7 @@ Facts: the tokenizer built from the GGUF encodes the ChatML prompt to the known 
 round-trips every shipped prompt; the oracle (ort-cpu, float32) continues "What is the
 capital of France?" with the known 8 tokens; native-host, ort-cpu and transformers follow
 the oracle on real prompts, every token judged on the engine's own prefix
-(``harness.judge.judge_stream``; real checkpoints have real near-ties: a token within the
+(``harness.judgement.judge_stream``; real checkpoints have real near-ties: a token within the
 float32 tolerance of the oracle's best there is a near-tie, anything else a defect).
 Self-speculation (``smollm2-selfspec``: a drafter of SmolLM2's first 24 blocks, the final
 norm and the tied head): the speculative stream is judged against the oracle on its own, and
@@ -26,7 +26,7 @@ from engines.oracle import Oracle
 from engines.registry import get_engine_class
 from engines.tolerances import tolerance_for
 from engines.workflow import greedy_decode
-from harness.judge import judge_stream
+from harness.judgement import judge_stream
 from harness.runner import first_difference
 
 pytestmark = pytest.mark.real_checkpoint
@@ -383,7 +383,7 @@ def test_reduced_greedy_follows_the_float32_twin(reduced, reduced_decodes, oracl
     within the dtype's margin, no defect) and every step's logits row within the dtype's
     logits bounds (max abs, NMSE) of the twin's."""
     from engines.oracle import reference_package
-    from harness.judge import audit_logits
+    from harness.judgement import audit_logits
 
     pkg = reduced(dtype)
     assert reference_package(pkg).root == oracle.package.root  # the module's oracle is the twin

@@ -15,7 +15,7 @@ from engines.errors import LockstepError
 from engines.ledger import Ledger
 from harness import evidence as ev
 from harness.cli import main as cli_main
-from harness.judge import FAILING, SEVERITY
+from harness.judgement import FAILING, SEVERITY
 from harness.manifest import PlannedCell, RunManifest, write_manifest
 from reports import NOISE_BAND, find_regressions, render_report
 from reports import render as render_module

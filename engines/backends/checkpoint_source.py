@@ -15,6 +15,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from engines.errors import EngineUnavailable
 
@@ -27,7 +28,7 @@ class CheckpointSource:
     """A package's source checkpoint, located and verified."""
 
     path: Path
-    kind: str  # "gguf" or "hf" (a Hugging Face folder)
+    kind: Literal["gguf", "hf"]  # hf: a Hugging Face folder
     content_hash: str  # "sha256:<hex>", as the converter recorded it
 
     def to_dict(self) -> dict:

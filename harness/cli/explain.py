@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from engines.output_paths import check_output_file
     from harness.forensics import FACTOR, explain_record, save_layer_curve
-    from harness.forensics.explain import MARKER
+    from harness.forensics.explanation import MARKER
     from harness.forensics.plot import PLOT_MARKER
 
     if args.json not in (None, "-"):

@@ -14,7 +14,7 @@ from engines.registry import engine_names
 
 from harness.cli.arguments import integer
 from harness.cli.tables import print_table
-from harness.judge import SEVERITY
+from harness.judgement import SEVERITY
 
 STYLE = {"identical": "green", "near-tie": "yellow", "drift": "bold red", "budget": "bold red",
          "defect": "bold red", "non-finite": "bold red", "error": "bold red",

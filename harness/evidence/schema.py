@@ -20,8 +20,8 @@ from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, computed_fiel
 from engines.errors import NonFiniteLogits
 from engines.ledger import Ledger
 from harness.claims import CLAIM_IDS, CLAIMS as CLAIM_REGISTRY
-from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, IDENTICAL, NEAR_TIE,
-                           NON_FINITE, SEVERITY, UNAVAILABLE, worst)
+from harness.judgement import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, IDENTICAL, NEAR_TIE,
+                               NON_FINITE, UNAVAILABLE, Status, StepVerdict, worst)
 
 # 2: every cell has a record (status, error), every step judged (judgement), the logits
 # audit, the greedy stream of a speculative cell, claims from harness.claims
@@ -30,7 +30,6 @@ SCHEMA_VERSION = 2
 CLAIMS = CLAIM_IDS
 Claim = Literal[CLAIM_IDS]  # type: ignore[valid-type]
 Verdict = Literal["pass", "fail", "skip"]
-Status = Literal[SEVERITY]  # type: ignore[valid-type]
 ModeKind = Literal["greedy", "draft", "chained", "mtp"]
 # how far ahead of this machine's clock a record's ``created`` may be (another machine of a
 # sharded run, a clock a little fast); anything later was not written by a run
@@ -158,7 +157,7 @@ class Divergence(_Strict):
     reference_token: int | None
     engine_token: int | None  # None: the engine's stream ended before this step
     margin: float | None = None  # the oracle's top-2 logit margin at ``step``
-    verdict: Literal["near-tie", "defect"]
+    verdict: StepVerdict
     rank: int | None = None  # rank of the engine's token in the oracle's row (1 = argmax)
     gap: float | None = None  # oracle best minus the oracle logit of the engine's token
     reason: str | None = None
@@ -171,7 +170,7 @@ class StepFinding(_Strict):
     oracle_token: int | None
     rank: int | None = None
     gap: float | None = None
-    verdict: Literal["near-tie", "defect"]
+    verdict: StepVerdict
     reason: str
     oracle_top: list[tuple[int, float]] = Field(default_factory=list)
     engine_top: list[tuple[int, float]] | None = None
@@ -270,7 +269,7 @@ class GreedyRef(_Strict):
 
 class ErrorInfo(_Strict):
     """What went wrong in an ``error`` cell: where, the exception, a short traceback."""
-    stage: str  # constructor | decode | audit | oracle | judge | evidence
+    stage: str  # a harness.cells.Stage when lockstep wrote it; read back as any string
     type: str
     message: str
     step: int | None = None
@@ -454,7 +453,7 @@ class EvidenceRecord(_Strict):
 
 
 def found_status(record: EvidenceRecord) -> tuple[str, str]:
-    """The status ``record`` stands for by what it holds, worst first as ``harness.judge.worst``
+    """The status ``record`` stands for by what it holds, worst first as ``harness.judgement.worst``
     orders them (an error, non-finite or out-of-tolerance logits rows, defect or near-tie steps
     of its judgement, divergence or greedy stream, a stream beyond its quantized band, failed
     budgets and claims), and a few words

@@ -2,7 +2,8 @@
 
 * ``explain_record(record_or_path, ...) -> Explanation``: rebuild the failing step's forward
   as the engine ran it and as it should have run, compare node by node with the float64
-  arbiter against a measured noise floor, and name the first value out of it (``explain.py``).
+  arbiter against a measured noise floor, and name the first value out of it (``explain.py``;
+  what it says: ``explanation.py``; which record, engine and package: ``record_resolution.py``).
 * ``write_repro(record_or_path, out_dir, ...) -> ReproPack``: the smallest package that still
   shows the defect, its inputs, the arbiter's outputs and a generated pytest file; the prompt
   shrunk first (``shrink_prompt``; ``repro.py``).
@@ -16,8 +17,9 @@
 from .batch import (ExplainedCell, explain_and_print, explain_run, explanation_for,
                     explanation_html, load_explanations, record_key)
 from .compare import FACTOR
-from .explain import (Explanation, InputFinding, LayerPoint, NodeError, class_ref,
-                      explain_record, failing_step)
+from .explain import explain_record
+from .explanation import Explanation, InputFinding, LayerPoint, NodeError
+from .record_resolution import class_ref, failing_step
 from .plot import layer_curve_svg, save_layer_curve
 from .repro import ReproPack, ShrinkResult, shrink_prompt, write_repro
 

@@ -31,392 +31,21 @@ compared node by node with an arbiter:
 """
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from engines.dtypes import dtype_of
 from engines.errors import InputError
 
 from .arbiter import OrtRunner, PlanRunner
 from .capture import Recorder
 from .compare import FACTOR, dtype_name, max_abs_error, noise_floor, scale_of
+from .explanation import Explanation, InputFinding, LayerPoint, NodeError, StepData
 from .layers import OUTPUT, assign_layers
-
-KIND = "lockstep-explanation"  # an explanation file's "kind": lockstep knows it as its own
-MARKER = f'"kind": "{KIND}"'
-
-
-# -- the result ----------------------------------------------------------------------------
-
-@dataclass
-class NodeError:
-    """One compared value: a node's output (``where="inside"``) or a component output as
-    the engine returned it (``where="boundary"``)."""
-    index: int
-    name: str  # the value (node output / graph output) name
-    node: str  # the producing node's name ("" for a boundary output)
-    op: str
-    layer: int | None
-    label: str  # "layer 3", "head", "output", "-"
-    dtype: str
-    shape: list[int]
-    error: float  # max |engine - arbiter|
-    scale: float  # max |arbiter|
-    floor: float
-    spread_f32: float | None  # the arbiter's float32 execution vs the arbiter
-    spread_ort: float | None  # onnxruntime CPU vs the arbiter
-    exceeds: bool
-    where: str = "inside"
-    inputs: list[str] = field(default_factory=list)
-    touches: list[str] = field(default_factory=list)  # graph inputs it reads, by role
-    note: str | None = None
-
-    @property
-    def ratio(self) -> float:
-        if self.error == 0:
-            return 0.0
-        return math.inf if self.floor == 0 else self.error / self.floor
-
-    def describe(self) -> str:
-        what = (f"component output {self.name!r} as the engine returned it"
-                if self.where == "boundary" else f"node {self.node!r} ({self.op}) -> "
-                                                 f"{self.name!r}")
-        return (f"{self.label}, {what}: error {_g(self.error)} vs noise floor {_g(self.floor)}"
-                + (f" ({self.note})" if self.note else ""))
-
-
-@dataclass
-class InputFinding:
-    """A feed of the explained forward that differs from the correct one."""
-    name: str
-    role: str  # tokens, positions, state <cell> (<kind>)
-    error: float
-    floor: float
-    interpreter_differs: bool  # the feed the interpreter passed is already wrong
-    engine_changed: bool  # the executor saw another value than the interpreter passed
-    origin: dict | None = None  # state: {"step", "where", "detail"}
-    note: str | None = None
-
-    def describe(self) -> str:
-        if self.engine_changed and not self.interpreter_differs:
-            how = "the interpreter passed the right value; the engine changed it inside " \
-                  "run_component before its forward"
-        elif self.origin is not None:
-            how = self.origin["detail"]
-        else:
-            how = "the interpreter passed it so"
-        return (f"feed {self.name!r} ({self.role}) differs from the correct feed: error "
-                f"{_g(self.error)} vs floor {_g(self.floor)}; {how}")
-
-
-@dataclass
-class LayerPoint:
-    label: str
-    layer: int | None
-    max_error: float
-    floor: float  # the floor of the node with the largest error
-    max_ratio: float
-    nodes: int
-    exceeded: int
-
-
-@dataclass
-class Explanation:
-    record: str | None
-    run_id: str | None
-    package: str
-    package_hash: str
-    engine: str
-    engine_class: str
-    prompt: list[int]
-    step: int
-    trigger: str  # what made this step the one: defect, drift, non-finite, error, near-tie
-    component: str
-    phase: str | None
-    positions: list[int]  # [start, end) of the explained forward
-    view: str  # inside | boundary | outputs | none
-    state_formulation: str
-    arbiter: str
-    floor_runs: list[str]
-    factor: float
-    first_bad: NodeError | None
-    inputs: list[InputFinding]
-    nodes: list[NodeError]
-    layers: list[LayerPoint]
-    engine_error: str | None = None
-    reproduced: bool | None = None  # the re-run emitted the record's tokens up to the step
-    notes: list[str] = field(default_factory=list)
-    mode: str = "greedy"
-    prompt_name: str | None = None
-    # the arrays behind it (not serialized): what a repro pack is cut from
-    data: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def key(self) -> str:
-        """The evidence cell it explains (``batch.record_key`` of its record)."""
-        return "|".join([self.run_id or "", self.package, self.engine, self.mode,
-                         self.prompt_name or ""])
-
-    @property
-    def summary(self) -> str:
-        head = f"{self.engine} on {self.package}, step {self.step} ({self.trigger})"
-        if self.first_bad is not None:
-            fb = self.first_bad
-            text = f"{head}: first value out of the noise floor: {fb.describe()}"
-        elif self.engine_error:
-            text = f"{head}: the engine raised {self.engine_error}; every value before it " \
-                   f"is within the noise floor"
-        elif self.view == "none":
-            text = f"{head}: no forward of the engine decided this step"
-        else:
-            text = (f"{head}: every node and output of the forward is within its noise floor: "
-                    f"the defect is outside the forward (token choice, stopping, or the "
-                    f"interpreter)")
-        bad_inputs = [f for f in self.inputs]
-        if bad_inputs:
-            text += "; " + bad_inputs[0].describe()
-        return text
-
-    def to_dict(self) -> dict:
-        out = {"kind": KIND, **asdict(self)}
-        out.pop("data", None)
-        out["summary"] = self.summary
-        out["key"] = self.key
-        return _jsonable(out)
-
-    def to_json(self, indent: int = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    def write(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json() + "\n", encoding="utf-8")
-        return path
-
-    def layer_curve(self) -> dict:
-        """The per-layer error curve as plain data: labels, max errors, floors, ratios."""
-        return {"labels": [p.label for p in self.layers],
-                "max_error": [p.max_error for p in self.layers],
-                "floor": [p.floor for p in self.layers],
-                "max_ratio": [p.max_ratio for p in self.layers],
-                "first_bad": self.first_bad.label if self.first_bad else None}
-
-    def text(self, top: int = 8) -> str:
-        """The human-readable explanation ``lockstep explain`` prints."""
-        lines = [self.summary, ""]
-        lines.append(f"record     {self.record or '(in memory)'}")
-        lines.append(f"engine     {self.engine} ({self.engine_class}); view: {self.view}")
-        lines.append(f"package    {self.package} {self.package_hash}")
-        lines.append(f"step       {self.step} ({self.trigger}), {self.phase} forward of "
-                     f"{self.component!r} over positions {self.positions[0]}..."
-                     f"{self.positions[1] - 1}; prompt {self.prompt}")
-        lines.append(f"arbiter    {self.arbiter}; state: {self.state_formulation}")
-        lines.append(f"floor      {self.factor:g} x max({', '.join(self.floor_runs)} vs the "
-                     f"arbiter), at least the dtype's max_abs")
-        if self.reproduced is False:
-            lines.append("note       the engine did not emit the record's tokens again "
-                         "(nondeterministic?): explained on the stream it emitted now")
-        for note in self.notes:
-            lines.append(f"note       {note}")
-        if self.inputs:
-            lines.append("")
-            lines.append("feeds that differ from the correct ones:")
-            for f in self.inputs[:top]:
-                lines.append(f"  {f.describe()}")
-            if len(self.inputs) > top:
-                lines.append(f"  ... and {len(self.inputs) - top} more")
-        if self.first_bad is not None:
-            fb = self.first_bad
-            lines.append("")
-            lines.append("first value out of its noise floor:")
-            lines.append(f"  layer  {fb.label}")
-            lines.append(f"  node   {fb.node or '(component output)'}  op {fb.op}  "
-                         f"value {fb.name}  {fb.dtype}{fb.shape}")
-            lines.append(f"  error  {_g(fb.error)}  floor {_g(fb.floor)}  (float32 spread "
-                         f"{_g(fb.spread_f32)}, onnxruntime spread {_g(fb.spread_ort)}; "
-                         f"|arbiter| up to {_g(fb.scale)})")
-            if fb.inputs:
-                lines.append(f"  reads  {', '.join(fb.inputs)}")
-            if fb.touches:
-                lines.append(f"  feeds  {', '.join(fb.touches)}")
-            if fb.note:
-                lines.append(f"  note   {fb.note}")
-        if self.layers:
-            lines.append("")
-            lines.append("per-layer error (max over the layer's nodes):")
-            lines.append(f"  {'layer':<10} {'max error':>11} {'floor':>11} {'ratio':>9} "
-                         f"{'nodes':>6} {'out':>5}")
-            for p in self.layers:
-                lines.append(f"  {p.label:<10} {_g(p.max_error):>11} {_g(p.floor):>11} "
-                             f"{_g(p.max_ratio):>9} {p.nodes:>6} {p.exceeded:>5}")
-        worst = sorted((n for n in self.nodes if n.exceeds), key=lambda n: n.index)[:top]
-        if worst:
-            lines.append("")
-            lines.append(f"first {len(worst)} values out of the floor, in execution order:")
-            for n in worst:
-                lines.append(f"  #{n.index:<4} {n.describe()}")
-        return "\n".join(lines)
-
-
-def _g(x) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return f"{x:.3g}"
-
-
-def _jsonable(value):
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return value
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.floating,)):
-        return _jsonable(float(value))
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    return value
-
-
-# -- the arrays a repro pack is cut from ------------------------------------------------------
-
-@dataclass
-class StepData:
-    model: Any  # the component's onnx.ModelProto
-    component: str
-    history: list  # the engine's ledger before the forward (capture.ForwardRecord.history)
-    phase: str | None
-    correct_feeds: dict[str, np.ndarray]  # the float32 execution's (its own recomputed state)
-    arbiter_feeds: dict[str, np.ndarray]  # the arbiter's (float64 state)
-    engine_feeds: dict[str, np.ndarray]
-    arbiter: Any  # arbiter.Observed (float64)
-    float32: Any  # arbiter.Observed (native float32)
-    engine_values: dict[str, np.ndarray]
-    engine_outputs: dict[str, np.ndarray] | None
-    host_resolved: frozenset
-    floors: dict[str, float]
-
-
-# -- explaining -------------------------------------------------------------------------------
-
-def _load_record(record_or_path):
-    from harness.evidence import read_evidence
-    from harness.evidence.schema import EvidenceRecord
-
-    if isinstance(record_or_path, EvidenceRecord):
-        return record_or_path, None
-    path = Path(record_or_path)
-    return read_evidence(path), str(path)
-
-
-def failing_step(record) -> tuple[int, str] | None:
-    """The first step anything failing was found at in ``record``: a defect finding, a logits
-    row out of tolerance or non-finite, an error's step; else a near-tie's step."""
-    steps: list[tuple[int, str]] = []
-    if record.divergence is not None and record.divergence.verdict == "defect":
-        steps.append((record.divergence.step, "defect"))
-    if record.judgement is not None:
-        for f in record.judgement.findings:
-            if f.verdict == "defect":
-                steps.append((f.step, "defect"))
-                break
-    if record.logits_audit is not None:
-        for s in record.logits_audit.steps:
-            if s.non_finite:
-                steps.append((s.step, "non-finite"))
-                break
-        for s in record.logits_audit.steps:
-            if not s.ok and not s.non_finite:
-                steps.append((s.step, "drift"))
-                break
-    if record.error is not None and record.error.step is not None:
-        steps.append((record.error.step, "non-finite" if record.status == "non-finite"
-                      else "error"))
-    if steps:
-        return min(steps)
-    if record.divergence is not None:
-        return record.divergence.step, record.divergence.verdict
-    return None
-
-
-def steps_decided(record) -> int:
-    """How many steps a forward of the record's engine decided: one per token it emitted,
-    and the step whose forward raised."""
-    count = len(record.tokens)
-    if record.error is not None and record.error.step is not None:
-        count = max(count, record.error.step + 1)
-    return count
-
-
-def resolve_engine_class(engine, record_engine: str, record_class: str | None = None):
-    """An engine class from a class, an instance's class, a registered name or
-    ``module:Class``; default: the record's engine class (``engine_class``, kept for an
-    engine named by its class), else its engine by name."""
-    from engines.errors import EngineDefinitionError, UnknownEngine
-    from engines.registry import check_engine_class, get_engine_class
-
-    if engine is None:
-        try:
-            return get_engine_class(record_class or record_engine)
-        except (UnknownEngine, EngineDefinitionError) as err:
-            where = (f"its class {record_class!r} cannot be loaded here ({err.message})"
-                     if record_class else "is not registered here")
-            raise InputError(f"the record's engine {record_engine!r} {where}",
-                             field="--engine", value=record_class or record_engine,
-                             remedy="name its class: --engine package.module:Class (for "
-                                    "lockstep's planted bugs: suites.planted.engines:<Class>)"
-                             ) from err
-    if isinstance(engine, type):
-        return engine
-    if isinstance(engine, str):
-        return get_engine_class(engine)
-    return check_engine_class(type(engine))
-
-
-def resolve_record_package(record, package=None):
-    """The package a record ran on: ``package`` (a Package, a folder or a fixture name),
-    else the record's folder if it still holds the same content, else its name."""
-    from engines.package import Package
-    from harness.packages import resolve_package
-
-    if isinstance(package, Package):
-        pkg = package
-    elif package is not None:
-        pkg = resolve_package(package)
-    else:
-        pkg = None
-        if record.package.path and Path(record.package.path).is_dir():
-            try:
-                pkg = resolve_package(record.package.path)
-            except Exception:
-                pkg = None
-        if pkg is None or pkg.content_hash != record.package.content_hash:
-            pkg = resolve_package(record.package.name)
-    if pkg.content_hash != record.package.content_hash:
-        raise InputError(f"package {pkg.spec.name!r} here is not the package the record ran "
-                         f"on (content hash {pkg.content_hash}, the record's "
-                         f"{record.package.content_hash})", field="--package",
-                         value=str(pkg.root),
-                         remedy="pass --package with the folder the record was made from")
-    return pkg
-
-
-def class_ref(cls) -> str:
-    """How to name ``cls`` again: its registered name for a built-in or entry point, else
-    ``module:Class``."""
-    from engines.registry import class_reference
-
-    return class_reference(cls) or cls.name
+from .record_resolution import (class_ref, failing_step, load_record, resolve_engine_class,
+                                resolve_record_package, steps_decided)
 
 
 def explain_record(record_or_path, *, engine=None, package=None, step: int | None = None,
@@ -427,7 +56,7 @@ def explain_record(record_or_path, *, engine=None, package=None, step: int | Non
     engine by name. ``package``: default the record's. ``step``: default the first failing
     step (a defect, a logits row out of tolerance or non-finite, an error). ``factor``: the
     noise floor's multiple of the measured spread."""
-    record, path = _load_record(record_or_path)
+    record, path = load_record(record_or_path)
     if record.mode.kind != "greedy":
         raise InputError("explain rebuilds greedy forwards; this record is a speculative cell",
                          field="mode", value=record.mode.label,
@@ -533,50 +162,112 @@ class _Correct:
         return feeds
 
 
-def _explain(record, path, cls, engine, pkg, step, trigger, factor, component):
-    spec = pkg.spec
-    if component not in spec.components:
-        raise InputError(f"package {spec.name!r} has no component {component!r}",
-                         field="component", value=component,
-                         remedy=f"use one of {', '.join(spec.components)}")
-    model = pkg.component_model(component)
-    roles = _roles(spec, component)
-    graph_inputs = list(pkg.graph_inputs(component))
-    unfed = [n for n in graph_inputs if n not in roles or roles[n] in ("embeddings", "carry")]
-    if unfed:
-        raise InputError("explain rebuilds forwards fed by tokens, positions and state cells; "
-                         f"component {component!r} also takes {unfed}", field="component",
-                         value=component, remedy="explain a greedy record of the target")
-    cells = [c for c in spec.state.values() if c.component == component]
-    from engines.dtypes import dtype_of
+@dataclass
+class _Component:
+    """The explained component of the package: its graph, the roles of its inputs, its state
+    cells and their dtypes."""
+    spec: Any
+    name: str
+    model: Any
+    roles: dict[str, str]
+    graph_inputs: list[str]
+    cells: list
+    cell_dtypes: dict[str, np.dtype]
 
-    cell_dtypes = {c.input: dtype_of(c.dtype) for c in cells}
+    @classmethod
+    def of(cls, pkg, component: str) -> "_Component":
+        spec = pkg.spec
+        if component not in spec.components:
+            raise InputError(f"package {spec.name!r} has no component {component!r}",
+                             field="component", value=component,
+                             remedy=f"use one of {', '.join(spec.components)}")
+        roles = _roles(spec, component)
+        graph_inputs = list(pkg.graph_inputs(component))
+        unfed = [n for n in graph_inputs
+                 if n not in roles or roles[n] in ("embeddings", "carry")]
+        if unfed:
+            raise InputError("explain rebuilds forwards fed by tokens, positions and state "
+                             f"cells; component {component!r} also takes {unfed}",
+                             field="component", value=component,
+                             remedy="explain a greedy record of the target")
+        cells = [c for c in spec.state.values() if c.component == component]
+        return cls(spec, component, pkg.component_model(component), roles, graph_inputs,
+                   cells, {c.input: dtype_of(c.dtype) for c in cells})
+
+    def correct(self, runner) -> "_Correct":
+        return _Correct(self.spec, self.name, runner, self.cell_dtypes)
+
+
+@dataclass
+class _CorrectRuns:
+    """The forward as it should have run: the arbiter (float64) and the two runs that measure
+    the noise floor (native float32, onnxruntime CPU), each on the correct feeds over its own
+    recomputed state."""
+    arb: Any
+    arb_feeds: dict[str, np.ndarray]
+    arb_state: _Correct
+    f32: Any
+    f32_feeds: dict[str, np.ndarray]
+    f32_state: _Correct
+    f32_runner: PlanRunner
+    ort: Any = None  # None: onnxruntime could not run the component
+    ort_feeds: dict[str, np.ndarray] | None = None
+
+    @classmethod
+    def of(cls, comp: _Component, fed: list[int], start: int, notes: list[str]) -> "_CorrectRuns":
+        arb_runner = PlanRunner(comp.model, float64=True)
+        f32_runner = PlanRunner(comp.model, float64=False)
+        arb_state, f32_state = comp.correct(arb_runner), comp.correct(f32_runner)
+        f32_feeds = f32_state.step_feeds(fed, start)
+        arb_feeds = arb_state.step_feeds(fed, start)
+        runs = cls(arb_runner.run(arb_feeds), arb_feeds, arb_state, f32_runner.run(f32_feeds),
+                   f32_feeds, f32_state, f32_runner)
+        try:
+            ort_runner = OrtRunner(comp.model, runs.value_dtypes())
+            runs.ort_feeds = comp.correct(ort_runner).step_feeds(fed, start)
+            runs.ort = ort_runner.run(runs.ort_feeds)
+        except Exception as exc:  # onnxruntime cannot run this graph (a bfloat16 MatMul, say)
+            notes.append(f"onnxruntime could not run the component ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:160]}); the floor is the native float32 "
+                         f"spread alone")
+        return runs
+
+    def value_dtypes(self) -> dict[str, np.dtype]:
+        return {k: v.dtype for k, v in self.f32.values.items()}
+
+    def spreads(self, name: str, where: str = "values") -> list[float | None]:
+        """How far the two floor runs are from the arbiter on ``name`` (None: not run)."""
+        ref = getattr(self.arb, where).get(name)
+        out = []
+        for run in (self.f32, self.ort):
+            got = None if run is None else getattr(run, where).get(name)
+            out.append(None if got is None or ref is None else max_abs_error(got, ref)[0])
+        return out
+
+
+def _explain(record, path, cls, engine, pkg, step, trigger, factor, component):
+    comp = _Component.of(pkg, component)
     prompt = list(record.prompt.ids)
     notes: list[str] = []
-
     recorder = Recorder(engine, component, target=step)
-    audit = cls.capabilities().logits_audit
-    result, exc = recorder.decode(prompt, step + 1, audit=audit)
-    engine_error = None
-    if exc is not None:
-        engine_error = f"{type(exc).__name__}: {exc}"
+    result, exc = recorder.decode(prompt, step + 1, audit=cls.capabilities().logits_audit)
     reproduced = None
     if result is not None:
         reproduced = list(result.tokens[:step + 1]) == list(record.tokens[:step + 1]) or \
             list(result.tokens) == list(record.tokens[:len(result.tokens)])
-    layers = assign_layers(model, {c.input: c.input for c in cells})
 
     def base(**kw) -> Explanation:
         return Explanation(
-            record=path, run_id=record.run_id, package=spec.name,
+            record=path, run_id=record.run_id, package=comp.spec.name,
             package_hash=pkg.content_hash, engine=record.engine, engine_class=class_ref(cls),
             prompt=prompt, step=step, trigger=trigger, component=component,
             state_formulation="recompute: one forward over the prefix before the step from "
                               "zero state (as the oracle computes), not the engine's cache",
             arbiter="the native executor in float64 on the host",
             floor_runs=["native float32", "onnxruntime CPU"], factor=factor,
-            engine_error=engine_error, reproduced=reproduced, notes=notes,
-            mode=record.mode.label, prompt_name=record.prompt.name, **kw)
+            engine_error=None if exc is None else f"{type(exc).__name__}: {exc}",
+            reproduced=reproduced, notes=notes, mode=record.mode.label,
+            prompt_name=record.prompt.name, **kw)
 
     fwd = recorder.forward(step)
     if fwd is None:
@@ -586,155 +277,138 @@ def _explain(record, path, cls, engine, pkg, step, trigger, factor, component):
                          f"step {step}")
             return base(phase=None, positions=[0, 0], view="none", first_bad=None, inputs=[],
                         nodes=[], layers=[])
-        return _explain_outputs(base, record, pkg, model, component, cells, cell_dtypes,
-                                prompt, result, step, factor, notes)
+        return _explain_outputs(base, comp, prompt, result, step, factor, notes)
 
     # the prefix the engine fed, from its own tokens feeds
-    tokens_in = spec.components[component].inputs.get("tokens")
-    fed = []
-    for f in recorder.forwards[:step + 1]:
-        fed.extend(int(t) for t in np.asarray(f.feeds[tokens_in]).reshape(-1))
+    tokens_in = comp.spec.components[component].inputs.get("tokens")
+    fed = [int(t) for f in recorder.forwards[:step + 1]
+           for t in np.asarray(f.feeds[tokens_in]).reshape(-1)]
     m = int(np.asarray(fwd.feeds[tokens_in]).size)
     start = len(fed) - m
+    runs = _CorrectRuns.of(comp, fed, start, notes)
+    floors: dict[str, float] = {}
+    inputs = _compare_feeds(comp, fwd, runs, recorder, fed, step, factor)
+    layers = assign_layers(comp.model, {c.input: c.input for c in comp.cells})
+    view, nodes, engine_values = _compare_inside(comp, fwd, engine, runs, layers, factor,
+                                                 floors, notes)
+    nodes += _compare_outputs(comp, fwd, runs, factor, floors,
+                              len(nodes) and nodes[-1].index + 1)
+    first_bad = next((n for n in nodes if n.exceeds and n.where == "inside"), None) or \
+        next((n for n in nodes if n.exceeds), None)
+    expl = base(phase=fwd.phase, positions=[start, start + m], view=view, first_bad=first_bad,
+                inputs=inputs, nodes=nodes, layers=_curve(nodes, layers))
+    engine_feeds = fwd.plan_feeds if fwd.plan_feeds is not None else fwd.feeds
+    expl.data = StepData(
+        model=comp.model, component=component, history=fwd.history, phase=fwd.phase,
+        correct_feeds=runs.f32_feeds, arbiter_feeds=runs.arb_feeds, engine_feeds=engine_feeds,
+        arbiter=runs.arb, float32=runs.f32, engine_values=engine_values,
+        engine_outputs=fwd.outputs, host_resolved=runs.f32_runner.plan.host_resolved,
+        floors=floors)
+    return expl
 
-    # the three correct runs on the correct feeds, each on its own recomputed state
-    arb_runner = PlanRunner(model, float64=True)
-    f32_runner = PlanRunner(model, float64=False)
-    arb_c = _Correct(spec, component, arb_runner, cell_dtypes)
-    f32_c = _Correct(spec, component, f32_runner, cell_dtypes)
-    f32_feeds = f32_c.step_feeds(fed, start)
-    f32 = f32_runner.run(f32_feeds)
-    arb_feeds = arb_c.step_feeds(fed, start)
-    arb = arb_runner.run(arb_feeds)
-    ort = ort_feeds = None
-    try:
-        wanted = {k: v.dtype for k, v in f32.values.items()}
-        ort_runner = OrtRunner(model, wanted)
-        ort_c = _Correct(spec, component, ort_runner, cell_dtypes)
-        ort_feeds = ort_c.step_feeds(fed, start)
-        ort = ort_runner.run(ort_feeds)
-    except Exception as exc2:  # onnxruntime cannot run this graph (a bfloat16 MatMul, say)
-        notes.append(f"onnxruntime could not run the component ({type(exc2).__name__}: "
-                     f"{str(exc2).splitlines()[0][:160]}); the floor is the native float32 "
-                     f"spread alone")
 
-    def spreads(name, where="values"):
-        ref = getattr(arb, where).get(name)
-        out = []
-        for run in (f32, ort):
-            got = None if run is None else getattr(run, where).get(name)
-            out.append(None if got is None or ref is None else max_abs_error(got, ref)[0])
-        return out
-
-    # -- the feeds ---------------------------------------------------------------------------
+def _compare_feeds(comp: _Component, fwd, runs: _CorrectRuns, recorder, fed, step,
+                   factor) -> list[InputFinding]:
+    """The feeds the engine's executor saw that are out of their floor, each with where it
+    went wrong (a state cell traced back to the forward that returned it wrong)."""
     engine_feeds = fwd.plan_feeds if fwd.plan_feeds is not None else fwd.feeds
     inputs: list[InputFinding] = []
-    floors: dict[str, float] = {}
-    for name in graph_inputs:
+    for name in comp.graph_inputs:
         if name not in engine_feeds:
             continue
-        ref = arb_feeds[name]
-        runs = [max_abs_error(f32_feeds[name], ref)[0],
-                None if ort_feeds is None else max_abs_error(ort_feeds[name], ref)[0]]
-        floor = noise_floor(dtype_name(engine_feeds[name]), runs, factor)
+        ref = runs.arb_feeds[name]
+        spread = [max_abs_error(runs.f32_feeds[name], ref)[0],
+                  None if runs.ort_feeds is None else max_abs_error(runs.ort_feeds[name], ref)[0]]
+        floor = noise_floor(dtype_name(engine_feeds[name]), spread, factor)
         err, note = max_abs_error(engine_feeds[name], ref)
         if err <= floor:
             continue
         interp_err = max_abs_error(fwd.feeds[name], ref)[0]
         changed = fwd.plan_feeds is not None and \
             max_abs_error(fwd.plan_feeds[name], fwd.feeds[name])[0] != 0
-        finding = InputFinding(name, roles.get(name, "input"), err, floor,
+        finding = InputFinding(name, comp.roles.get(name, "input"), err, floor,
                                interpreter_differs=interp_err > floor, engine_changed=changed,
                                note=note)
-        cell = next((c for c in cells if c.input == name), None)
+        cell = next((c for c in comp.cells if c.input == name), None)
         if cell is not None and finding.interpreter_differs:
-            finding.origin = _state_origin(recorder, cell, fed, arb_c, f32_c, step, factor)
+            finding.origin = _state_origin(recorder, cell, fed, runs.arb_state,
+                                           runs.f32_state, step, factor)
         inputs.append(finding)
+    return inputs
 
-    # -- node by node --------------------------------------------------------------------------
-    comp = spec.components[component]
-    touches_map = {n: f"{r} ({n})" for n, r in roles.items()}
+
+def _compare_inside(comp: _Component, fwd, engine, runs: _CorrectRuns, layers, factor,
+                    floors, notes) -> tuple[str, list[NodeError], dict[str, np.ndarray]]:
+    """(view, nodes, the engine's values): every value the engine's executor computed against
+    the arbiter's, in execution order, as far as the executor can be seen."""
+    touches_map = {n: f"{r} ({n})" for n, r in comp.roles.items()}
     nodes: list[NodeError] = []
-    engine_values: dict[str, np.ndarray] = {}
+
+    def add(index, name, node, value):
+        _add_node(nodes, index, name, node, value, runs, layers, touches_map, factor, floors)
+
     if fwd.observed is not None:
-        view = "inside"
-        engine_values = fwd.observed.values
         for index, name in enumerate(fwd.observed.order):
-            if name not in arb.values:
-                continue
-            _add_node(nodes, index, name, fwd.observed.producer[name], engine_values[name],
-                      arb, spreads, layers, touches_map, factor, floors)
-    elif _is_ort(engine):
-        # onnxruntime: its session is not instrumented; the same graph is re-executed on
-        # onnxruntime CPU with every intermediate as an output, on the engine's own feeds
-        view = "inside (re-executed)"
-        notes.append("onnxruntime's session cannot be observed: the component was re-executed "
-                     "on onnxruntime CPU with every intermediate as a graph output, on the "
-                     "feeds the engine was given")
-        try:
-            wanted = {k: v.dtype for k, v in f32.values.items()}
-            again = OrtRunner(model, wanted).run(fwd.feeds)
-        except Exception as exc3:
-            again = None
-            notes.append(f"re-execution failed ({type(exc3).__name__}); compared at the "
-                         f"boundary only")
-        if again is not None:
-            producer = {y: n for n in model.graph.node for y in n.output if y}
-            engine_values = again.values
-            order = [k for k in f32.order if k in engine_values]
-            for index, name in enumerate(order):
-                if name not in arb.values:
-                    continue
-                node = producer[name]
-                _add_node(nodes, index, name, node, engine_values[name], arb, spreads, layers,
-                          touches_map, factor, floors)
-    else:
-        view = "boundary"
+            if name in runs.arb.values:
+                add(index, name, fwd.observed.producer[name], fwd.observed.values[name])
+        return "inside", nodes, fwd.observed.values
+    if not _is_ort(engine):
         notes.append("the engine's executor is not visible from here: it is compared at its "
                      "component boundary (feeds and outputs) only")
+        return "boundary", nodes, {}
+    # onnxruntime: its session is not instrumented; the same graph is re-executed on
+    # onnxruntime CPU with every intermediate as an output, on the engine's own feeds
+    notes.append("onnxruntime's session cannot be observed: the component was re-executed "
+                 "on onnxruntime CPU with every intermediate as a graph output, on the "
+                 "feeds the engine was given")
+    try:
+        again = OrtRunner(comp.model, runs.value_dtypes()).run(fwd.feeds)
+    except Exception as exc:
+        notes.append(f"re-execution failed ({type(exc).__name__}); compared at the "
+                     f"boundary only")
+        return "inside (re-executed)", nodes, {}
+    producer = {y: n for n in comp.model.graph.node for y in n.output if y}
+    order = [k for k in runs.f32.order if k in again.values]
+    for index, name in enumerate(order):
+        if name in runs.arb.values:
+            add(index, name, producer[name], again.values[name])
+    return "inside (re-executed)", nodes, again.values
 
-    # -- the outputs as the engine returned them -----------------------------------------------
-    if fwd.outputs is not None:
-        base_index = len(nodes) and nodes[-1].index + 1
-        for k, out_name in enumerate(o.name for o in model.graph.output):
-            if out_name not in fwd.outputs or out_name not in arb.outputs:
-                continue
-            value = fwd.outputs[out_name]
-            err, note = max_abs_error(value, arb.outputs[out_name])
-            sf, so = spreads(out_name, "outputs")
-            floor = noise_floor(dtype_name(value), [sf, so], factor)
-            floors[out_name] = max(floors.get(out_name, 0.0), floor)
-            changed = None
-            if fwd.plan_outputs is not None and out_name in fwd.plan_outputs:
-                changed = max_abs_error(value, fwd.plan_outputs[out_name])
-                if changed[0] != 0:
-                    extra = "the engine changed it after its forward (its executor's own " \
-                            "value is " + ("within" if max_abs_error(
-                                fwd.plan_outputs[out_name], arb.outputs[out_name])[0] <= floor
-                                else "out of") + " the floor)"
-                    note = f"{note}; {extra}" if note else extra
-            role = next((r for r, n in comp.outputs.items() if n == out_name), None)
-            cell = next((c for c in cells if c.output == out_name), None)
-            touches = [f"output {role}"] if role else []
-            if cell is not None:
-                touches.append(f"state {next(k for k, c in spec.state.items() if c is cell)} "
-                               f"({cell.kind})")
-            nodes.append(NodeError(
-                base_index + k, out_name, "", "output", None, OUTPUT, dtype_name(value),
-                list(np.shape(value)), err, scale_of(arb.outputs[out_name]), floor, sf, so,
-                err > floor, "boundary", [], touches, note))
 
-    first_bad = next((n for n in nodes if n.exceeds and n.where == "inside"), None) or \
-        next((n for n in nodes if n.exceeds), None)
-    curve = _curve(nodes, layers)
-    expl = base(phase=fwd.phase, positions=[start, start + m], view=view, first_bad=first_bad,
-                inputs=inputs, nodes=nodes, layers=curve)
-    expl.data = StepData(
-        model=model, component=component, history=fwd.history, phase=fwd.phase,
-        correct_feeds=f32_feeds, arbiter_feeds=arb_feeds, engine_feeds=engine_feeds,
-        arbiter=arb, float32=f32, engine_values=engine_values, engine_outputs=fwd.outputs,
-        host_resolved=f32_runner.plan.host_resolved, floors=floors)
-    return expl
+def _compare_outputs(comp: _Component, fwd, runs: _CorrectRuns, factor, floors,
+                     first_index: int) -> list[NodeError]:
+    """The component's outputs as the engine returned them (a corruption after the last node
+    shows only there), noting a value the engine changed after its own forward."""
+    if fwd.outputs is None:
+        return []
+    nodes = []
+    outputs = comp.spec.components[comp.name].outputs
+    for k, out_name in enumerate(o.name for o in comp.model.graph.output):
+        if out_name not in fwd.outputs or out_name not in runs.arb.outputs:
+            continue
+        value, ref = fwd.outputs[out_name], runs.arb.outputs[out_name]
+        err, note = max_abs_error(value, ref)
+        sf, so = runs.spreads(out_name, "outputs")
+        floor = noise_floor(dtype_name(value), [sf, so], factor)
+        floors[out_name] = max(floors.get(out_name, 0.0), floor)
+        if fwd.plan_outputs is not None and out_name in fwd.plan_outputs and \
+                max_abs_error(value, fwd.plan_outputs[out_name])[0] != 0:
+            own = "within" if max_abs_error(fwd.plan_outputs[out_name], ref)[0] <= floor \
+                else "out of"
+            extra = f"the engine changed it after its forward (its executor's own value is " \
+                    f"{own} the floor)"
+            note = f"{note}; {extra}" if note else extra
+        role = next((r for r, n in outputs.items() if n == out_name), None)
+        touches = [f"output {role}"] if role else []
+        cell = next((name for name, c in comp.spec.state.items()
+                     if c in comp.cells and c.output == out_name), None)
+        if cell is not None:
+            touches.append(f"state {cell} ({comp.spec.state[cell].kind})")
+        nodes.append(NodeError(
+            first_index + k, out_name, "", "output", None, OUTPUT, dtype_name(value),
+            list(np.shape(value)), err, scale_of(ref), floor, sf, so, err > floor, "boundary",
+            [], touches, note))
+    return nodes
 
 
 def _is_ort(engine) -> bool:
@@ -743,10 +417,11 @@ def _is_ort(engine) -> bool:
     return isinstance(engine, OrtCpuEngine)
 
 
-def _add_node(nodes, index, name, node, value, arb, spreads, layers, touches_map, factor,
+def _add_node(nodes, index, name, node, value, runs: _CorrectRuns, layers, touches_map, factor,
               floors) -> None:
+    arb = runs.arb
     err, note = max_abs_error(value, arb.values[name])
-    sf, so = spreads(name)
+    sf, so = runs.spreads(name)
     floor = noise_floor(dtype_name(value), [sf, so], factor)
     floors[name] = floor
     nodes.append(NodeError(
@@ -807,28 +482,25 @@ def _curve(nodes: list[NodeError], layers) -> list[LayerPoint]:
     return points
 
 
-def _explain_outputs(base, record, pkg, model, component, cells, cell_dtypes, prompt, result,
-                     step, factor, notes):
+def _explain_outputs(base, comp: _Component, prompt, result, step, factor, notes):
     """A black box that decodes by itself: its logits row at ``step`` against the arbiter's
     last row over the same prefix (the oracle's formulation), floors as everywhere."""
     if result.logits is None or step >= len(result.logits):
         notes.append("the engine returned no logits row for this step")
         return base(phase=None, positions=[0, 0], view="none", first_bad=None, inputs=[],
                     nodes=[], layers=[])
-    spec = pkg.spec
+    spec, model = comp.spec, comp.model
     prefix = prompt + list(result.tokens[:step])
     row = np.asarray(result.logits[step]).reshape(-1)
-    logits_name = spec.components[component].outputs["logits"]
-    runs = {}
-    for label, runner in (("arb", PlanRunner(model, True)), ("f32", PlanRunner(model, False))):
-        c = _Correct(spec, component, runner, cell_dtypes)
-        runs[label] = np.asarray(runner.run(c.step_feeds(prefix, 0), observe=False)
-                                 .outputs[logits_name])[0, -1]
+    logits_name = spec.components[comp.name].outputs["logits"]
+
+    def last_row(runner):
+        feeds = comp.correct(runner).step_feeds(prefix, 0)
+        return np.asarray(runner.run(feeds, observe=False).outputs[logits_name])[0, -1]
+
+    runs = {"arb": last_row(PlanRunner(model, True)), "f32": last_row(PlanRunner(model, False))}
     try:
-        ort_runner = OrtRunner(model, {})
-        c = _Correct(spec, component, ort_runner, cell_dtypes)
-        runs["ort"] = np.asarray(ort_runner.run(c.step_feeds(prefix, 0), observe=False)
-                                 .outputs[logits_name])[0, -1]
+        runs["ort"] = last_row(OrtRunner(model, {}))
     except Exception:
         runs["ort"] = None
     ref = runs["arb"]
@@ -846,5 +518,4 @@ def _explain_outputs(base, record, pkg, model, component, cells, cell_dtypes, pr
                 layers=_curve([node], assign_layers(model)))
 
 
-__all__ = ["Explanation", "NodeError", "InputFinding", "LayerPoint", "StepData",
-           "explain_record", "failing_step", "resolve_engine_class", "class_ref"]
+__all__ = ["explain_record"]

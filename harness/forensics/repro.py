@@ -51,8 +51,10 @@ from engines.errors import InputError
 
 from .arbiter import to_host
 from .compare import FACTOR
-from .explain import (Explanation, _load_record, class_ref, explain_record,
-                      resolve_engine_class, resolve_record_package)
+from .explain import explain_record
+from .explanation import Explanation, jsonable
+from .record_resolution import (class_ref, load_record, resolve_engine_class,
+                                resolve_record_package)
 
 SCHEMA = 1
 
@@ -414,7 +416,7 @@ def write_repro(record_or_path, out_dir, *, engine=None, package=None, shrink: b
     from harness.runner import run_matrix
     from harness.forensics.plot import save_layer_curve
 
-    record, source = _load_record(record_or_path)
+    record, source = load_record(record_or_path)
     cls = resolve_engine_class(engine, record.engine, record.engine_class)
     pkg = resolve_record_package(record, package)
     out = Path(out_dir)
@@ -519,9 +521,7 @@ def _availability(cls) -> str | None:
 
 
 def _write_manifest(out: Path, manifest: dict) -> None:
-    from .explain import _jsonable
-
-    (out / "repro.json").write_text(json.dumps(_jsonable(manifest), indent=2) + "\n",
+    (out / "repro.json").write_text(json.dumps(jsonable(manifest), indent=2) + "\n",
                                     encoding="utf-8")
 
 

@@ -20,7 +20,7 @@ def observed_step(cells) -> int | None:
 
 
 def observed_status(cells) -> str:
-    from harness.judge import worst
+    from harness.judgement import worst
 
     return worst(*(c.status for c in cells))
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from engines.registry import describe_engines, get_engine_class
-from harness.judge import DEFECT, FAILING
+from harness.judgement import DEFECT, FAILING
 from harness.packages import resolve_package
 from harness.runner import run_matrix
 from lockstep_example_engine.engine import OrtBlackBoxEngine, OrtOptimizedEngine

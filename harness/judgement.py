@@ -15,12 +15,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import numpy as np
 
 from engines.tolerances import Tolerance
 from harness.compare import compare_tensors
 
+# a cell's status, worst first: a cell's status is the worst of what was found in it
+Status = Literal["error", "non-finite", "defect", "budget", "drift", "near-tie", "identical",
+                 "unavailable"]
+StepVerdict = Literal["near-tie", "defect"]  # a step that is not a plain match
 IDENTICAL = "identical"
 NEAR_TIE = "near-tie"
 DEFECT = "defect"
@@ -29,8 +34,7 @@ DRIFT = "drift"  # tokens pass, logits outside the dtype's tolerance of the orac
 BUDGET = "budget"  # a device budget failed (claims 3, 4): staging or readback
 ERROR = "error"
 UNAVAILABLE = "unavailable"
-# worst first: a cell's status is the worst of what was found in it
-SEVERITY = (ERROR, NON_FINITE, DEFECT, BUDGET, DRIFT, NEAR_TIE, IDENTICAL, UNAVAILABLE)
+SEVERITY: tuple[Status, ...] = get_args(Status)
 FAILING = frozenset({ERROR, NON_FINITE, DEFECT, BUDGET, DRIFT})
 TOP_K = 5
 # a quantized stream's flips are drift when this unlikely at its band's flip rate (binomial)
@@ -80,7 +84,7 @@ class StepJudgement:
     oracle_token: int | None  # the oracle's argmax on the engine's prefix
     rank: int | None  # rank of the engine's token in the oracle's row (1 = argmax)
     gap: float | None  # oracle best logit minus the oracle logit of the engine's token
-    verdict: str  # near-tie | defect
+    verdict: StepVerdict
     reason: str
     oracle_top: list[tuple[int, float]] = field(default_factory=list)
     engine_top: list[tuple[int, float]] | None = None

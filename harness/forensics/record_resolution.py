@@ -1,0 +1,118 @@
+"""Which record, engine and package an explanation or a repro pack is about: a record read
+from its path, its first failing step, the engine class it names and the package it ran on
+(checked by content hash).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engines.errors import EngineDefinitionError, InputError, UnknownEngine
+from engines.package import Package
+from engines.registry import check_engine_class, class_reference, get_engine_class
+from harness.evidence import read_evidence
+from harness.evidence.schema import EvidenceRecord
+from harness.packages import resolve_package
+
+
+def load_record(record_or_path) -> tuple:
+    """(the record, the path it was read from or None) for a record or a path to one."""
+    if isinstance(record_or_path, EvidenceRecord):
+        return record_or_path, None
+    path = Path(record_or_path)
+    return read_evidence(path), str(path)
+
+
+def failing_step(record) -> tuple[int, str] | None:
+    """The first step anything failing was found at in ``record``: a defect finding, a logits
+    row out of tolerance or non-finite, an error's step; else a near-tie's step."""
+    steps: list[tuple[int, str]] = []
+    if record.divergence is not None and record.divergence.verdict == "defect":
+        steps.append((record.divergence.step, "defect"))
+    if record.judgement is not None:
+        for f in record.judgement.findings:
+            if f.verdict == "defect":
+                steps.append((f.step, "defect"))
+                break
+    if record.logits_audit is not None:
+        for s in record.logits_audit.steps:
+            if s.non_finite:
+                steps.append((s.step, "non-finite"))
+                break
+        for s in record.logits_audit.steps:
+            if not s.ok and not s.non_finite:
+                steps.append((s.step, "drift"))
+                break
+    if record.error is not None and record.error.step is not None:
+        steps.append((record.error.step, "non-finite" if record.status == "non-finite"
+                      else "error"))
+    if steps:
+        return min(steps)
+    if record.divergence is not None:
+        return record.divergence.step, record.divergence.verdict
+    return None
+
+
+def steps_decided(record) -> int:
+    """How many steps a forward of the record's engine decided: one per token it emitted,
+    and the step whose forward raised."""
+    count = len(record.tokens)
+    if record.error is not None and record.error.step is not None:
+        count = max(count, record.error.step + 1)
+    return count
+
+
+def resolve_engine_class(engine, record_engine: str, record_class: str | None = None):
+    """An engine class from a class, an instance's class, a registered name or
+    ``module:Class``; default: the record's engine class (``engine_class``, kept for an
+    engine named by its class), else its engine by name."""
+    if engine is None:
+        try:
+            return get_engine_class(record_class or record_engine)
+        except (UnknownEngine, EngineDefinitionError) as err:
+            where = (f"its class {record_class!r} cannot be loaded here ({err.message})"
+                     if record_class else "is not registered here")
+            raise InputError(f"the record's engine {record_engine!r} {where}",
+                             field="--engine", value=record_class or record_engine,
+                             remedy="name its class: --engine package.module:Class (for "
+                                    "lockstep's planted bugs: suites.planted.engines:<Class>)"
+                             ) from err
+    if isinstance(engine, type):
+        return engine
+    if isinstance(engine, str):
+        return get_engine_class(engine)
+    return check_engine_class(type(engine))
+
+
+def resolve_record_package(record, package=None):
+    """The package a record ran on: ``package`` (a Package, a folder or a fixture name),
+    else the record's folder if it still holds the same content, else its name."""
+    if isinstance(package, Package):
+        pkg = package
+    elif package is not None:
+        pkg = resolve_package(package)
+    else:
+        pkg = None
+        if record.package.path and Path(record.package.path).is_dir():
+            try:
+                pkg = resolve_package(record.package.path)
+            except Exception:
+                pkg = None
+        if pkg is None or pkg.content_hash != record.package.content_hash:
+            pkg = resolve_package(record.package.name)
+    if pkg.content_hash != record.package.content_hash:
+        raise InputError(f"package {pkg.spec.name!r} here is not the package the record ran "
+                         f"on (content hash {pkg.content_hash}, the record's "
+                         f"{record.package.content_hash})", field="--package",
+                         value=str(pkg.root),
+                         remedy="pass --package with the folder the record was made from")
+    return pkg
+
+
+def class_ref(cls) -> str:
+    """How to name ``cls`` again: its registered name for a built-in or entry point, else
+    ``module:Class``."""
+    return class_reference(cls) or cls.name
+
+
+__all__ = ["class_ref", "failing_step", "load_record", "resolve_engine_class",
+           "resolve_record_package", "steps_decided"]
