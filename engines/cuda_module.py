@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.cuda_support import import_cupy
+
 _INCLUDE = re.compile(r'^#include "([\w.]+)"[^\n]*\n', re.MULTILINE)
 _ONCE = re.compile(r"^#pragma once[^\n]*\n", re.MULTILINE)
 
@@ -62,8 +64,6 @@ class CudaModule:
         key = (self, int(device_id))
         loaded = _LOADED.get(key)
         if loaded is None:
-            from engines.cuda_support import import_cupy
-
             cupy = import_cupy()
             with cupy.cuda.Device(int(device_id)):
                 module = cupy.RawModule(code=self.text(), options=self.compile_options(),

@@ -5,14 +5,13 @@ interpreter's state cells all read dtype names the same way without importing ea
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 
 def dtype_of(name: str) -> np.dtype:
     """The numpy dtype of a package dtype name (``bfloat16`` through ``ml_dtypes``)."""
     if name == "bfloat16":
-        import ml_dtypes
-
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from engines.errors import ExecutionError
 from engines.ledger import Ledger
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -149,6 +150,8 @@ class Engine(abc.ABC):
         """The tensor ops bound to ``self.ledger`` (called at construction and by
         ``reset_ledger``). The default works on the host with numpy; a device engine
         returns its own (``CudaTensorOps`` on its stream)."""
+        # imported here: the tensor ops load ml_dtypes (about 0.6 s), which importing the
+        # registry, as every lockstep command does, should not pay
         from engines.tensor_ops.host import HostTensorOps
 
         return HostTensorOps(self.ledger)
@@ -243,8 +246,6 @@ class BlackBoxEngine(Engine):
 
     def run_component(self, component: str, feeds: dict[str, Any],
                       phase: str | None = None) -> dict[str, Any]:
-        from engines.errors import ExecutionError
-
         raise ExecutionError(f"engine {self.name!r} decodes by itself (a black box): it runs "
                              f"no single component", field="component", value=component,
                              remedy="decode through engines.workflow.greedy_decode, which calls "

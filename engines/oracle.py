@@ -32,7 +32,9 @@ import numpy as np
 
 from engines.dtypes import dtype_of
 from engines.engine import Engine
-from engines.errors import ExecutionError, InputError
+from engines.errors import ExecutionError, InputError, PackageError
+from engines.package import load_package, package_content_hash
+from engines.registry import REFERENCE_ENGINE, get_engine_class
 from engines.requests import check_request
 
 STREAM, RECOMPUTE = "stream", "recompute"
@@ -105,8 +107,6 @@ class Oracle:
 
     def __init__(self, package, engine=None, component: str = "target", mode: str = STREAM):
         if engine is None:
-            from engines.registry import REFERENCE_ENGINE, get_engine_class
-
             engine = get_engine_class(REFERENCE_ENGINE)(package)
         self.package = package
         self.spec = package.spec
@@ -279,9 +279,6 @@ def reference_package(package):
     ref = package.spec.reference
     if ref is None:
         return package
-    from engines.errors import PackageError
-    from engines.package import load_package, package_content_hash
-
     folder = package.root.parent / ref.folder
     where = str(package.yaml_path)
     remedy = (f"put the reference package {ref.folder!r} beside {package.root.name!r} (for a "
@@ -328,8 +325,6 @@ def oracle_for(package, engine_name: str | None = None, component: str = "target
     ``ort-cpu``), over the package's declared reference (its float32 twin) or, without one,
     over the package itself. ``oracle.package`` is the package it runs: record its content
     hash beside the oracle's engine and mode in evidence."""
-    from engines.registry import REFERENCE_ENGINE, get_engine_class
-
     check_oracle_mode(mode)
     target = reference_package(package)
     engine = get_engine_class(engine_name or REFERENCE_ENGINE)(target)

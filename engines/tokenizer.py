@@ -19,6 +19,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from engines.errors import EngineUnavailable, PackageError
 
 
@@ -64,12 +67,6 @@ class ChatTemplate:
     """A checkpoint's chat template: ``render(messages)`` is the text the model expects."""
 
     def __init__(self, source: str, where: str = "", special_tokens: dict | None = None):
-        try:
-            import jinja2
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-        except ImportError:
-            raise EngineUnavailable("rendering a chat template needs jinja2", field="jinja2",
-                                    value=None, remedy="pip install jinja2") from None
         self.source, self.where = source, where
         self.special_tokens = dict(special_tokens or {})
         self._error = jinja2.TemplateError

@@ -43,12 +43,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+import numpy as np
+import onnx
+from onnx import helper
+
+from engines.cuda_support import import_cupy
 from engines.engine import Engine
 from engines.errors import EngineUnavailable, InputError, LockstepError
 from engines.registry import REFERENCE_ENGINE, resolve_engine_list
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import check_width, speculative_decode
 from engines.workflow.validation import check_count, check_request
+from harness.evidence import collect_environment
+from harness.packages import resolve_package
 
 MODES = ("greedy", "speculative")
 RowStatus = Literal["ok", "unavailable", "error"]
@@ -174,8 +181,6 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
     ``ignore_eos`` times exactly ``max_new_tokens`` tokens (either mode); ``warmup_steps``
     decode steps of each timed decode are left out of the steady decode median;
     ``interleave`` times every package's engines in one rotation (``run_bench``)."""
-    from harness.packages import resolve_package
-
     if mode not in MODES:
         raise InputError("unknown mode", field="mode", value=mode,
                          remedy=f"use one of: {', '.join(MODES)}")
@@ -238,9 +243,6 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
 def weight_bytes(package, component: str = "target") -> int:
     """The bytes of the component's initializers: what one decode step must read at least
     once. From the ONNX file's tensor shapes and types; external data is not loaded."""
-    import onnx
-    from onnx import helper
-
     model = onnx.load(str(package.component_path(component)), load_external_data=False)
     total = 0
     for tensor in model.graph.initializer:
@@ -267,8 +269,6 @@ def _mib(nbytes: int) -> str:
 def host_copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = COPY_REPEATS) -> Bandwidth:
     """numpy copy of an ``nbytes`` array into another (after one untimed copy that faults
     the pages in); bytes moved = 2 x nbytes (read + write) over the median copy time."""
-    import numpy as np
-
     src = np.ones(nbytes, dtype=np.uint8)
     dst = np.empty_like(src)
     np.copyto(dst, src)
@@ -289,8 +289,6 @@ def cuda_copy_bandwidth(device_id: int = 0, nbytes: int = COPY_BYTES,
     write) over the median event time. The buffers are plain ``cudaMalloc`` allocations,
     outside every memory pool, and freed before returning."""
     if cupy is None:
-        from engines.cuda_support import import_cupy
-
         cupy = import_cupy()
     residency = f"cuda:{device_id}"
     rt = cupy.cuda.runtime
@@ -598,8 +596,6 @@ def bandwidths_of(rows: Sequence[BenchRow]) -> list[dict[str, Any]]:
 
 def write_json(rows: Sequence[BenchRow], path: Path, plan: BenchPlan | None = None) -> Path:
     """The rows, the settings and the environment in one JSON file (written atomically)."""
-    from harness.evidence import collect_environment
-
     path = Path(path)
     payload = {
         "format": FORMAT,

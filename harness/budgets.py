@@ -3,13 +3,13 @@ measured by the engine's own ledger and, where the decode ran under it, by the i
 transfer guard. Judged by the claim registry, whether or not evidence is written."""
 from __future__ import annotations
 
+from engines.workflow.speculative import SpeculativeResult
 from harness.claims import FAIL, SKIP, all_pass, judge_claim
+from harness.evidence import BudgetCheck
 
 
 def expected_readback(result) -> tuple[int, str]:
     """Claim 4's exact budget for a decode, in bytes, and how it is made up."""
-    from engines.workflow.speculative import SpeculativeResult
-
     if not isinstance(result, SpeculativeResult):
         return 4 * len(result.tokens), "exactly 4 bytes (one int32 token id) per generated token"
     ledger = result.ledger
@@ -22,8 +22,6 @@ def expected_readback(result) -> tuple[int, str]:
 def device_budgets(engine, result, guard=None):
     """The budget checks of one decode on a device-resident engine, and the two claims'
     verdicts; a host engine has none (both ``skip``)."""
-    from harness.evidence import BudgetCheck
-
     if engine.residency == "host" or engine.capabilities().decodes_itself:
         # nothing crosses on the host; a black box that decodes by itself keeps no
         # crossing ledger the interpreter could judge (its own library moves its values)

@@ -22,7 +22,13 @@ from typing import Literal
 
 import yaml
 
+from engines.backends.genai_build import BUILD_FILE, cache_folder
+from engines.backends.hf_model import gguf_load_folder
+from engines.cache_root import CACHE_ENV, REPO_ROOT, cache_root
 from engines.errors import InputError
+from harness.convert.cache import converted_root
+from harness.convert.writer import SIDECAR
+from harness.staging import find_staging
 
 KINDS = ("conversion", "fixture", "genai build", "genai package", "gguf load", "staging")
 _KEY_SUFFIX = re.compile(r"-[0-9a-f]{12}$")
@@ -67,13 +73,6 @@ def _reference_of(folder: Path) -> str | None:
 def cache_entries(now: float | None = None) -> list[CacheEntry]:
     """Everything under the caches, oldest first: each folder of a cache that holds its
     kind's marker file (whose time is the folder's age)."""
-    from engines.backends.genai_build import BUILD_FILE, cache_folder
-    from engines.backends.hf_model import gguf_load_folder
-    from engines.cache_root import CACHE_ENV, REPO_ROOT, cache_root
-    from harness.staging import find_staging
-    from harness.convert.cache import converted_root
-    from harness.convert.writer import SIDECAR
-
     now = time.time() if now is None else now
     out: list[CacheEntry] = []
     staged = [cache_root(), converted_root()]  # where builds stage beside their folders

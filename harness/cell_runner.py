@@ -23,18 +23,22 @@ from pathlib import Path
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, NonFiniteLogits
 from engines.oracle import STREAM
+from engines.package import load_package
 from engines.registry import REFERENCE_ENGINE, class_reference, get_engine_class
+from engines.tolerances import band_for
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import speculative_decode
+from harness import evidence as ev
 from harness.budgets import budget_summary, device_budgets
 from harness.cells import CellError, CellResult
 from harness.claims import FAIL, PASS, SKIP, judge_claim
-from engines.tolerances import band_for
 from harness.judgement import (BUDGET, DEFECT, DRIFT, ERROR, IDENTICAL, NEAR_TIE, NON_FINITE,
                                UNAVAILABLE, StepJudgement, band_statistics, first_difference, worst)
 from harness.package_judge import OracleFailed, PackageJudge
 from harness.packages import resolve_package
 from harness.plan import CellSpec
+from harness.records import cell_record
+from harness.transfer_guard import transfer_guard
 
 
 def engine_provenance(engine) -> dict:
@@ -57,8 +61,6 @@ def decode(engine: Engine, prompt, max_new_tokens: int, width: int | None, audit
 
     if engine.residency == "host":
         return run(), None
-    from harness.transfer_guard import transfer_guard
-
     with transfer_guard("count") as guard:
         result = run()
     # a guard that intercepted nothing (no CuPy here) measured nothing: it is no account
@@ -306,8 +308,6 @@ class CellRunner:
                  judges: dict[str, PackageJudge] | None = None, sources: dict | None = None,
                  engine_classes: dict[str, type[Engine]] | None = None,
                  agreements: dict | None = None):
-        from harness import evidence as ev
-
         self.run_id, self.mode, self.max_new_tokens = run_id, mode, max_new_tokens
         self.evidence_dir = evidence_dir
         self.env = env if env is not None else ev.collect_environment()
@@ -436,8 +436,6 @@ class CellRunner:
             return self._judge
         key = str(ref)
         if key not in self._ref_judges:
-            from engines.package import load_package
-
             self._ref_judges[key] = PackageJudge(load_package(ref), self.oracle_engine,
                                                  self.oracle_mode)
         return self._ref_judges[key]
@@ -455,9 +453,6 @@ class CellRunner:
         """A finished cell's reference stream (an oracle failure makes it an ``error`` cell),
         what judging it cost (the judge's ``spent()`` since ``judged_since``) and, with an
         evidence folder, its record."""
-        from harness import evidence as ev
-        from harness.records import cell_record
-
         trace = None
         if judge is not None and cell.status != UNAVAILABLE:
             try:

@@ -36,6 +36,7 @@ from engines.errors import InputError
 from engines.registry import get_engine_class
 from engines.workflow.session import DecodeSession
 from harness.bench import RowStatus
+from harness.packages import resolve_package
 
 FORMAT = 1
 KIND = "lockstep-bench-forward"  # the JSON file's "kind"
@@ -124,8 +125,6 @@ def bench_forwards(engines: Sequence[str], packages: Sequence[Any], *,
     ``prefill`` lists prompt lengths timed from position 0; ``rows`` lists M values timed at
     position ``prefix``. An engine that cannot run here (or fails) gets rows with that
     status and reason; the others go on."""
-    from harness.packages import resolve_package
-
     if repeats < 1 or warmup < 0:
         raise InputError("repeats must be 1 or more and warmup 0 or more", field="repeats",
                          value=(repeats, warmup), remedy="e.g. --repeats 10 --warmup 2")

@@ -20,14 +20,15 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from harness.evidence import load_evidence_dir
+from reports.regressions import record_status
+
 MAX_RATIO = 0.6
 BUSY_MEAN = 5.0   # % mean utilization during a run for a GPU to count as busy
 BUSY_SHARE = 0.25  # and at least this share of the cells' decode time ran on it
 
 
 def _records(folder: Path):
-    from harness.evidence import load_evidence_dir
-
     return load_evidence_dir(folder)
 
 
@@ -37,8 +38,6 @@ def cell_key(record) -> str:
 
 def compare_verdicts(one: Sequence, two: Sequence) -> dict:
     """Cell for cell: the status (and the token stream) of each cell in both runs."""
-    from reports.regressions import record_status
-
     a = {cell_key(r): r for r in one}
     b = {cell_key(r): r for r in two}
     differ = [{"cell": k, "one": record_status(a[k]), "two": record_status(b[k])}

@@ -20,6 +20,10 @@ import numpy as np
 
 from engines.errors import InputError
 from engines.oracle import STREAM
+from engines.tokenizer import package_tokenizer
+from harness.packages import resolve_package
+from harness.prompts_long import paragraphs
+from harness.runner import run_matrix
 
 DEFAULT_LENGTHS = (32, 128, 512, 2048)
 KIND = "lockstep-bench-judge"  # the JSON file's "kind"
@@ -91,9 +95,6 @@ def parse_lengths(text: str | None) -> list[int]:
 
 def prompt_of_length(package, n: int) -> list[int]:
     """Exactly ``n`` prompt ids: the first tokens of our long text, or seeded ids."""
-    from engines.tokenizer import package_tokenizer
-    from harness.prompts_long import paragraphs
-
     tok = package_tokenizer(package)
     if tok is not None:
         text = "\n\n".join(paragraphs())
@@ -111,9 +112,6 @@ def bench_judge(engines: Sequence[str], package_ref: str, lengths: Sequence[int]
                 on_cell=None) -> JudgeBench:
     """Every engine at every length, each cell through ``run_matrix``; a length that does
     not fit the package's context is refused before anything runs."""
-    from harness.packages import resolve_package
-    from harness.runner import run_matrix
-
     package = resolve_package(package_ref)
     limit = package.spec.max_context
     for n in lengths:

@@ -29,7 +29,10 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from harness.cell_runner import CellRunner  # noqa: E402
+from harness.cells import CellError  # noqa: E402
 from harness.distributed import PLAN_ENV, MatrixPlan  # noqa: E402
+from harness.oracle_choice import OracleAgreement  # noqa: E402
 from harness.plan import CellSpec  # noqa: E402
 
 
@@ -61,10 +64,6 @@ def _marker(cell: CellSpec) -> Path | None:
 @pytest.fixture(scope="session")
 def cell_runner():
     """This worker's runner: its engines, judges and environment (the GPU it was pinned to)."""
-    from harness.cell_runner import CellRunner
-
-    from harness.oracle_choice import OracleAgreement
-
     plan = _plan()
     checks = {name: OracleAgreement(**check) for name, check in (plan.oracle_checks or {}).items()}
     runner = CellRunner(plan.run_id, plan.mode, plan.max_new_tokens, Path(plan.evidence_dir),
@@ -80,8 +79,6 @@ class PackageCells:
 
     def test_cell(self, planned_cell: CellSpec, cell_runner) -> None:
         """One planned cell: judged, recorded; fails when the cell fails."""
-        from harness.cells import CellError
-
         c = planned_cell
         marker = _marker(c)
         if marker is not None and marker.exists():

@@ -15,11 +15,12 @@ from contextlib import contextmanager
 
 from engines.engine import Engine
 from engines.oracle import STREAM, Oracle, OracleTrace, check_oracle_mode, oracle_for
-from engines.workflow import greedy_decode
 from engines.tolerances import tolerance_for
+from engines.workflow import greedy_decode
 from harness.cells import CellError
 from harness.judgement import (LogitsAudit, StreamJudgement, audit_forwards, audit_logits,
                                judge_stream)
+from harness.oracle_choice import chosen_oracle
 
 
 def with_guesser(oracle: Oracle) -> Oracle:
@@ -56,8 +57,6 @@ class PackageJudge:
     def choose(self, prompt: list[int]) -> None:
         """The oracle on ``oracle_engine``, vetted against ort-cpu's on ``prompt`` first (a
         disagreement raises: the run stops before any cell)."""
-        from harness.oracle_choice import chosen_oracle
-
         oracle, self.agreement = chosen_oracle(self.package, self.oracle_engine, prompt,
                                                self.oracle_mode)
         self._oracle = with_guesser(oracle)

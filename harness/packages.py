@@ -3,14 +3,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engines.cache_root import cache_root
 from engines.errors import PackageError
-from engines.model_package import is_model_package
+from engines.model_package import imported_variants, is_model_package
+from engines.oracle import reference_package
 from engines.package import Package, load_package
+from harness.catalog.builtin import build, list_fixtures
+from harness.convert.smollm2 import smollm2_package, smollm2_selfspec_package
 
 
 def fixture_names() -> list[str]:
-    from harness.catalog.builtin import list_fixtures
-
     return [f if isinstance(f, str) else f.name for f in list_fixtures()]
 
 
@@ -23,12 +25,8 @@ def resolve_package(ref: str | Path) -> Package:
     anything else must be a package folder."""
     text = str(ref)
     if text in fixture_names():
-        from harness.catalog.builtin import build
-
         return load_package(build(text))
     if text in REAL_CHECKPOINTS:
-        from harness.convert.smollm2 import smollm2_package, smollm2_selfspec_package
-
         return load_package(smollm2_selfspec_package() if text == "smollm2-selfspec"
                             else smollm2_package())
     path = Path(text).expanduser()
@@ -53,8 +51,6 @@ def _with_reference_checked(package: Package) -> Package:
     is there and unchanged: a missing or changed reference is the package's fault, refused
     here in one line, not an ``error`` in every cell of the matrix."""
     if package.spec.reference is not None:
-        from engines.oracle import reference_package
-
         reference_package(package)
     return package
 
@@ -62,9 +58,6 @@ def _with_reference_checked(package: Package) -> Package:
 def imported_model_package(folder: Path) -> list[Path]:
     """The lockstep packages of an onnx-genai model package's runnable variants, imported
     into the cache once per package content (``engines.model_package``)."""
-    from engines.model_package import imported_variants
-    from engines.cache_root import cache_root
-
     return list(imported_variants(folder, cache_root() / "imported").imported.values())
 
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from engines.errors import InputError
-from engines.requests import check_count
+from engines.requests import check_count, check_request
+from engines.workflow.speculative import speculative_widths  # the one width rule
+from harness.prompts import PromptSource, resolve_all
 
 MODES = ("greedy", "speculative")
 
@@ -34,8 +36,6 @@ def widths_for(package, mode: str, widths: Sequence[int] | str | None) -> list[i
                          remedy=f"use one of: {', '.join(MODES)}")
     if mode == "greedy":
         return [None]
-    from engines.workflow.speculative import speculative_widths  # the one width rule
-
     return list(speculative_widths(package.spec, widths, field="--width"))
 
 
@@ -62,9 +62,6 @@ def plan_packages(resolved, mode, widths, prompts, max_prompts, max_new_tokens
                   ) -> list[PackagePlan]:
     """What runs where; a bad request (prompt, width, mode) is an ``InputError`` here, before
     any cell runs (exit 2), never an error cell."""
-    from engines.requests import check_request
-    from harness.prompts import PromptSource, resolve_all
-
     plans = []
     for package in resolved:
         package_widths = widths_for(package, mode, widths)

@@ -17,7 +17,8 @@ from pathlib import Path
 from engines import json_text
 from engines.errors import InputError, PackageError
 from engines.requests import check_token_ids
-from engines.tokenizer import CHAT_ROLES, CHAT_TEMPLATE_FILE
+from engines.tokenizer import (CHAT_ROLES, CHAT_TEMPLATE_FILE, package_chat_template,
+                               package_tokenizer)
 
 KINDS = ("text", "chat", "ids")
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -172,8 +173,6 @@ def resolve(source: PromptSource, package, max_new_tokens: int | None = None) ->
     special-token template, as transformers encodes text), a chat through its chat template,
     ids as given; each checked against the vocabulary and, with ``max_new_tokens``, the
     context."""
-    from engines.tokenizer import package_chat_template, package_tokenizer
-
     spec = package.spec
     rendered = template = None
     if source.kind == "ids":

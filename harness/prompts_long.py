@@ -14,6 +14,10 @@ import json
 import sys
 from pathlib import Path
 
+from engines.tokenizer import package_chat_template, package_tokenizer
+from harness.packages import resolve_package
+from harness.prompts import read_prompts_file, resolve
+
 TEXT_FILE = Path(__file__).resolve().parent / "texts" / "long_context.txt"
 # name, token budget (the prompt stays within it and is at least 1000 tokens long: paragraphs
 # are at most ~200 tokens), kind; 2048 + 256 new tokens fit a converted package's default
@@ -43,8 +47,6 @@ def long_prompts(package) -> list[dict]:
     """The JSONL lines for ``package``: each prompt's length counted as ``harness.prompts``
     encodes it (text with the tokenizer's special tokens; a chat rendered by the package's
     template, without them)."""
-    from engines.tokenizer import package_chat_template, package_tokenizer
-
     tok = package_tokenizer(package)
     chat = package_chat_template(package, tok)
     lines = []
@@ -62,9 +64,6 @@ def long_prompts(package) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.packages import resolve_package
-    from harness.prompts import read_prompts_file, resolve
-
     parser = argparse.ArgumentParser(prog="python -m harness.prompts_long",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("package", help="a package folder (with a tokenizer and chat template)")

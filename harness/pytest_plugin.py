@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from engines.errors import LockstepError
+from engines.registry import engine_names
+from harness.claims import CLAIM_IDS
+
 MARKERS = {
     "gpu": "needs CUDA; skipped without it, a failure under --require-gpu",
     "slow": "long-running; excluded from the default CI run only where stated",
@@ -89,8 +93,6 @@ def cuda_status() -> tuple[bool, str]:
 def check_claim_markers(items: list[pytest.Item]) -> None:
     """Every ``claim(...)`` marker names registered claims (harness.claims), else a usage
     error naming the test, the id and the valid ids."""
-    from harness.claims import CLAIM_IDS
-
     for item in items:
         for mark in item.iter_markers("claim"):
             if not mark.args:
@@ -145,8 +147,6 @@ def lockstep_engines(pytestconfig: pytest.Config) -> list[str]:
     chosen = pytestconfig.getoption("--engines")
     if chosen:
         return list(chosen)
-    from engines.registry import engine_names
-
     return engine_names()
 
 
@@ -222,7 +222,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = config.stash.get(_REPORT_KEY, None)
     if not state or state["report"] is None or hasattr(config, "workerinput"):
         return  # no report asked for, or an xdist worker (the controller renders)
-    from engines.errors import LockstepError
     from harness.evidence import load_evidence_dir
     from reports import render_report
 

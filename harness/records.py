@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from engines.tokenizer import decode_each
 from harness import evidence as ev
 from harness.judgement import first_difference
 
@@ -61,8 +62,6 @@ def _audit(audit, tol) -> ev.LogitsAuditRecord:
 
 def _prompt(package, cell) -> ev.PromptRef:
     """The prompt's ids, their text, and for a text or chat prompt what they were made of."""
-    from engines.tokenizer import decode_each
-
     ref = ev.PromptRef(name=cell.prompt_name, ids=list(cell.prompt),
                        text=decode_each(package, cell.prompt, joined=True))
     given = cell.prompt_source  # harness.prompts.ResolvedPrompt, or None for plain ids
@@ -91,8 +90,6 @@ def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
                 oracle_package=None, oracle_check=None, band=None) -> ev.EvidenceRecord:
     """The evidence record of ``cell`` (a ``harness.cells.CellResult``); ``band``: the
     quantized scheme's band it was judged by (``engines.tolerances.Band``)."""
-    from engines.tokenizer import decode_each
-
     kind, _, width = cell.mode.partition("/w")
     mode = ev.Mode(kind=kind, width=int(width) if width else None)
     reference = None

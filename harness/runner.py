@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
 from engines.engine import Engine
 from engines.oracle import STREAM
-from engines.registry import REFERENCE_ENGINE
+from engines.registry import REFERENCE_ENGINE, get_engine_class, resolve_engine_list
+from harness import evidence as ev
 from harness.cell_runner import CellRunner, decode, engine_provenance
 from harness.cells import CellError, CellResult, RunSummary
 from harness.judgement import first_difference
+from harness.manifest import (LeftOutCells, PlannedCell, RunManifest, ShardShare, finish,
+                              write_manifest)
 from harness.package_judge import PackageJudge
 from harness.packages import resolve_package
 from harness.plan import (MODES, CellSpec, PackagePlan, Shard, check_counts, plan_packages,
@@ -29,16 +33,12 @@ def resolve_engines(engines: Sequence[str | type[Engine]]) -> dict[str, type[Eng
     """Engine names (or "module:Class", or classes) -> classes, keyed by the engine's name;
     an unknown or ill-defined engine, or one engine named twice (in one spelling or two),
     fails here, before anything runs (``engines.registry.resolve_engine_list``)."""
-    from engines.registry import resolve_engine_list
-
     return resolve_engine_list(engines, field="engines")
 
 
 def engine_refs(engines: Sequence[str | type[Engine]]) -> dict[str, str]:
     """Engine name -> how a process finds it: the name or "module:Class" it was given, or a
     class's own "module:qualname"."""
-    from engines.registry import get_engine_class
-
     refs = {}
     for ref in engines:
         cls = ref if isinstance(ref, type) else get_engine_class(ref)
@@ -52,10 +52,6 @@ def plan_manifest(run_id: str, cells: Sequence[CellSpec], command: Sequence[str]
     """The run manifest of ``cells`` in the order the runner runs them; a shard's names its
     share of the whole plan (``digest``, ``total`` cells, its bounds); ``left_out``
     (``harness.plan.LeftOut``): what was not planned, and why."""
-    from dataclasses import asdict
-
-    from harness.manifest import LeftOutCells, PlannedCell, RunManifest, ShardShare
-
     share = None
     if shard is not None:
         start, end = shard.bounds(total)
@@ -90,9 +86,6 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
     Bad requests (an unknown engine or mode, a width outside a package's range, a package
     without a speculative section in speculative mode, an oracle engine that disagrees)
     fail before anything runs, as do a ``max_prompts`` or ``max_new_tokens`` below 1."""
-    from harness import evidence as ev
-    from harness.manifest import finish, write_manifest
-
     check_counts(max_prompts, max_new_tokens)
     classes = resolve_engines(engines)
     refs = engine_refs(engines)

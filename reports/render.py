@@ -40,12 +40,14 @@ from markupsafe import Markup
 from engines import json_text
 from engines.errors import LockstepError
 from harness.evidence import CLAIMS, EvidenceRecord
+from harness.forensics import explanation_for, explanation_html
 from harness.judgement import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, IDENTICAL, NEAR_TIE,
                                NON_FINITE, SEVERITY, UNAVAILABLE, worst)
 from harness.manifest import PlannedCell, RunManifest
 from harness.plan import NotRun, fold_not_run
 from harness.run_coverage import Duplicate, drop_duplicates, run_coverage
 from harness.shards import shard_coverage
+from reports.bench_tables import load_bench
 
 from . import plots
 from .regressions import NOISE_BAND, find_regressions, record_status
@@ -753,8 +755,6 @@ def render_report(records: Sequence[EvidenceRecord],
     ``lockstep bench --json`` files) adds the speed section, a table a file. A cell of one
     run recorded twice counts once and is flagged: ``duplicates`` as the caller found them
     (``harness.run_coverage.drop_duplicates`` over the files, naming them), else found here."""
-    from reports.bench_tables import load_bench
-
     bench_tables = [load_bench(path) for path in bench]  # a bad file fails before rendering
     catch_source = None
     if catch_matrix is not None and not isinstance(catch_matrix, Mapping):
@@ -772,8 +772,6 @@ def render_report(records: Sequence[EvidenceRecord],
         if _needs_article(r, statuses[id(r)]):
             view = _finding_view(f"finding-{len(findings)}", r, statuses[id(r)])
             if explanations:
-                from harness.forensics import explanation_for, explanation_html
-
                 entry = explanation_for(r, explanations)
                 if entry is not None:  # the fragment escapes every string it holds
                     view.explanation = Markup(explanation_html(entry, f"{view.anchor}-explain"))

@@ -220,7 +220,7 @@ def test_every_listed_subcommand_exists_and_the_description_says_what_lockstep_i
 def test_fixtures_list_names_smollm2_and_whether_it_is_converted(tmp_path, monkeypatch, capsys):
     pytest.importorskip("gguf", reason="the converter needs the 'real' extra (make real)")
     pytest.importorskip("tokenizers", reason="the converter needs the 'real' extra (make real)")
-    import engines.shipped_checkpoint as real
+    import harness.cli.fixtures as real
     from harness.cli.fixtures import real_checkpoint_rows
     from harness.convert.conversion import convert
     from suites.convert_support import write_tiny_gguf

@@ -67,7 +67,7 @@ def test_a_module_is_compiled_once_per_device_with_its_instances(monkeypatch, tm
     from engines import cuda_module
 
     fake = _FakeCupy()
-    monkeypatch.setattr("engines.cuda_support.import_cupy", lambda: fake)
+    monkeypatch.setattr(cuda_module, "import_cupy", lambda: fake)
     monkeypatch.setattr(cuda_module, "_LOADED", {})
     (tmp_path / "k.cu").write_text("kernel text\n")
     module = CudaModule(tmp_path, "k.cu", ("k<float>", "k<int>"), (("LK_N", 4),))

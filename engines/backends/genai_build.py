@@ -12,6 +12,7 @@ build folder records all of them (it is what evidence cites as the engine's conv
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.metadata as metadata
 import importlib.util
@@ -24,7 +25,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines.errors import EngineUnavailable, ExecutionError
+import numpy as np
+
+from engines.backends.checkpoint_source import CheckpointSource, content_hash
+from engines.backends.transformers_quiet import quiet_transformers
+from engines.cache_root import cache_root
+from engines.errors import EngineUnavailable, ExecutionError, InputError, LockstepError
+from engines.shipped_checkpoint import resolve_checkpoint
 
 BUILD_FILE = "build.json"
 BUILDER = "onnxruntime-genai"
@@ -77,8 +84,6 @@ def build_key(checkpoint_hash: str, precision: str, provider: str, version: str)
 
 
 def cache_folder() -> Path:
-    from engines.cache_root import cache_root
-
     return cache_root() / "genai"
 
 
@@ -86,7 +91,6 @@ def dequantize_gguf(src: Path, dst: Path) -> Path:
     """Write ``src`` (any GGUF the gguf package can dequantise) as a float32 GGUF: every
     key/value copied, every tensor dequantised by ``gguf.quants.dequantize``."""
     import gguf
-    import numpy as np
 
     reader = gguf.GGUFReader(str(src))
     arch = reader.fields["general.architecture"]
@@ -204,8 +208,6 @@ def ensure_build(checkpoint, precision: str, provider: str,
             source = checkpoint.path
             if not _float_gguf(source):
                 source = dequantize_gguf(checkpoint.path, work / "float32.gguf")
-            from engines.backends.transformers_quiet import quiet_transformers
-
             with quiet_transformers():
                 config = gguf_config_folder(checkpoint.path, work / "config")
             args += ["-m", str(config), "-i", str(source)]
@@ -255,12 +257,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m engines.backends.genai_build CHECKPOINT [-p fp32] [-e cpu]``: build (or
     reuse) onnxruntime-genai's model of a checkpoint (``smollm2``: the shipped one) and print
     its folder; ``make real`` runs it so the suite finds the build cached."""
-    import argparse
-
-    from engines.backends.checkpoint_source import CheckpointSource, content_hash
-    from engines.errors import LockstepError
-    from engines.shipped_checkpoint import resolve_checkpoint
-
     parser = argparse.ArgumentParser(prog="python -m engines.backends.genai_build")
     parser.add_argument("checkpoint", help="a .gguf file, a Hugging Face folder, or smollm2")
     parser.add_argument("-p", "--precision", default="fp32")
@@ -269,8 +265,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = resolve_checkpoint(args.checkpoint)
         if not path.exists():
-            from engines.errors import InputError
-
             raise InputError(f"{path} does not exist", field="CHECKPOINT", value=str(path),
                              remedy="give a .gguf file, a Hugging Face folder, or smollm2")
         source = CheckpointSource(path, "gguf" if path.is_file() else "hf", content_hash(path))

@@ -27,7 +27,13 @@ import shutil
 import sys
 from pathlib import Path
 
+import onnx
+import yaml
+from onnx import TensorProto, helper
+
 from engines.errors import InputError
+from engines.output_paths import check_output_folder
+from engines.package import load_package
 
 MASK = "attention_mask"
 ORIGIN_FILE = "genai_build.json"
@@ -83,11 +89,9 @@ def read_genai_config(build: Path) -> dict:
     return config
 
 
-def _mask_prologue(first_past: str, ids: str) -> list:
+def mask_prologue(first_past: str, ids: str) -> list:
     """Nodes computing ``attention_mask`` = ones[1, past + M] (int64) from the shapes of the
     first past key and of the token ids."""
-    from onnx import TensorProto, helper
-
     def const(name, values):
         return helper.make_node("Constant", [], [name], value=helper.make_tensor(
             name, TensorProto.INT64, [len(values)], values))
@@ -114,10 +118,6 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
     """Write the package for the onnxruntime-genai build in ``build`` into ``out`` (a new or
     empty folder) and return it, loaded and checked (``engines.package.load_package``).
     ``wrapper_key`` is recorded in ``genai_build.json`` (the cache's staleness check)."""
-    import onnx
-
-    from engines.output_paths import check_output_folder
-
     build, out = Path(build).expanduser().resolve(), Path(out).expanduser().resolve()
     config = read_genai_config(build)
     model_cfg, dec = config["model"], config["model"]["decoder"]
@@ -153,7 +153,7 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
                              field="decoder.inputs.attention_mask", value=mask,
                              remedy="wrap a build whose mask input is attention_mask")
         graph.input.remove(inputs[mask])
-        for node in reversed(_mask_prologue(pasts[0][0], ids)):
+        for node in reversed(mask_prologue(pasts[0][0], ids)):
             graph.node.insert(0, node)
     leftover = [n for n in (vi.name for vi in graph.input)
                 if n not in {ids, *[x for pair in pasts for x in pair]}
@@ -218,8 +218,6 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
                                  remedy="wrap the folder the builder wrote, unmoved")
             log.info("copying %s (%.0f MB)", data, (build / data).stat().st_size / 1e6)
             shutil.copyfile(build / data, staged / data)
-        import yaml
-
         (staged / "package.yaml").write_text(yaml.safe_dump(spec, sort_keys=False,
                                                             default_flow_style=None, width=100))
         (staged / ORIGIN_FILE).write_text(json.dumps(
@@ -232,8 +230,6 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
-    from engines.package import load_package
-
     log.info("checking the package's ports against its graph")
     load_package(out)  # every port checked against the graph
     return out
@@ -271,8 +267,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     prompts = None
     if args.prompts_from:
-        from engines.package import load_package
-
         prompts = [list(p) for p in load_package(args.prompts_from).spec.prompts]
     try:
         folder = wrap_genai_build(args.build, args.out, args.name, prompts)

@@ -40,7 +40,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from engines.backends.checkpoint_source import CheckpointSource, content_hash, find_checkpoint
 from engines.backends.hf_model import build_model
+from engines.backends.transformers_quiet import quiet_transformers
 from engines.decode_result import DecodeResult
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, InputError
@@ -136,8 +138,6 @@ class HfEngine(Engine):
         self.torch_compile = bool(torch_compile)
         self._fallback, self._provenance = "", {}
         self.source = self._locate(checkpoint)
-        from engines.backends.transformers_quiet import quiet_transformers
-
         with quiet_transformers():
             self.model = self._build_model()
         comp = package.spec.components["target"]
@@ -147,9 +147,6 @@ class HfEngine(Engine):
     def _locate(self, checkpoint):
         """The verified source checkpoint, or None (with a warning) where it cannot be found:
         then the model is built from the package's weights under the converter's record."""
-        from engines.backends.checkpoint_source import (CheckpointSource, content_hash,
-                                                        find_checkpoint)
-
         if isinstance(checkpoint, CheckpointSource):
             return checkpoint
         if checkpoint is not None:

@@ -25,6 +25,7 @@ version and CPU features, so a verdict can tell which scheme's noise to expect.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.util
 import os
@@ -37,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from engines.backends.checkpoint_source import SIDECAR, find_checkpoint, read_source
 from engines.decode_result import DecodeResult
 from engines.engine import Availability, BlackBoxEngine
 from engines.errors import EngineUnavailable, ExecutionError, InputError
@@ -73,8 +75,6 @@ class BuildInfo:
 def build_info() -> BuildInfo:
     """This process's :class:`BuildInfo`. Imports llama_cpp, which loads the compiled
     library once."""
-    import ctypes
-
     import llama_cpp
 
     def ggml(symbol: str) -> str | None:
@@ -167,8 +167,6 @@ class LlamaCppEngine(BlackBoxEngine):
     def supports(cls, package) -> Availability:
         """Packages converted from a GGUF file (their ``checkpoint.json`` names it): llama.cpp
         runs that file; a fixture built from a seed has none."""
-        from engines.backends.checkpoint_source import SIDECAR, read_source
-
         source = read_source(package.root) or {}
         if not source.get("content_hash"):
             return Availability(False, f"{cls.name} runs the package's source GGUF; this "
@@ -186,8 +184,6 @@ class LlamaCppEngine(BlackBoxEngine):
         llama.cpp decode takes. ``checkpoint``: a ``CheckpointSource`` (default: the GGUF the
         package's ``checkpoint.json`` names, found and verified by ``checkpoint_source``)."""
         super().__init__(package)
-        from engines.backends.checkpoint_source import find_checkpoint, read_source
-
         found = self.availability()
         if not found.ok:
             raise EngineUnavailable(found.reason, field="engine", value=self.name,

@@ -34,19 +34,25 @@ touch. Any other op on one is an ``ExecutionError`` naming it.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, ClassVar
 
 import numpy as np
 import onnx
 
 from engines.cuda_support import cuda_availability, import_cupy
+from engines.device_memory import CountingAllocator
+from engines.dtypes import dtype_of
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, InputError, ResidencyError
 from engines.native.bf16_plan import Bf16Plan, model_uses_bf16
 from engines.native.capacity_cache import CapacityCells, capacity_plan
+from engines.native.cupy_array_backend import CupyArrayBackend
 from engines.native.graph_slots import (CaptureError, CupyGraphDevice, GraphSlots,
                                         forward_positions, graphs_default)
 from engines.native.kernel_launch import plain_launches
+from engines.native.plan import Plan
+from engines.tensor_ops.cuda import CudaTensorOps
 
 
 def matmul_weight_shapes(model: onnx.ModelProto) -> set[tuple[int, int]]:
@@ -72,8 +78,6 @@ def matmul_weight_shapes(model: onnx.ModelProto) -> set[tuple[int, int]]:
 def _require_bfloat16_arrays(cupy) -> None:
     """bfloat16 values live in CuPy arrays of dtype ``ml_dtypes.bfloat16`` (their 16-bit
     storage; no CuPy routine computes on them): CuPy 14 can hold one, CuPy 13 cannot."""
-    from engines.dtypes import dtype_of
-
     try:
         cupy.empty((1,), dtype=dtype_of("bfloat16"))
     except Exception as exc:  # noqa: BLE001 - CuPy < 14 raises a TypeError or ValueError
@@ -92,8 +96,6 @@ def graphs_setting(spec) -> bool:
     ``graphs_default`` (static packages); ``on`` asks for them on every package, append
     caches included (capacity buffers where the graph allows); ``off`` runs every forward
     eagerly. For runs that construct engines themselves (``lockstep run``/``bench``)."""
-    import os
-
     value = os.environ.get(GRAPHS_ENV, "auto").strip().lower()
     if value not in ("auto", "on", "off"):
         raise InputError(f"{GRAPHS_ENV} must be auto, on or off", field=GRAPHS_ENV,
@@ -127,10 +129,6 @@ class NativeCudaEngine(Engine):
         self.backend = None
         self._plans: dict[str, Any] = {}
         super().__init__(package)  # builds tensor ops on self.stream
-
-        from engines.device_memory import CountingAllocator
-        from engines.native.cupy_array_backend import CupyArrayBackend
-        from engines.native.plan import Plan
 
         self.allocator = CountingAllocator(device_id=self.device_id)
         self.backend = CupyArrayBackend(self.stream, self.ledger, device_id=self.device_id)
@@ -167,8 +165,6 @@ class NativeCudaEngine(Engine):
         self.publish_memory()
 
     def make_tensor_ops(self):
-        from engines.tensor_ops.cuda import CudaTensorOps
-
         if getattr(self, "backend", None) is not None:
             self.backend.ledger = self.ledger  # a fresh ledger counts the backend's adopts too
         return CudaTensorOps(self.ledger, self.stream, device_id=self.device_id)

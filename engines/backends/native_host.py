@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy
+
 from engines.engine import Availability, Engine
+from engines.native.array_backend import NumpyArrayBackend
+from engines.native.plan import Plan
 
 
 class NativeHostEngine(Engine):
@@ -14,15 +18,10 @@ class NativeHostEngine(Engine):
 
     @classmethod
     def availability(cls) -> Availability:
-        import numpy
-
         return Availability(True, f"numpy {numpy.__version__}")
 
     def __init__(self, package):
         super().__init__(package)
-        from engines.native.array_backend import NumpyArrayBackend
-        from engines.native.plan import Plan
-
         self.backend = NumpyArrayBackend()
         self._plans = {name: Plan(package.component_model(name), self.backend)
                        for name in package.spec.components}

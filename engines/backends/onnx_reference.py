@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import onnx
+from onnx.reference import ReferenceEvaluator
+
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable
 
@@ -14,17 +17,10 @@ class OnnxReferenceEngine(Engine):
 
     @classmethod
     def availability(cls) -> Availability:
-        try:
-            import onnx
-            from onnx.reference import ReferenceEvaluator  # noqa: F401
-        except ImportError as exc:
-            return Availability(False, f"onnx.reference is not importable ({exc}); pip install onnx")
         return Availability(True, f"onnx {onnx.__version__}")
 
     def __init__(self, package):
         super().__init__(package)
-        from onnx.reference import ReferenceEvaluator
-
         foreign = sorted({f"{n.domain}:{n.op_type}" for name in package.spec.components
                           for n in package.component_model(name).graph.node
                           if n.domain and not n.domain.startswith("ai.onnx")})

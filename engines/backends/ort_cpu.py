@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import onnxruntime as ort
+
 from engines.engine import Availability, Engine
+from engines.errors import EngineUnavailable
 
 
 class OrtCpuEngine(Engine):
@@ -13,11 +16,7 @@ class OrtCpuEngine(Engine):
 
     @classmethod
     def availability(cls) -> Availability:
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError as exc:
-            return Availability(False, f"onnxruntime is not importable ({exc}); pip install onnxruntime")
-        return Availability(True, f"onnxruntime {onnxruntime.__version__}")
+        return Availability(True, f"onnxruntime {ort.__version__}")
 
     @classmethod
     def supports(cls, package) -> Availability:
@@ -30,15 +29,11 @@ class OrtCpuEngine(Engine):
     def __init__(self, package):
         found = self.supports(package)
         if not found:
-            from engines.errors import EngineUnavailable
-
             raise EngineUnavailable(
                 found.reason, field="package.dtype", value=package.spec.dtype,
                 remedy="run bfloat16 packages on native-host, onnx-reference or a device "
                        "engine; ort-cpu judges them through their float32 twin")
         super().__init__(package)
-        import onnxruntime as ort
-
         options = ort.SessionOptions()
         # One thread: small graphs gain nothing from more, and results stay reproducible.
         options.intra_op_num_threads = 1

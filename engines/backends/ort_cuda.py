@@ -46,12 +46,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
 from engines.backends.ort_kernel_gaps import kernel_gap_unavailable
-from engines.cuda_support import REMEDY as CUPY_REMEDY
-from engines.cuda_support import cuda_availability, import_cupy
+from engines.cuda_support import REMEDY as CUPY_REMEDY, cuda_availability, import_cupy
+from engines.dtypes import dtype_of
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, ExecutionError, InputError, ResidencyError
+from engines.tensor_ops.cuda import CudaTensorOps
 
 PROVIDER = "CUDAExecutionProvider"
 REMEDY = ("install onnxruntime-gpu for your CUDA major in place of the CPU-only onnxruntime: "
@@ -127,8 +129,6 @@ def resolve_output_shapes(input_dims: dict[str, tuple[Dim, ...] | None],
 
 def numpy_dtype(elem_type: int) -> np.dtype:
     if elem_type == onnx.TensorProto.BFLOAT16:
-        from engines.dtypes import dtype_of
-
         return dtype_of("bfloat16")
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
 
@@ -467,10 +467,6 @@ def count_memcpy_nodes(model_path: Path) -> dict[str, int]:
 # -- the engine ------------------------------------------------------------------------------
 def _probe() -> tuple[bool, str, str]:
     """(ok, reason, remedy)."""
-    try:
-        import onnxruntime as ort
-    except Exception as exc:
-        return False, f"onnxruntime is not importable ({type(exc).__name__}: {exc})", REMEDY
     providers = list(ort.get_available_providers())
     if PROVIDER not in providers:
         return False, (f"onnxruntime {ort.__version__} has no {PROVIDER} (providers: "
@@ -518,8 +514,6 @@ class OrtCudaEngine(Engine):
             self.stream = cupy.cuda.Stream(non_blocking=True)
         self.components: dict[str, IoBoundComponent] = {}
         super().__init__(package)  # tensor ops on self.stream
-        import onnxruntime as ort
-
         self._ort = ort
         self.cuda_graph = static if cuda_graph is None else bool(cuda_graph)
         self.log_severity_level = int(log_severity_level)
@@ -554,8 +548,6 @@ class OrtCudaEngine(Engine):
                 self.memory, session, graph_session, refusal, poison_graph_outputs)
 
     def make_tensor_ops(self):
-        from engines.tensor_ops.cuda import CudaTensorOps
-
         return CudaTensorOps(self.ledger, self.stream, device_id=self.device_id)
 
     def _session(self, path: Path, graph: bool, audit: bool):

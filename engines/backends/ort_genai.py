@@ -16,13 +16,17 @@ CUDA builds do not load, so a float32 package is ``unavailable`` there, with tha
 """
 from __future__ import annotations
 
+import importlib.metadata as metadata
 import importlib.util
 import json
 import time
 from typing import Any, ClassVar
 
 import numpy as np
+import onnxruntime
 
+from engines.backends import genai_build
+from engines.backends.checkpoint_source import SIDECAR, find_checkpoint, read_source
 from engines.decode_result import DecodeResult
 from engines.engine import Availability, BlackBoxEngine
 from engines.errors import EngineUnavailable, ExecutionError
@@ -49,8 +53,6 @@ class OrtGenaiEngine(BlackBoxEngine):
 
     @classmethod
     def availability(cls) -> Availability:
-        from engines.backends import genai_build
-
         version = genai_build.genai_version()
         if version is None or importlib.util.find_spec("onnxruntime_genai") is None:
             return Availability(False, f"onnxruntime-genai is not installed; "
@@ -67,9 +69,6 @@ class OrtGenaiEngine(BlackBoxEngine):
         """``checkpoint``: a ``CheckpointSource`` to build from (default: the one the
         package's ``checkpoint.json`` names, found by ``checkpoint_source``)."""
         super().__init__(package)
-        from engines.backends import genai_build
-        from engines.backends.checkpoint_source import find_checkpoint
-
         dtype = package.spec.dtype
         precision = self.precisions.get(dtype)
         if precision is None:
@@ -110,8 +109,6 @@ class OrtGenaiEngine(BlackBoxEngine):
     def supports(cls, package) -> Availability:
         """Packages of a dtype its builder makes, converted from a checkpoint (the builder
         builds from that checkpoint; a fixture built from a seed has none)."""
-        from engines.backends.checkpoint_source import SIDECAR, read_source
-
         if package.spec.dtype not in cls.precisions:
             return Availability(False, cls._precision_refusal(package.spec.dtype))
         if not (read_source(package.root) or {}).get("content_hash"):
@@ -183,16 +180,10 @@ class OrtGenaiEngine(BlackBoxEngine):
 
 def _cuda_ready() -> Availability:
     """Whether the CUDA build of onnxruntime-genai and a CUDA onnxruntime are here."""
-    import importlib.metadata as metadata
-
     try:
         version = metadata.version("onnxruntime-genai-cuda")
     except metadata.PackageNotFoundError:
         return Availability(False, f"onnxruntime-genai-cuda is not installed; {INSTALL_CUDA}")
-    try:
-        import onnxruntime
-    except ImportError as exc:
-        return Availability(False, f"onnxruntime cannot be imported ({exc}); {INSTALL_CUDA}")
     if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
         return Availability(False, f"onnxruntime {onnxruntime.__version__} has no CUDA "
                                    f"execution provider (onnxruntime-gpu is not the "
@@ -217,8 +208,6 @@ class OrtGenaiCudaEngine(OrtGenaiEngine):
         found = _cuda_ready()
         if not found.ok:
             return found
-        from engines.backends import genai_build
-
         missing = genai_build.missing_builder_modules()
         if missing:
             return Availability(False, f"{found.reason}, but the model builder needs "

@@ -19,9 +19,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnxruntime
+
+from engines.backends import genai_package
 from engines.errors import InputError, PackageError
 from engines.model_package.manifest import ModelPackage, Variant, is_model_package
 from engines.model_package.wrap import folder_name, wrap_variant
+from engines.package.hashing import package_content_hash
 
 HERE = Path(__file__).resolve().parent
 IMPORT_FILE = "import.json"
@@ -37,11 +41,7 @@ class ImportReport:
 
 
 def available_providers() -> list[str]:
-    """The execution providers onnxruntime offers here (CPU when it is not installed)."""
-    try:
-        import onnxruntime
-    except ImportError:
-        return ["CPUExecutionProvider"]
+    """The execution providers onnxruntime offers here."""
     return list(onnxruntime.get_available_providers())
 
 
@@ -61,8 +61,6 @@ def import_model_package(root: str | Path, out: str | Path,
     reason; one it could run but whose declarations lockstep cannot honour refuses the whole
     import (a ``PackageError`` naming the file, field, value and remedy), nothing written;
     no runnable variant at all is an error naming each reason."""
-    from engines.package.hashing import package_content_hash
-
     package = ModelPackage(Path(root))
     out = Path(out).expanduser().resolve()
     if out.exists() and any(out.iterdir()):
@@ -114,8 +112,6 @@ def import_model_package(root: str | Path, out: str | Path,
 @functools.cache
 def importer_digest() -> str:
     """A sha256 over this package's sources and the wrappers it calls."""
-    from engines.backends import genai_package
-
     digest = hashlib.sha256()
     for path in [*sorted(HERE.glob("*.py")), Path(genai_package.__file__)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -125,8 +121,6 @@ def importer_digest() -> str:
 def imported_variants(root: str | Path, cache: Path) -> ImportReport:
     """The package at ``root`` imported under ``cache`` (reused while the package's bytes
     and this code are unchanged)."""
-    from engines.package.hashing import package_content_hash
-
     root = Path(root).expanduser().resolve()
     content = package_content_hash(root)
     key = hashlib.sha256(f"{content}\0{importer_digest()}".encode()).hexdigest()[:16]

@@ -26,9 +26,11 @@ import yaml
 from google.protobuf import text_format
 from onnx import TensorProto, helper
 
+from engines.backends.genai_package import mask_prologue, wrap_genai_build
 from engines.errors import PackageError
 from engines.model_package.manifest import Variant
 from engines.model_package.metadata import Metadata, read_metadata
+from engines.package import load_package
 
 ORIGIN_FILE = "model_package.json"
 COMPONENT_FILE = "target.onnx"
@@ -257,11 +259,9 @@ def _append_cells(g: _Graph, meta: Metadata, tokens: str, dtype: str) -> dict:
                          "model.io.attention_mask_input", io.attention_mask_input,
                          "declare kv_inputs/kv_outputs [batch, heads, seq, head], or export "
                          "without the mask")
-        from engines.backends.genai_package import _mask_prologue
-
         vi = g.need(io.attention_mask_input, "input", "model.io.attention_mask_input")
         g.model.graph.input.remove(vi)
-        nodes = _mask_prologue(io.kv_inputs[0], tokens)
+        nodes = mask_prologue(io.kv_inputs[0], tokens)
         nodes[-1].output[0] = io.attention_mask_input
         g.prologue += nodes
     return cells
@@ -271,8 +271,6 @@ def wrap_variant(variant: Variant, out: Path, name: str, origin: dict) -> Path:
     """Write ``variant`` as a lockstep package into ``out`` (a new folder); returns it."""
     if variant.metadata is None:
         if variant.genai_config is not None:
-            from engines.backends.genai_package import wrap_genai_build
-
             return wrap_genai_build(variant.folder, out, name)
         raise PackageError("the variant declares no ports: it has neither inference metadata "
                            "nor genai_config.json", field="inference_metadata",
@@ -349,8 +347,6 @@ def wrap_variant(variant: Variant, out: Path, name: str, origin: dict) -> Path:
         {**origin, "variant": variant.name, "component": variant.component,
          "ep": variant.ep, "model_file": variant.model.name,
          "computed_in_graph": added}, indent=2, sort_keys=True) + "\n")
-    from engines.package import load_package
-
     load_package(out)  # every port checked against the graph
     return out
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from engines.cuda_module import CudaModule
+from engines.cuda_support import import_cupy
 from engines.errors import ExecutionError
 from engines.native.kernel_source import KERNELS
 
@@ -34,8 +35,6 @@ class BatchedCopy:
     KEEP_TABLES = 8
 
     def __init__(self, device_id: int = 0):
-        from engines.cuda_support import import_cupy
-
         self._cupy = import_cupy()
         self.device_id = int(device_id)
         self._function = _kernel_pointer(self.device_id)

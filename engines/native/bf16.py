@@ -28,9 +28,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from onnx import helper
 
 from engines.dtypes import dtype_of
 from engines.errors import ExecutionError
+from engines.native.ops.cast import Cast, CastLike, cast_to
 
 BF16 = dtype_of("bfloat16")
 
@@ -77,8 +79,6 @@ def _unsupported(kernel, where: str) -> ExecutionError:
 
 
 def _cast(kernel, be, args: Sequence[Any], target: np.dtype):
-    from engines.native.ops.cast import cast_to
-
     x = args[0]
     to = onnx_type(target)
     if is_bf16(x):
@@ -94,16 +94,12 @@ def _cast(kernel, be, args: Sequence[Any], target: np.dtype):
 
 
 def onnx_type(dtype: np.dtype) -> int:
-    from onnx import helper
-
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
 def bf16_call(kernel, be, *args):
     """Run one plan step on a device backend whose bfloat16 values are 16-bit storage (see
     the module doc). Steps that touch no bfloat16 value run as they are."""
-    from engines.native.ops.cast import Cast, CastLike
-
     if isinstance(kernel, Cast) and (kernel.dtype == BF16 or is_bf16(args[0])):
         return _cast(kernel, be, args, kernel.dtype)
     if isinstance(kernel, CastLike) and (is_bf16(args[1]) or is_bf16(args[0])):

@@ -25,11 +25,13 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from engines.cuda_support import import_cupy
 from engines.errors import ExecutionError, ResidencyError
 from engines.native.array_backend import _norm_axis, matmul_shapes
 from engines.native.bf16 import BF16
 from engines.native.cuda_kernels import get_kernels
 from engines.native.dtype_names import dtype_name
+from engines.native.fused_kernels import get_fused_kernels
 from engines.native.kernel_source import instance, module
 from engines.native.launch.bmm import MATMUL_DTYPES, MAX_BATCH_AXES
 from engines.native.launch.gemv import GEMV_DTYPES, gemv_vectorised
@@ -40,8 +42,6 @@ class CupyArrayBackend:
     """``ArrayBackend`` on CuPy for device ``device_id``, every launch on ``stream``."""
 
     def __init__(self, stream, ledger, device_id: int = 0):
-        from engines.cuda_support import import_cupy
-
         cupy = import_cupy()
         self.xp = cupy
         self.stream = stream
@@ -267,8 +267,6 @@ class CupyArrayBackend:
         builds (never mid-forward: a module cannot load inside a capture)."""
         fused = getattr(self, "_fused", None)
         if fused is None:
-            from engines.native.fused_kernels import get_fused_kernels
-
             fused = self._fused = get_fused_kernels(self.device_id)
         return fused
 

@@ -23,6 +23,8 @@ import os
 import struct
 import threading
 
+from engines.errors import ExecutionError
+
 ENV = "LOCKSTEP_DEPENDENT_LAUNCH"
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 # CUlaunchConfig: grid x/y/z, block x/y/z, shared bytes (7 x uint32), the stream (8-byte
@@ -79,8 +81,6 @@ class DependentLaunch:
                           shared_mem, stream_ptr, self._attribute_ptr, 1)
         status = self._entry(ctypes.addressof(config), pointer, params, None)
         if status:
-            from engines.errors import ExecutionError
-
             raise ExecutionError(f"cuLaunchKernelEx failed with CUresult {status}",
                                  field="launch", value=status,
                                  remedy=f"set {ENV}=off to launch without programmatic "

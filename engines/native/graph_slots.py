@@ -37,7 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from engines.cuda_support import import_cupy
+from engines.device_memory import CountingAllocator
 from engines.ledger import GraphSlotCounters
+from engines.native.batched_copy import BatchedCopy
 
 
 class GraphSlot(enum.Enum):
@@ -358,8 +361,6 @@ class CupyGraphDevice:
     the engine's stream. Pools are ``CountingAllocator``s over private ``MemoryPool``s."""
 
     def __init__(self, stream: Any, device_id: int = 0):
-        from engines.cuda_support import import_cupy
-
         self.cp = import_cupy()
         self.stream = stream
         self.device_id = int(device_id)
@@ -372,8 +373,6 @@ class CupyGraphDevice:
                 and value.data.device_id == self.device_id)
 
     def new_allocator(self):
-        from engines.device_memory import CountingAllocator
-
         with self._device:
             return CountingAllocator(pool=self.cp.cuda.MemoryPool(), device_id=self.device_id)
 
@@ -415,8 +414,6 @@ class CupyGraphDevice:
                 entries.append(entry)
         if entries:
             if getattr(self, "_batched", None) is None:
-                from engines.native.batched_copy import BatchedCopy
-
                 self._batched = BatchedCopy(self.device_id)
             self._batched.copy(entries, self.stream)
 

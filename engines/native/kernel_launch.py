@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from engines.native.dependent_launch import dependent_launch_for
+
 # numpy scalar types and Python ints by struct code: the width CuPy passes each at
 _CODES: dict[type, str] = {
     np.int64: "q", np.uint64: "Q", np.int32: "i", np.uint32: "I", np.float32: "f",
@@ -96,8 +98,6 @@ class KernelLauncher:
     shared_mem=shared_mem)``, with the argument handling done by ``struct``."""
 
     def __init__(self, cupy, device_id: int | None = None, dependent: bool = False):
-        from engines.native.dependent_launch import dependent_launch_for
-
         self._ndarray = cupy.ndarray
         self._driver = cupy.cuda.driver
         self._current_stream = cupy.cuda.get_current_stream

@@ -25,7 +25,6 @@ for node.
 from __future__ import annotations
 
 import functools
-
 import heapq
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -36,11 +35,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from engines.errors import ExecutionError, InputError, LockstepError, ResidencyError
+from engines.native.step_memo import MEMO_OPS, StepMemo, memo_enabled
 from engines.residency import residency_of
 
 from .array_backend import ArrayBackend, NumpyArrayBackend
-from .ops import Kernel, kernel_for
 from .fusion import fuse_nodes
+from .ops import Kernel, kernel_for
 from .ops.fused import prepare as prepare_fused
 
 _SUBGRAPH_OPS = {"If", "Loop", "Scan", "SequenceMap"}
@@ -135,8 +135,6 @@ def _attach_memos(steps: list[_Step], backend) -> None:
     if getattr(backend, "residency", "host") == "host" \
             or not hasattr(backend, "fused_kernels"):
         return
-    from engines.native.step_memo import MEMO_OPS, StepMemo, memo_enabled
-
     if not memo_enabled():
         return
     for step in steps:

@@ -18,14 +18,16 @@ import importlib
 import sys
 from pathlib import Path
 
+from engines.cache_root import cache_root
 from engines.errors import LockstepError
+from engines.registry import lockstep_version
+from harness.cli.arguments import as_option
+from harness.cli.interrupt import Interrupted
 
 SUBCOMMANDS = ("run", "report", "claims", "engines", "bench", "bench_forward", "bench_judge", "fixtures", "convert", "import_genai", "import_package", "cache", "explain", "repro")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engines.registry import lockstep_version
-
     parser = argparse.ArgumentParser(prog="lockstep", description=__doc__.split("\n\nEach")[0])
     parser.add_argument("--version", action="version", version=f"lockstep {lockstep_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -35,9 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.cli.arguments import as_option
-    from harness.cli.interrupt import Interrupted
-
     parser = build_parser()
     args = None
     try:
@@ -65,8 +64,6 @@ def main(argv: list[str] | None = None) -> int:
 def _in_cache(filename) -> str | None:
     """lockstep's cache folder, where the path that failed lies in it (the variable
     LOCKSTEP_CACHE, or its default, is then what the user can change)."""
-    from engines.cache_root import cache_root
-
     try:
         root, path = cache_root().resolve(), Path(filename).resolve()
     except (LockstepError, OSError, TypeError, ValueError):

@@ -12,8 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from engines.errors import InputError
+from engines.output_paths import check_output_file
 from engines.registry import REFERENCE_ENGINE, engine_names
-from harness.cli.arguments import integer
+from harness.cli.arguments import engine_list, integer, name_list
+from harness.cli.progress import CellProgress
 from harness.cli.tables import print_table
 
 WARMUP_STEPS = 2  # harness.bench.WARMUP_STEPS (not imported here: the CLI loads every command)
@@ -149,7 +151,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engines.output_paths import check_output_file
     from harness.bench import MARKER, plan_bench, run_bench, write_json
     from harness.packages import fixture_names
 
@@ -162,8 +163,6 @@ def run(args: argparse.Namespace) -> int:
     if width is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
                          value=args.width, remedy="add --mode speculative, or drop --width")
-    from harness.cli.arguments import engine_list, name_list
-
     engines = engine_list(args.engines, "--engines") or engine_names()
     if args.packages is not None:
         packages = name_list(args.packages, "--packages")
@@ -178,8 +177,6 @@ def run(args: argparse.Namespace) -> int:
                       warmup=args.warmup, ignore_eos=args.ignore_eos,
                       warmup_steps=args.warmup_steps, pipelined=args.pipelined,
                       interleave=args.interleave)
-
-    from harness.cli.progress import CellProgress
 
     with CellProgress("bench", unit="decodes") as progress:  # on stderr; plain lines in CI
         progress.plan(plan.total_decodes)

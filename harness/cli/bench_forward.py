@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engines.errors import InputError
+from engines.output_paths import check_output_file
 from harness.cli.arguments import integer
 from harness.cli.tables import print_table
 
@@ -76,7 +77,6 @@ def _table(rows) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engines.output_paths import check_output_file
     from harness.forward_bench import MARKER, bench_forwards, write_json
 
     if args.json is not None:

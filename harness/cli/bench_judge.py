@@ -11,7 +11,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from harness.cli.arguments import integer
+from engines.output_paths import check_output_file
+from harness.cli.arguments import engine_list, integer
+from harness.cli.progress import CellProgress
 from harness.cli.tables import print_table
 
 
@@ -61,9 +63,6 @@ def _table(bench) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engines.output_paths import check_output_file
-    from harness.cli.arguments import engine_list
-    from harness.cli.progress import CellProgress
     from harness.judge_bench import MARKER, bench_judge, parse_lengths
 
     if args.json is not None:

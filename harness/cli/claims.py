@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from harness.claims import CLAIMS
 from harness.cli.tables import print_table
 
 SUITES = Path(__file__).resolve().parents[2] / "suites"
@@ -68,8 +69,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.claims import CLAIMS
-
     tests = covering_tests() if SUITES.is_dir() else {}
     if args.json:
         print(json.dumps([{"id": c.id, "statement": c.statement, "unit": c.unit,

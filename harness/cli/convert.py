@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from engines.errors import LockstepError
+from engines.shipped_checkpoint import resolve_checkpoint
 from harness.cli.arguments import as_option, integer
 from harness.cli.progress import converting_steps
 from harness.convert.architectures import titles
@@ -68,7 +69,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from engines.package import load_package
     from harness.convert.conversion import convert
-    from engines.shipped_checkpoint import resolve_checkpoint
 
     if args.builder == "onnxruntime-genai":
         from harness.cli.import_genai import convert_with_builder

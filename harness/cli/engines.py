@@ -16,6 +16,8 @@ import json
 import sys
 from typing import Any
 
+from engines.registry import describe_engines
+
 
 def _capabilities(cls) -> tuple[dict[str, Any] | None, str | None]:
     try:
@@ -35,8 +37,6 @@ def _availability(cls) -> tuple[bool, str]:
 def engine_rows() -> list[dict[str, Any]]:
     """One dict per engine (the ``--json`` form): name, source, distribution, version,
     target, description, capabilities, available, reason, problem, clash."""
-    from engines.registry import describe_engines
-
     rows = []
     for listing in describe_engines():
         row: dict[str, Any] = {

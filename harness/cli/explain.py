@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from engines.output_paths import check_output_file
 from harness.cli.arguments import existing, integer, number
 
 
@@ -43,7 +44,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engines.output_paths import check_output_file
     from harness.forensics import FACTOR, explain_record, save_layer_curve
     from harness.forensics.explanation import MARKER
     from harness.forensics.plot import PLOT_MARKER

@@ -6,6 +6,8 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from engines.cache_root import cache_root
+from engines.shipped_checkpoint import INSTALL, smollm2_path
 from harness.cli.tables import print_table
 
 
@@ -27,8 +29,8 @@ def short_hash(digest: str) -> str:
 
 
 def build(args: argparse.Namespace) -> int:
-    from harness.catalog import builtin
     from engines.package import package_content_hash
+    from harness.catalog import builtin
     from harness.convert.package_writer import read_build_info
 
     names = args.names or list(builtin.FIXTURES)
@@ -51,7 +53,6 @@ def build(args: argparse.Namespace) -> int:
 
 def list_(args: argparse.Namespace) -> int:
     from harness.catalog import builtin
-    from engines.cache_root import cache_root
 
     table = Table(title="built-in fixtures", caption=f"cache: {cache_root()}")
     for column in ("name", "seed", "built", "min margin", "hash"):
@@ -73,8 +74,6 @@ def list_(args: argparse.Namespace) -> int:
 def real_checkpoint_rows() -> list[tuple[str, str, str]]:
     """``smollm2`` and ``smollm2-selfspec`` (the names ``lockstep run --packages`` takes):
     whether the checkpoint is installed and converted by the converter checked out now."""
-    from engines.shipped_checkpoint import INSTALL, smollm2_path
-
     what = {"smollm2": "SmolLM2-135M-Instruct (real checkpoint, converted from GGUF)",
             "smollm2-selfspec": "the same with a 24-block layer-skip drafter (speculative)"}
     path = smollm2_path()

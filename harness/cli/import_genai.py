@@ -14,7 +14,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from engines.errors import InputError
+from engines.errors import InputError, LockstepError
+from engines.output_paths import check_output_folder
+from engines.shipped_checkpoint import resolve_checkpoint
 from harness.cli.progress import converting_steps
 
 # lockstep convert's --dtype -> the builder's -p
@@ -50,7 +52,6 @@ def run(args: argparse.Namespace) -> int:
 
 def prompts_from(package: str) -> list[list[int]]:
     """The prompts of another package (``--prompts-from``)."""
-    from engines.errors import LockstepError
     from harness.packages import resolve_package
 
     try:
@@ -82,8 +83,6 @@ def clear_output(out: Path, build: Path, force: bool) -> None:
     """The output folder, checked before any work (``engines.output_paths``: new or empty,
     else refused without ``force``); with ``force`` what it holds is removed first, but never
     the build itself."""
-    from engines.output_paths import check_output_folder
-
     out = check_output_folder(out, "-o", force=force).resolve()
     if not force or not out.exists():
         return
@@ -136,7 +135,6 @@ def convert_with_builder(args: argparse.Namespace) -> int:
     from engines.backends import genai_build
     from engines.backends.checkpoint_source import CheckpointSource, content_hash
     from engines.backends.genai_package import genai_package_folder, genai_package_for
-    from engines.shipped_checkpoint import resolve_checkpoint
 
     unused = [flag for flag, given in (
         ("--cache", args.cache != "dynamic"), ("--no-twin", args.no_twin),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from engines.errors import LockstepError
+from engines.output_paths import check_output_file
 from harness.cli.arguments import existing
 
 
@@ -55,8 +57,6 @@ def _catch_matrix(args: argparse.Namespace) -> Path | None:
 def write_output(output: Path, html: str) -> None:
     """Write the report atomically (the path was checked before: ``check_output_file``); a
     write the machine refuses (a full disk) is one ``LockstepError`` naming ``-o``."""
-    from engines.errors import LockstepError
-
     tmp = output.with_name(f".{output.name}.tmp")
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,6 @@ def write_output(output: Path, html: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engines.output_paths import check_output_file
     from harness.evidence import load_evidence_dir, load_evidence_files
     from harness.forensics import load_explanations
     from harness.manifest import read_manifests

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from engines.output_paths import check_output_folder
 from harness.cli.arguments import existing, integer, number
 
 
@@ -54,7 +55,6 @@ def self_check_line(engine: str, check: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engines.output_paths import check_output_folder
     from harness.forensics import FACTOR, write_repro
 
     check_output_folder(args.output, "-o", force=args.force, forced="write into it")

@@ -11,8 +11,9 @@ from rich.table import Table
 
 from engines.errors import InputError
 from engines.registry import engine_names
-
-from harness.cli.arguments import integer
+from harness.cli.arguments import engine_list, integer, name_list
+from harness.cli.interrupt import counted
+from harness.cli.progress import CellProgress
 from harness.cli.tables import print_table
 from harness.judgement import SEVERITY
 
@@ -173,7 +174,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.cli.arguments import engine_list, name_list
     from harness.packages import fixture_names
     from harness.runner import resolve_engines, run_matrix
 
@@ -214,9 +214,6 @@ def run(args: argparse.Namespace) -> int:
         from harness.evidence import prepare_evidence_dir
 
         prepare_evidence_dir(evidence_dir)
-
-    from harness.cli.interrupt import counted
-    from harness.cli.progress import CellProgress
 
     with CellProgress("parity matrix") as progress, counted(progress):  # on stderr
         def on_cell(cell):

@@ -7,17 +7,21 @@ up-to-date conversion of the same bytes and options reused.
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from engines.errors import InputError
-from engines.package import package_content_hash
+from engines.package import load_package, package_content_hash
 from engines.package.hashing import checkpoint_hash
-from harness.staging import stage
 from harness.convert import cache, disk_room
 from harness.convert.checkpoint import Architecture, Checkpoint
 from harness.convert.context_room import check_max_context
+from harness.convert.gguf_reader import declared_architecture, declared_head_dim, read_gguf
+from harness.convert.hf_config import read_config
+from harness.convert.hf_reader import is_hf_folder, read_architecture, read_hf_folder
 from harness.convert.writer import ConvertOptions, read_sidecar, write_converted
+from harness.staging import stage
 
 log = logging.getLogger(__name__)  # the steps, for `lockstep convert`'s progress
 
@@ -34,11 +38,7 @@ def read_checkpoint(path: str | Path, with_tokenizer: bool = True) -> Checkpoint
     """A GGUF file or a Hugging Face folder, read into a ``Checkpoint``."""
     path = Path(path).expanduser()
     if path.is_file():
-        from harness.convert.gguf_reader import read_gguf
-
         return read_gguf(path, with_tokenizer)
-    from harness.convert.hf_reader import is_hf_folder, read_hf_folder
-
     if is_hf_folder(path):
         return read_hf_folder(path, with_tokenizer)
     what = "folder without config.json" if path.is_dir() else "path that does not exist"
@@ -91,13 +91,9 @@ def convert(checkpoint: str | Path, out: str | Path | None = None, force: bool =
     staged = stage(folder)  # named for this process; stale ones of killed converts go
     try:
         write_converted(ckpt, staged, opts, source_hash, key, reference)
-        from engines.package import load_package
-
         log.info("checking the package")
         load_package(staged)  # the package contract, checked before it is published
     except BaseException as exc:
-        import shutil
-
         shutil.rmtree(staged, ignore_errors=True)
         full = disk_room.disk_full(exc, folder.parent, what)
         if full is not None:
@@ -113,14 +109,9 @@ def precheck(path: Path, opts: ConvertOptions) -> None:
     memory its rotary tables need."""
     head_dim, tables = None, 1
     if path.is_file():
-        from harness.convert.gguf_reader import declared_architecture, declared_head_dim
-
         arch = declared_architecture(path)
         head_dim = None if arch is None else declared_head_dim(path, arch)
     else:
-        from harness.convert.hf_config import read_config
-        from harness.convert.hf_reader import is_hf_folder, read_architecture
-
         if is_hf_folder(path):
             arch = read_architecture(read_config(path), str(path / "config.json"))
             head_dim, tables = arch.head_dim, 2 if arch.rope_local_base else 1

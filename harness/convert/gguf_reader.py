@@ -25,12 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.errors import EngineUnavailable
 from harness.convert import errors
 from harness.convert.architectures import BY_NAME, GGUF_FAMILIES
 from harness.convert.checkpoint import Architecture, Checkpoint
 from harness.convert.gguf_architectures import GgufLayout
 from harness.convert.gguf_header import field_value, read_metadata
 from harness.convert.kinds import COUNT, POSITIVE
+from harness.convert.tokenizer_builder import special_ids, tokenizer_from_gguf
 
 # llama.cpp tensor name -> graph weight key (per block: {i})
 BLOCK_TENSORS = {
@@ -72,8 +74,6 @@ def _gguf():
     try:
         import gguf
     except ImportError:
-        from engines.errors import EngineUnavailable
-
         raise EngineUnavailable("reading GGUF checkpoints needs the gguf package",
                                 field="gguf", value=None,
                                 remedy="pip install 'lockstep[real]' (or make real)") from None
@@ -335,8 +335,6 @@ def read_weights(reader, arch: Architecture, where: str) -> dict[str, np.ndarray
 
 def read_gguf(path: str | Path, with_tokenizer: bool = True) -> Checkpoint:
     """The whole checkpoint: hyperparameters, float32 weights, tokenizer (if asked)."""
-    from harness.convert.tokenizer_builder import special_ids, tokenizer_from_gguf
-
     path = Path(path)
     where = str(path)
     declared_architecture(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engines.shipped_checkpoint import require_smollm2
+from harness.convert.conversion import convert
 
 # The layer-skip drafter of ``smollm2-selfspec``: SmolLM2's first 24 of 30 blocks, its final
 # norm and tied head. Measured on ort-cpu (chat_capital + plain_fibonacci, 12 new tokens,
@@ -20,8 +21,6 @@ SELFSPEC_DRAFT_LAYERS = 24
 
 def smollm2_package(cache: str = "dynamic", dtype: str = "float32", **options) -> Path:
     """The converted SmolLM2 package folder (converted on first use, then reused)."""
-    from harness.convert.conversion import convert
-
     return convert(require_smollm2(), cache=cache, dtype=dtype, **options).folder
 
 

@@ -22,7 +22,11 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+from engines.native.array_backend import NumpyArrayBackend
+from engines.native.plan import Plan
 
 FLOAT_ELEMS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16,
                TensorProto.DOUBLE)
@@ -104,9 +108,6 @@ class PlanRunner:
     is (the arbiter's float32 execution)."""
 
     def __init__(self, model: onnx.ModelProto, float64: bool):
-        from engines.native.array_backend import NumpyArrayBackend
-        from engines.native.plan import Plan
-
         self.float64 = float64
         self.model = float64_model(model) if float64 else model
         self.plan = Plan(self.model, NumpyArrayBackend())
@@ -131,8 +132,6 @@ class OrtRunner:
     label = "onnxruntime CPU"
 
     def __init__(self, model: onnx.ModelProto, wanted: Mapping[str, np.dtype]):
-        import onnxruntime as ort
-
         self.model = with_outputs(model, wanted)
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1

@@ -19,8 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines import json_text
+from harness.runner import resolve_engines
 
 from .compare import FACTOR
+from .explain import explain_record
+from .plot import layer_curve_svg, save_layer_curve
+from .repro import write_repro
 
 FOLDER = "forensics"
 EXPLAINED = ("defect", "drift", "non-finite", "error")  # statuses a forward can explain
@@ -42,8 +46,6 @@ def _classes(engines) -> dict:
         return {}
     if isinstance(engines, dict):
         return dict(engines)
-    from harness.runner import resolve_engines
-
     return resolve_engines(list(engines))
 
 
@@ -53,9 +55,6 @@ def explain_run(summary, engines=None, *, repro: bool = False, out_dir: Path | N
 
     ``engines``: the run's engine classes by name (``resolve_engines``' mapping) or the
     references the run was given; cells of other engines are resolved by name."""
-    from .explain import explain_record
-    from .plot import save_layer_curve
-
     classes = _classes(engines)
     base = out_dir or (Path(summary.evidence_dir) / FOLDER if summary.evidence_dir else None)
     done: list[ExplainedCell] = []
@@ -76,8 +75,6 @@ def explain_run(summary, engines=None, *, repro: bool = False, out_dir: Path | N
             if expl.layers:
                 entry.plot = save_layer_curve(expl, base / f"{stem}.layers.svg")
             if repro:
-                from .repro import write_repro
-
                 pack = write_repro(record, base / f"{stem}.repro",
                                    engine=classes.get(cell.engine), factor=factor,
                                    shrink=shrink)
@@ -147,8 +144,6 @@ def explanation_html(entry: dict, prefix: str = "explain", repro_href: str | Non
                      ) -> str:
     """One explanation as an HTML fragment (``entry``: a ``load_explanations`` value, or
     ``{"explanation": Explanation.to_dict()}``); the layer curve is inlined as SVG."""
-    from .plot import layer_curve_svg
-
     d = entry["explanation"]
     esc = html.escape
     parts = [f'<section class="explanation" id="{esc(prefix)}">',

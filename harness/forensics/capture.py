@@ -23,6 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from engines.native.plan import Plan
+from engines.workflow import greedy_decode
+
 from .arbiter import Observed, to_host
 
 
@@ -47,8 +50,6 @@ class ForwardRecord:
 
 def native_plans(engine) -> dict[str, Any]:
     """The engine's ``Plan`` per component, where it has them (native executors)."""
-    from engines.native.plan import Plan
-
     found: dict[str, Any] = {}
     for value in vars(engine).values():
         if isinstance(value, dict) and value and all(isinstance(v, Plan) for v in value.values()):
@@ -132,8 +133,6 @@ class Recorder:
     def decode(self, prompt, max_new_tokens: int, audit: bool = True):
         """The engine's greedy decode (as the runner runs it); an exception is kept, with
         the step it happened at, and the forwards recorded up to it."""
-        from engines.workflow import greedy_decode
-
         try:
             return greedy_decode(self.engine, prompt, max_new_tokens, audit=audit), None
         except Exception as exc:

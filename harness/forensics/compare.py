@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+from engines.tolerances import TABLE
+
 FACTOR = 8.0
 
 
@@ -64,8 +66,6 @@ def dtype_name(value) -> str:
 
 def absolute_floor(dtype: str) -> float:
     """The per-dtype absolute floor: ``tolerances.TABLE[dtype].max_abs``; 0 for integers."""
-    from engines.tolerances import TABLE
-
     try:
         kind = np.dtype(dtype).kind
     except TypeError:  # a name numpy does not know without ml_dtypes: a float

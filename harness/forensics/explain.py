@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from engines.backends.ort_cpu import OrtCpuEngine
 from engines.dtypes import dtype_of
 from engines.errors import InputError
 
@@ -412,8 +413,6 @@ def _compare_outputs(comp: _Component, fwd, runs: _CorrectRuns, factor, floors,
 
 
 def _is_ort(engine) -> bool:
-    from engines.backends.ort_cpu import OrtCpuEngine
-
     return isinstance(engine, OrtCpuEngine)
 
 

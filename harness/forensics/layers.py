@@ -26,6 +26,7 @@ nothing with a layer); graph outputs compared at the component's boundary are ``
 """
 from __future__ import annotations
 
+import heapq
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -166,8 +167,6 @@ def assign_layers(model: onnx.ModelProto, state_inputs: dict[str, str] | None = 
 
 
 def _topological(nodes, producer) -> list[int]:
-    import heapq
-
     waiting = {k: {producer[x] for x in n.input if x in producer} for k, n in enumerate(nodes)}
     readers: dict[int, list[int]] = defaultdict(list)
     for k, deps in waiting.items():

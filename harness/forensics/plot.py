@@ -15,6 +15,9 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import matplotlib
+from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+
 TINY = 1e-12  # zero errors are drawn here on the log axis
 # in a saved plot's metadata (SVG dc:creator, PNG Software): lockstep knows the file is its own
 PLOT_MARKER = "lockstep explain"
@@ -42,8 +45,6 @@ def _view(explanation) -> SimpleNamespace:
 
 
 def _figure(explanation, title: str | None = None):
-    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
-
     explanation = _view(explanation)
     points = explanation.layers
     labels = [p.label.replace("layer ", "L") for p in points]
@@ -87,8 +88,6 @@ def layer_curve_svg(explanation, title: str | None = None, prefix: str = "layers
     """The curve as SVG text, embeddable inline in HTML: no XML prolog, no comments or
     metadata, text as paths, every id prefixed with ``prefix`` (several plots can share one
     document)."""
-    import matplotlib
-
     fig = _figure(explanation, title)
     buf = io.StringIO()
     with matplotlib.rc_context(_RC):

@@ -40,6 +40,7 @@ import json
 import re
 import tempfile
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -48,13 +49,17 @@ import yaml
 from onnx import helper, numpy_helper
 
 from engines.errors import InputError
+from engines.package import load_package
+from engines.registry import describe_engines, lockstep_version
+from harness.evidence import read_evidence
+from harness.forensics.plot import save_layer_curve
+from harness.runner import run_matrix
 
 from .arbiter import to_host
 from .compare import FACTOR
 from .explain import explain_record
 from .explanation import Explanation, jsonable
-from .record_resolution import (class_ref, load_record, resolve_engine_class,
-                                resolve_record_package)
+from .record_resolution import class_ref, load_record, resolve_engine_class, resolve_record_package
 
 SCHEMA = 1
 
@@ -79,8 +84,6 @@ def shrink_prompt(engine_class, package_ref, prompt, max_new_tokens: int,
     (``harness.runner.run_matrix`` on the engine class with ``prompts=[candidate]``). At most
     ``max_runs`` candidates are run. ``status``: the status to keep (default: the original
     prompt's own, run first)."""
-    from harness.runner import run_matrix
-
     cache: dict[tuple[int, ...], tuple[str, int | None]] = {}
     log: list[dict] = []
     spent = [0]  # candidates actually run
@@ -348,10 +351,6 @@ class ReproPack:
 def engine_version(cls) -> str | None:
     """The engine's version: its registry listing's (lockstep's for built-ins, the plugin's
     distribution's), else the distribution of the module it comes from, else lockstep's."""
-    from importlib import metadata
-
-    from engines.registry import describe_engines, lockstep_version
-
     try:
         for listing in describe_engines():
             if listing.engine_class is cls:
@@ -412,10 +411,6 @@ def write_repro(record_or_path, out_dir, *, engine=None, package=None, shrink: b
     prompt first (at most ``max_runs`` candidate runs); ``self_check``: run the pack's tests
     in-process on the buggy engine and on native-host and record what they did
     (``_self_check``)."""
-    from harness.evidence import read_evidence
-    from harness.runner import run_matrix
-    from harness.forensics.plot import save_layer_curve
-
     record, source = load_record(record_or_path)
     cls = resolve_engine_class(engine, record.engine, record.engine_class)
     pkg = resolve_record_package(record, package)
@@ -479,8 +474,6 @@ def write_repro(record_or_path, out_dir, *, engine=None, package=None, shrink: b
             fh.write(cut.model.SerializeToString(deterministic=True))
         (folder / "package.yaml").write_text(
             yaml.safe_dump(cut.spec, sort_keys=False, default_flow_style=None, width=100))
-        from engines.package import load_package
-
         load_package(folder)  # the pack must be a valid package: fail here, not in the test
         np.savez(out / "inputs.npz", **cut.feeds)
         np.savez(out / "expected.npz", **cut.expected)

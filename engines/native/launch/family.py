@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from engines.cuda_module import CudaModule
+from engines.cuda_support import import_cupy
 from engines.errors import ExecutionError, ResidencyError
 from engines.native.dtype_names import dtype_name
 from engines.native.kernel_launch import KernelLauncher, note_allocation
@@ -45,8 +46,6 @@ class KernelFamily:
                      if c.__dict__.get("MODULE") is not None)
 
     def __init__(self, device_id: int = 0):
-        from engines.cuda_support import import_cupy
-
         cupy = import_cupy()
         self._cupy = cupy
         self.device_id = int(device_id)

@@ -8,6 +8,7 @@ Strings are not supported: CuPy has no string arrays and no fixture casts string
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
@@ -44,8 +45,6 @@ def cast_to(be, x, to: int, dtype: np.dtype, saturate: bool, round_mode: str):
 
 
 def _finfo(dtype: np.dtype):
-    import ml_dtypes
-
     return ml_dtypes.finfo(dtype)
 
 

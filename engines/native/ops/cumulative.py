@@ -1,6 +1,8 @@
 """CumSum: a running sum along one host-resolved axis (exclusive and reverse forms)."""
 from __future__ import annotations
 
+import numpy as np
+
 from .base import Kernel, host_ints, norm_axis
 
 
@@ -10,8 +12,6 @@ def _running_sum(xp, x, axis: int):
     out as one add per position (the axis length is host metadata), not ``cupy.cumsum``,
     which returned its input unchanged for a negative-axis ONNX case on the H200 (CuPy
     14.2, docs/evidence)."""
-    import numpy as np
-
     if xp is np:
         return np.cumsum(x, axis=axis, dtype=x.dtype)
     moved = xp.moveaxis(x, axis, -1)

@@ -20,8 +20,10 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from engines.native.cupy_array_backend import CupyArrayBackend
 from engines.native.dtype_names import dtype_name
 from engines.native.fusion.rotary_kv_attention import PREFIX as ATTENTION_PREFIX
+from engines.native.launch.fused_dtypes import FUSED_DTYPES
 
 from .base import Kernel
 from .cast import cast_to
@@ -39,9 +41,6 @@ def _device(be, *arrays):
     an operand's dtype has no kernel (float64, say: the array path serves it)."""
     if be.residency == "host":
         return None
-    from engines.native.cupy_array_backend import CupyArrayBackend
-    from engines.native.launch.fused_dtypes import FUSED_DTYPES
-
     if not isinstance(be, CupyArrayBackend):
         return None
     if any(dtype_name(a.dtype) not in FUSED_DTYPES for a in arrays):
