@@ -68,7 +68,7 @@ test: fixtures
 # The nightly GPU evidence run (a CUDA machine, every visible GPU): GPU suites under
 # --require-gpu with the nightly Hypothesis profile (one pytest-xdist worker per GPU where
 # there are several), the parity matrix with native-cuda (`lockstep run --devices all`),
-# evidence and the report. `make nightly-gpu GPU_RUN=--timing`: the multi-GPU acceptance
+# its records and logs (docs/GPU.md). `make nightly-gpu GPU_RUN=--timing`: the multi-GPU acceptance
 # measurement instead (the same matrix on one GPU and on every GPU, timed and compared).
 nightly-gpu: $(STAMP)
 	$(BIN)/python -m pip install -e '.[cuda13]'

@@ -54,6 +54,7 @@ from engines.registry import REFERENCE_ENGINE, resolve_engine_list
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import check_width, speculative_decode
 from engines.workflow.validation import check_count, check_request
+from harness.decode_profile import profile_decode
 from harness.evidence import collect_environment
 from harness.packages import resolve_package
 
@@ -113,6 +114,8 @@ class BenchRow:
     baseline: str = ""
     ratio: float | None = None  # tokens_per_s_median / the baseline's, same package and mode
     decode_ratio: float | None = None  # decode_tokens_per_s / the baseline's
+    # with --profile: where one more (untimed) decode's time went (harness.decode_profile)
+    profile: dict[str, Any] | None = None
 
     @property
     def measured(self) -> bool:
@@ -144,6 +147,7 @@ class BenchPlan:
     warmup_steps: int = WARMUP_STEPS
     pipelined: bool = False  # greedy decodes queue each next forward before the id is read
     interleave: bool = False  # every package's engines loaded at once, timed in one rotation
+    profile: bool = False  # one more decode of each measured row, profiled (not timed)
 
     @property
     def total_decodes(self) -> int:
@@ -171,7 +175,8 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
                max_new_tokens: int = 32, baseline: str | type[Engine] = REFERENCE_ENGINE,
                warmup: int = 1, prompt: Sequence[int] | None = None,
                ignore_eos: bool = False, warmup_steps: int = WARMUP_STEPS,
-               pipelined: bool = False, interleave: bool = False) -> BenchPlan:
+               pipelined: bool = False, interleave: bool = False,
+               profile: bool = False) -> BenchPlan:
     """Validate a benchmark request and resolve its packages; nothing is timed yet.
 
     ``engines`` are names (or ``Engine`` subclasses); the baseline joins them when missing,
@@ -180,7 +185,8 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
     defaults to each package's ``max_width``. ``prompt`` defaults to each package's first.
     ``ignore_eos`` times exactly ``max_new_tokens`` tokens (either mode); ``warmup_steps``
     decode steps of each timed decode are left out of the steady decode median;
-    ``interleave`` times every package's engines in one rotation (``run_bench``)."""
+    ``interleave`` times every package's engines in one rotation (``run_bench``);
+    ``profile`` decodes each measured row once more, profiled (``harness.decode_profile``)."""
     if mode not in MODES:
         raise InputError("unknown mode", field="mode", value=mode,
                          remedy=f"use one of: {', '.join(MODES)}")
@@ -190,7 +196,7 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
     if width is not None:
         check_count(width, "width", "give a speculative width of 1 or more")
     for flag, given in (("ignore_eos", ignore_eos), ("pipelined", pipelined),
-                        ("interleave", interleave)):
+                        ("interleave", interleave), ("profile", profile)):
         if not isinstance(given, bool):
             raise InputError(f"{flag} must be True or False", field=flag, value=given,
                              remedy=f"pass {flag}=True or False")
@@ -235,7 +241,7 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
         targets.append(BenchTarget(package, ids, w, f"{sp.kind}/w{w}"))
     return BenchPlan(tuple(entries.items()), tuple(targets), mode, repeats, warmup,
                      max_new_tokens, base_name, ignore_eos, warmup_steps, pipelined,
-                     interleave)
+                     interleave, profile)
 
 
 # -- the floor -------------------------------------------------------------------------------
@@ -575,6 +581,12 @@ def _finish(plan: BenchPlan, target: BenchTarget, live: _Live,
             if row.residency not in bandwidths:
                 bandwidths[row.residency] = measure(row.residency)
             _attach_floor(row, nbytes, bandwidths[row.residency])
+        if row.status == OK and plan.profile and target.width is None:
+            try:
+                row.profile = profile_decode(engine, target.prompt, plan.max_new_tokens,
+                                             plan.ignore_eos, row.decode_ms).to_dict()
+            except Exception as exc:  # a profile is a figure, never a reason to fail
+                _note(row, f"no profile: {_reason(exc)}")
         engine.close()
 
 

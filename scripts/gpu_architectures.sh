@@ -8,7 +8,8 @@
 # Usage (repo root, on a CUDA machine): OUT=DIR scripts/gpu_architectures.sh
 # Environment: PY (default python3), LOCKSTEP_ENGINES (default native-cuda,ort-cuda,native-host),
 # TOKENS (default 24: with the 10-token prompt, well past every window of 3).
-# Writes to $OUT: arch-build.txt, arch-matrix.txt, arch-report.html, arch-evidence.tgz.
+# Writes to $OUT: arch-build.txt, arch-matrix.txt, arch-evidence.tgz (the records; no report:
+# the command that renders one is printed).
 # Exit: non-zero on any failed claim or failed conversion.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -64,7 +65,7 @@ PACKAGES=$(cat "$PKG/packages.txt" 2>/dev/null)
   --prompt "1 5 9 17 33 60 2 44 7 11" --prompt "3 70 12 12 90 41" \
   --max-new-tokens "$TOKENS" --evidence-dir "$EV" > "$OUT/arch-matrix.txt" 2>&1 || status=1
 cat "$OUT/arch-matrix.txt"
-"$PY" -m harness.cli report "$EV" -o "$OUT/arch-report.html" --no-catch-matrix || status=1
 tar czf "$OUT/arch-evidence.tgz" -C /tmp lockstep-arch-evidence
+echo "report: tar -xzf arch-evidence.tgz && lockstep report lockstep-arch-evidence --no-catch-matrix -o report.html"
 echo "gpu_architectures status $status"
 exit $status

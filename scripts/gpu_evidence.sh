@@ -7,12 +7,12 @@
 #     bfloat16 with the pipelined greedy loop beside ort-cuda and hf-cuda, packages
 #     interleaved; float32 beside ort-cuda), the caches and single forwards of
 #     scripts/gpu_speed.sh (SPEED_PARTS adds its loop and selfspec parts),
-#     scripts/gpu_genai.sh's bench when SPEED_GENAI is set, then
-#     scripts/gpu_profile_decode.py (a prefill of 512 and a verification of 5 rows too);
+#     scripts/gpu_genai.sh's bench when SPEED_GENAI is set, then `lockstep bench --profile`
+#     (where a decode step's time goes: host functions, graph replay, kernels);
 #     with SPEED_PARITY set, then SmolLM2 parity in float16, bfloat16 and float32 on
-#     native-cuda and ort-cuda, packed with the rest and in the phase's report (so one call
-#     brings back every record: the device returns at most 8 files); last, the plain
-#     greedy loop's float16 and bfloat16 table with every peer.
+#     native-cuda and ort-cuda, packed with the rest (so one call brings back every record:
+#     the device returns at most 8 files); last, the plain greedy loop's float16 and
+#     bfloat16 table with every peer.
 #   brief CHECKPOINT: what a short device budget holds, in one call: the nightly run, then
 #     SmolLM2 parity in float16 and bfloat16 on native-cuda and ort-cuda, the float16 bench
 #     with the pipelined loop (native-cuda, ort-cuda, hf-cuda) and the single forwards
@@ -35,13 +35,14 @@
 #     checkpoints (scripts/gpu_architectures.sh), the long contexts
 #     (scripts/gpu_long_context.sh), and onnxruntime-genai's parity (scripts/gpu_genai.sh, its
 #     matrix and the builder's graph imported and run on native-cuda; its bench runs in speed),
-#     then scripts/gpu_profile_decode.py alone (where a decode step's time goes).
+#     then `lockstep bench --profile` alone (where a decode step's time goes).
 # Usage (repo root, wheels in .whl/, onnxruntime-gpu in /tmp/site):
 #   OUT=DIR scripts/gpu_evidence.sh correctness|speed|brief|decode|parity|ratio|convert|coverage CHECKPOINT
 # Each step has its own time limit (a step that overruns is cut, and says so in
 # summary.txt); every step's files are packed into $OUT/<phase>.tgz (again after each step),
-# its exit status and the last lines of its log into $OUT/summary-<phase>.txt. Exit: non-zero
-# when any step failed.
+# its exit status and the last lines of its log into $OUT/summary-<phase>.txt. No report is
+# written: the summary names the `lockstep report` command that renders the phase's records
+# (docs/evidence keeps records and logs, docs/GPU.md). Exit: non-zero when any step failed.
 set -uo pipefail
 PHASE=${1:?usage: $0 correctness|speed|brief|decode|parity|ratio|convert|coverage CHECKPOINT}
 GGUF=$(realpath "${2:?usage: $0 correctness|speed|brief|decode|parity|ratio|convert|coverage CHECKPOINT}")
@@ -88,14 +89,25 @@ pack() {
     && mv -f "$OUT/.$PHASE.tgz.$$.$BASHPID" "$OUT/$PHASE.tgz"
 }
 
-# run_report EVIDENCE TITLE: the phase's report.html, EVIDENCE's records with every bench
-# table the phase wrote ($W/bench/bench-*.json)
-run_report() {
-  local tables=("$W"/bench/bench-*.json)
-  [ -e "${tables[0]}" ] && tables=(--bench "${tables[@]}") || tables=()
-  "$PY" -m harness.cli report "$1" --no-catch-matrix -o "$W/report.html" \
-    --title "lockstep H200 ${LOCKSTEP_COMMIT:-}: $2" "${tables[@]}" >> "$SUMMARY" 2>&1 \
-    || status=1
+# report_command EVIDENCE TITLE: into the summary, the `lockstep report` command that renders
+# EVIDENCE's records with every bench table the phase wrote ($W/bench/bench-*.json), paths as
+# the phase's archive holds them
+report_command() {
+  local tables=("$W"/bench/bench-*.json) bench=""
+  [ -e "${tables[0]}" ] && bench=" --bench ${tables[*]#/tmp/lockstep-session/}"
+  echo "report: lockstep report ${1#/tmp/lockstep-session/} --no-catch-matrix --title" \
+    "'lockstep H200 ${LOCKSTEP_COMMIT:-}: $2'$bench -o report.html" >> "$SUMMARY"
+}
+
+# profile SECONDS PACKAGE...: where a native-cuda decode step's time goes (diagnostic:
+# docs/PERFORMANCE.md's bounds), one untimed decode of each package profiled
+profile() {
+  local limit=$1 packages
+  shift
+  packages=$(IFS=,; echo "$*")
+  step profile "$limit" "$PY" -m harness.cli bench --engines native-cuda \
+    --baseline native-cuda --packages "$packages" --ignore-eos --max-new-tokens 128 \
+    --repeats 1 --profile
 }
 
 convert_all() {  # every SmolLM2 package both phases use (a conversion already there is kept)
@@ -139,8 +151,7 @@ if [ "$PHASE" = correctness ]; then
   step dtypes 140 "$PY" -m harness.cli run --engines native-cuda,ort-cuda,hf-cuda \
     --packages "$PKG/smollm2-static-float32,$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" \
     --max-prompts 2 --max-new-tokens 32 --evidence-dir "$W/dtypes/evidence"
-  "$PY" -m harness.cli report "$W/dtypes/evidence" -o "$W/dtypes/report.html" \
-    --no-catch-matrix >> "$W/dtypes/log.txt" 2>&1 || status=1
+  report_command "$W/dtypes/evidence" "SmolLM2 parity"
 elif [ "$PHASE" = brief ]; then  # one call: the nightly run, then parity and speed essentials
   nightly_converting 320  # run 11: its suites took 154 s, the matrices more than 240 s left
   step dtypes 80 "$PY" -m harness.cli run --engines native-cuda,ort-cuda \
@@ -151,7 +162,7 @@ elif [ "$PHASE" = brief ]; then  # one call: the nightly run, then parity and sp
     --max-new-tokens 128 --repeats 3 --warmup 2 --pipelined \
     --json "$W/bench/bench-float16-pipelined.json"
   step speed 90 env REPEATS=3 PARTS=forward bash scripts/gpu_speed.sh "$GGUF"
-  run_report "$W/dtypes/evidence" "SmolLM2 parity and speed"
+  report_command "$W/dtypes/evidence" "SmolLM2 parity and speed"
 elif [ "$PHASE" = decode ]; then  # the least a decode change needs: suites, parity, speed
   OUT="$W/convert" timeout 200 "$PY" -m harness.cli convert "$GGUF" \
     -o "$PKG/smollm2-static-float16" --cache static --dtype float16 > "$W/convert.txt" 2>&1 &
@@ -172,7 +183,7 @@ print(',ort-cuda' if a('ort-cuda').ok else '')" 2>/dev/null)
     --baseline hf-cuda --packages "$PKG/smollm2-static-float16" --ignore-eos \
     --max-new-tokens 128 --repeats 3 --warmup 2 --pipelined \
     --json "$W/bench/bench-float16-pipelined.json"
-  run_report "$W/dtypes/evidence" "SmolLM2 float16 parity and speed"
+  report_command "$W/dtypes/evidence" "SmolLM2 float16 parity and speed"
 elif [ "$PHASE" = parity ]; then  # a kernel change before it lands: suites, then every dtype
   OUT="$W/convert" timeout 280 bash -c "$(declare -f convert_all); PY=$PY GGUF=$GGUF PKG=$PKG convert_all" \
     > "$W/convert.txt" 2>&1 &
@@ -196,7 +207,7 @@ elif [ "$PHASE" = ratio ]; then  # a float16/bfloat16 kernel change: ratio, pari
   step parity 100 "$PY" -m harness.cli run --engines native-cuda \
     --packages "$pair,$PKG/smollm2-dynamic-bfloat16" --max-prompts 2 --max-new-tokens 32 \
     --evidence-dir "$W/parity/evidence"
-  run_report "$W/parity/evidence" "SmolLM2 float16 and bfloat16"
+  report_command "$W/parity/evidence" "SmolLM2 float16 and bfloat16"
   pack
   step variants 240 env VARIANTS="${VARIANTS:-base,before}" "$PY" \
     scripts/gpu_kernel_variants.py "$PKG/smollm2-static-float16" "$PKG/smollm2-static-bfloat16"
@@ -211,8 +222,7 @@ elif [ "$PHASE" = coverage ]; then  # correctness only, side by side on the GPU
   ge=$!
   for job in "$ar" "$lo" "$ge"; do wait "$job" || status=1; done
   # alone on the GPU again: where a native-cuda decode step's time goes (diagnostic)
-  step profile 120 "$PY" scripts/gpu_profile_decode.py "$PKG/smollm2-static-float16" \
-    "$PKG/smollm2-static-float32" || status=1
+  profile 120 "$PKG/smollm2-static-float16" "$PKG/smollm2-static-float32"
 else
   warm_kernels &  # run 15: the bench's first warm-up compiled them, 120 s of its 330
   warming=$!
@@ -241,9 +251,9 @@ else
   if [ -n "${SPEED_GENAI:-}" ]; then
     step genai 150 env PARTS=bench REPEATS=2 bash scripts/gpu_genai.sh "$GGUF"
   fi
-  # where a native-cuda decode step's time goes (diagnostic: docs/PERFORMANCE.md's bounds)
-  step profile 80 env PREFILL=512 VERIFY=5 "$PY" scripts/gpu_profile_decode.py \
-    "$PKG/smollm2-static-float16" "$PKG/smollm2-static-float32"
+  # where a native-cuda decode step's time goes (the prefill's and a verification's forwards
+  # are bench-forward's, in the speed step above)
+  profile 80 "$PKG/smollm2-static-float16" "$PKG/smollm2-static-float32"
   if [ -n "${SPEED_PARITY:-}" ]; then  # after the timed steps: nothing else on the GPU then
     # the dynamic bfloat16 graph beside the static one: ort-cuda has a kernel for each of
     # its ops (the static graph's mask has a bfloat16 ReduceMax, which it has not)
@@ -256,14 +266,11 @@ else
     --baseline hf-cuda --packages "$PKG/smollm2-static-float16,$PKG/smollm2-static-bfloat16" \
     --ignore-eos --max-new-tokens 128 --repeats 3 --warmup 2 --interleave \
     --json "$W/bench/bench-float16.json"
-  # one report of the run: this phase's SmolLM2 parity (SPEED_PARITY), else the correctness
+  # the run's report: this phase's SmolLM2 parity (SPEED_PARITY), else the correctness
   # phase's (when it ran on this machine), with every bench table of this phase
   parity=$W/parity/evidence
   [ -d "$parity" ] || parity=/tmp/lockstep-session/correctness/dtypes/evidence
-  if [ -d "$parity" ]; then
-    run_report "$parity" "SmolLM2 parity and speed"
-    pack
-  fi
+  [ -d "$parity" ] && report_command "$parity" "SmolLM2 parity and speed"
 fi
 pack
 echo "gpu_evidence $PHASE status $status" >> "$SUMMARY"

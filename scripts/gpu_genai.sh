@@ -16,7 +16,8 @@
 # PARTS (default "parity bench": parity is the matrix and the imported package, nothing timed;
 # bench is the timed bench, to be run alone on the GPU).
 # Writes to $OUT: genai-install.txt, genai-convert.txt, genai-matrix.txt, genai-builds.json,
-# genai-import.txt, genai-bench.txt, genai-report.html, genai-evidence.tgz (records and bench JSON). Exit: non-zero on any failed claim.
+# genai-import.txt, genai-bench.txt, genai-evidence.tgz (records and bench JSON; no report: the
+# commands that render them are printed). Exit: non-zero on any failed claim.
 set -uo pipefail
 GGUF=$(realpath "${1:?usage: $0 CHECKPOINT (a .gguf path)}")
 OUT=${OUT:-$PWD/out}
@@ -72,8 +73,6 @@ rm -rf "$PKG/smollm2-genai-built"
 "$PY" -m harness.cli run --packages "$PKG/smollm2-genai-built" --engines native-cuda,native-host \
   --strict --max-prompts "$PROMPTS" --max-new-tokens "$TOKENS" --evidence-dir "$EV/imported" \
   >> "$OUT/genai-import.txt" 2>&1 || status=1
-"$PY" -m harness.cli report "$EV/imported" -o "$OUT/genai-imported-report.html" \
-  --no-catch-matrix >> "$OUT/genai-import.txt" 2>&1 || status=1
 cat "$OUT/genai-import.txt"
 fi
 if [[ " $PARTS " == *" bench "* ]]; then
@@ -83,9 +82,10 @@ if [[ " $PARTS " == *" bench "* ]]; then
   --json "$EV/bench/bench-genai-float16.json" > "$OUT/genai-bench.txt" 2>&1 || status=1
 cat "$OUT/genai-bench.txt"
 fi
-if [[ " $PARTS " == *" parity "* ]]; then  # the bench alone writes no records to report
-  "$PY" -m harness.cli report "$EV" -o "$OUT/genai-report.html" || status=1
-fi
 tar czf "$OUT/genai-evidence.tgz" -C "$OUT" genai-evidence && rm -rf "$EV"
+if [[ " $PARTS " == *" parity "* ]]; then  # the bench alone writes no records to report
+  echo "report: tar -xzf genai-evidence.tgz && lockstep report genai-evidence -o report.html"
+  echo "report: lockstep report genai-evidence/imported --no-catch-matrix -o imported-report.html"
+fi
 echo "gpu_genai status $status"
 exit $status

@@ -24,7 +24,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 TOKENS = int(os.environ.get("TOKENS", "32"))
 
@@ -95,14 +94,12 @@ def apply(name: str, assign=setattr) -> None:
 
 def child(name: str, paths: list[str]) -> dict:
     """One variant in this process: tokens and replay timings per package."""
-    sys.path.insert(0, str(HERE))
     apply(name)
-    from gpu_profile_decode import replay_ms
-
     from engines.cuda_support import import_cupy
     from engines.package import load_package
     from engines.registry import get_engine_class
     from engines.workflow import greedy_decode
+    from harness.decode_profile import graph_replay_ms
 
     cp = import_cupy()
     engines, result = {}, {"variant": name, "pdl": os.environ.get("LOCKSTEP_DEPENDENT_LAUNCH",
@@ -119,7 +116,7 @@ def child(name: str, paths: list[str]) -> dict:
         result[path] = {"tokens": digest, "ms": []}
     for _ in range(ROUNDS):
         for path, engine in engines.items():
-            result[path]["ms"].append(replay_ms(engine, cp))
+            result[path]["ms"].append(graph_replay_ms(engine, cp))
     for engine in engines.values():
         engine.close()
     return result

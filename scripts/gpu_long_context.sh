@@ -9,8 +9,8 @@
 # Environment: PY (default python3), LONG_ENGINES (default native-cuda,ort-cuda),
 # LONG_TOKENS (default 256), LONG_ORACLE (default ort-cuda; a CPU smoke run of this script:
 # LONG_ENGINES=ort-cpu LONG_ORACLE=native-host LONG_TOKENS=2). Writes long-convert.txt,
-# long-prompts.txt, long-prompts.jsonl, long-matrix.txt, long-report.html and
-# long-evidence.tgz under $OUT. Exit: non-zero on any
+# long-prompts.txt, long-prompts.jsonl, long-matrix.txt and long-evidence.tgz (the records; no
+# report: the command that renders it is printed) under $OUT. Exit: non-zero on any
 # failed claim or refused run.
 set -uo pipefail
 GGUF=${1:?usage: $0 CHECKPOINT (a .gguf path, or smollm2)}
@@ -42,8 +42,9 @@ t0=$(date +%s)
   --evidence-dir "$EV" > "$OUT/long-matrix.txt" 2>&1 || status=1
 echo "long-context matrix: $(( $(date +%s) - t0 )) s" >> "$OUT/long-matrix.txt"
 cat "$OUT/long-matrix.txt"
-"$PY" -m harness.cli report "$EV" -o "$OUT/long-report.html" \
-  --title "lockstep: long contexts (SmolLM2, 1-2k-token prompts, $TOKENS new tokens, oracle on $ORACLE)" || status=1
-tar czf "$OUT/long-evidence.tgz" -C /tmp lockstep-long-evidence -C "$OUT" long-prompts.jsonl
+tar czf "$OUT/long-evidence.tgz" -C /tmp lockstep-long-evidence
+echo "report: tar -xzf long-evidence.tgz && lockstep report lockstep-long-evidence --title" \
+  "'lockstep: long contexts (SmolLM2, 1-2k-token prompts, $TOKENS new tokens, oracle on $ORACLE)'" \
+  "-o report.html"
 echo "gpu_long_context status $status"
 exit $status

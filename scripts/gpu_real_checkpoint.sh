@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The real checkpoint on a GPU machine: convert SmolLM2 from its GGUF (dynamic cache, static
 # cache, and a 24-block layer-skip drafter with each cache), then the parity matrix on the
-# device engines (greedy, every speculative width), the memory probe eager and with graphs,
-# and the report.
+# device engines (greedy, every speculative width) and the memory probe eager and with graphs;
+# the records packed in real-evidence.tgz (no report: the command that renders it is printed).
 # Usage (repo root): OUT=DIR scripts/gpu_real_checkpoint.sh CHECKPOINT (a .gguf path, or
 # smollm2 where `make real` installed it)
 # Environment: PY (default python3), LOCKSTEP_ENGINES (default native-cuda). Exit: non-zero
@@ -32,7 +32,7 @@ for mode in eager graphs; do
   "$PY" -m suites.gpu_memory_probe "$PKG/smollm2-static" 100 "$mode" > "$OUT/real-memory-$mode.json" || status=1
   "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); s=d['series']; print(sys.argv[2], 'live', s[0]['live_allocations'], s[-1]['live_allocations'], 'bytes', s[0]['live_bytes'], s[-1]['live_bytes'], 'free drift', d['free_before']-d['free_after'], d.get('graph_slots'))" "$OUT/real-memory-$mode.json" "$mode" || status=1
 done
-"$PY" -m harness.cli report "$EV" -o "$OUT/real-report.html" || status=1
 tar czf "$OUT/real-evidence.tgz" -C /tmp lockstep-real-evidence
+echo "report: tar -xzf real-evidence.tgz && lockstep report lockstep-real-evidence -o report.html"
 echo "gpu_real_checkpoint status $status"
 exit $status

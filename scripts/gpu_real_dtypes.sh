@@ -5,8 +5,9 @@
 # (a .gguf path, or smollm2 where `make real` installed it).
 # Environment: PY (default python3), LOCKSTEP_ENGINES (default native-cuda,ort-cuda,hf-cuda),
 # TOKENS (parity run, default 32), BENCH_TOKENS (default 128), REPEATS (default 3).
-# Writes to $OUT: dtypes-convert.txt, dtypes-matrix.txt, dtypes-bench.txt, dtypes-report.html,
-# dtypes-evidence.tgz (records and bench JSON). Exit: non-zero on any failed claim.
+# Writes to $OUT: dtypes-convert.txt, dtypes-matrix.txt, dtypes-bench.txt, dtypes-evidence.tgz
+# (records and bench JSON; no report: the command that renders it is printed). Exit: non-zero
+# on any failed claim.
 set -uo pipefail
 GGUF=${1:?usage: $0 CHECKPOINT (a .gguf path, or smollm2)}
 OUT=${OUT:-$PWD/out}
@@ -36,7 +37,8 @@ for dtype in float32 float16 bfloat16; do
     --warmup 2 --json "$EV/bench/bench-$dtype.json" >> "$OUT/dtypes-bench.txt" 2>&1 || status=1
 done
 cat "$OUT/dtypes-bench.txt"
-"$PY" -m harness.cli report "$EV" -o "$OUT/dtypes-report.html" --no-catch-matrix || status=1
 tar czf "$OUT/dtypes-evidence.tgz" -C /tmp lockstep-dtypes-evidence
+echo "report: tar -xzf dtypes-evidence.tgz && lockstep report lockstep-dtypes-evidence" \
+  "--no-catch-matrix --bench lockstep-dtypes-evidence/bench/bench-*.json -o report.html"
 echo "gpu_real_dtypes status $status"
 exit $status

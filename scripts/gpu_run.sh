@@ -23,8 +23,10 @@
 # TIMING_PROMPTS=8 of 16 prompts)
 # on one GPU (--devices 0) and on every GPU (--devices all), each wall-timed, nvidia-smi
 # sampled every 0.5 s, then compared cell for cell (python -m harness.gpu_timing). It writes
-# environment.txt, timing.txt, timing.json, report.html and timing.tgz (both runs' records,
-# manifests and session logs, the matrix tables, the wall times, the utilization samples).
+# environment.txt, timing.txt, timing.json and timing.tgz (both runs' records, manifests and
+# session logs, the matrix tables, the wall times, the utilization samples).
+# What it writes is what docs/evidence keeps (docs/GPU.md): records and logs, no report; its
+# output names the `lockstep report` command that renders the records.
 # Exit status: non-zero on any failed claim (--timing: on any failed acceptance check).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -91,7 +93,7 @@ if [ "$MODE" = timing ]; then
   ARGS=(--engines "$ENGINES" --max-new-tokens "$TOKENS")
   for p in "${PROMPTS[@]:0:${TIMING_PROMPTS:-8}}"; do ARGS+=(--prompt "$p"); done
   T=/tmp/lockstep-timing
-  rm -rf "$T" && mkdir -p "$T/warmup" "$T/one" "$T/two" "$T/all/runs"
+  rm -rf "$T" && mkdir -p "$T/warmup" "$T/one" "$T/two"
   "$PY" -m harness.cli fixtures build > /dev/null || exit 1
   # Warm-up (not timed): every kernel compiled into CuPy's cache, on every GPU.
   w0=$(ms)
@@ -123,13 +125,12 @@ if [ "$MODE" = timing ]; then
     > "$OUT/timing.txt" 2>&1
   status=$?
   cat "$OUT/timing.txt"
-  cp "$T"/one/*.json "$T"/two/*.json "$T/all/" && cp "$T"/one/runs/* "$T"/two/runs/* "$T/all/runs/"
-  "$PY" -m harness.cli report "$T/all" -o "$OUT/report.html" \
-    --title "lockstep: the same matrix on one GPU and on $GPUS" || status=1
   tar czf "$OUT/timing.tgz" -C /tmp lockstep-timing/one lockstep-timing/two \
     lockstep-timing/times.txt lockstep-timing/util-one.csv lockstep-timing/util-two.csv \
     lockstep-timing/matrix-one.txt lockstep-timing/matrix-two.txt lockstep-timing/warmup.txt \
     -C "$OUT" timing.json
+  echo "report: tar -xzf timing.tgz && lockstep report lockstep-timing/one lockstep-timing/two" \
+    "--title 'lockstep: the same matrix on one GPU and on $GPUS' -o report.html"
   echo "gpu_run --timing status $status"
   exit $status
 fi
@@ -155,9 +156,9 @@ fi
 tail -n 60 "$OUT/pytest-gpu.log"
 
 if [ -n "${LOCKSTEP_SUITES_ONLY:-}" ]; then  # a short device budget: the suites alone
-  tar czf "$OUT/evidence.tgz" -C /tmp lockstep-gpu-evidence -C "$OUT" selfcheck.log \
-    junit-gpu.xml && rm -f "$OUT/junit-gpu.xml"
-  echo "gpu_run: the GPU suites alone (LOCKSTEP_SUITES_ONLY): no matrix, bench or report"
+  tar czf "$OUT/records.tar.gz" -C /tmp lockstep-gpu-evidence -C "$OUT" junit-gpu.xml \
+    && rm -f "$OUT/junit-gpu.xml"
+  echo "gpu_run: the GPU suites alone (LOCKSTEP_SUITES_ONLY): no matrix or bench"
   exit $status
 fi
 "$PY" -m harness.cli run --engines "$ENGINES" --strict --explain ${DEVICES[@]+"${DEVICES[@]}"} \
@@ -168,11 +169,12 @@ cat "$OUT/matrix.txt"
 "$PY" -m harness.cli bench --engines "$ENGINES" --packages tiny_llama,tiny_llama_static \
   --repeats 3 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1 || status=1
 cat "$OUT/bench.txt"
-"$PY" -m harness.cli report /tmp/lockstep-evidence -o "$OUT/report.html" || status=1
-# The tarball holds every record and figure, and the files a copy that keeps only a few
-# (the device tool returns eight) would drop: the self-check log, JUnit XML, bench JSON.
-tar czf "$OUT/evidence.tgz" -C /tmp lockstep-evidence lockstep-gpu-evidence \
-  -C "$OUT" selfcheck.log junit-gpu.xml bench.json && rm -f "$OUT/junit-gpu.xml" "$OUT/bench.json"
+# The tarball holds every record, manifest and figure, and the files a copy that keeps only a
+# few (the device tool returns eight) would drop: the JUnit XML and the bench JSON (moved in,
+# not copied: nothing is kept twice). The report is not written: it is the records rendered.
+tar czf "$OUT/records.tar.gz" -C /tmp lockstep-evidence lockstep-gpu-evidence \
+  -C "$OUT" junit-gpu.xml bench.json && rm -f "$OUT/junit-gpu.xml" "$OUT/bench.json"
+echo "report: tar -xzf records.tar.gz && lockstep report lockstep-evidence -o report.html"
 if [ -n "${LOCKSTEP_LONG_GGUF:-}" ]; then
   OUT="$OUT" PY="$PY" scripts/gpu_long_context.sh "$LOCKSTEP_LONG_GGUF" || status=1
 fi

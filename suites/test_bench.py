@@ -350,6 +350,61 @@ def test_cli_interleave_reaches_the_plan_and_the_title(tmp_path, capsys, monkeyp
     assert [r["package"] for r in data["rows"]] == [SMALL, "tiny_llama"]
 
 
+def test_profile_shows_where_an_untimed_decode_spent_its_host_time(capsys, monkeypatch):
+    """``--profile``: each measured greedy row decodes once more under cProfile; the host
+    functions that cost most are its profile (the native executor's plan among them for
+    native-host), in the JSON and printed; an engine without graph slots has no replay."""
+    from harness.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(hb, "measure_bandwidth", FAKE_BW)
+    rows = hb.bench(["native-host"], [SMALL], repeats=1, max_new_tokens=NEW,
+                    baseline="native-host", profile=True, bandwidth=FAKE_BW)
+    [row] = rows
+    host = row.profile["host"]
+    assert row.profile["replay_ms"] is None and 0 < len(host) <= 15
+    assert any("native/plan.py" in f["function"] for f in host), host
+    assert all(f["cumulative_ms"] >= f["own_ms"] >= 0 and f["calls"] >= 1 for f in host)
+    assert [f["own_ms"] for f in host] == sorted((f["own_ms"] for f in host), reverse=True)
+    unprofiled = hb.bench(["native-host"], [SMALL], repeats=1, max_new_tokens=NEW,
+                          baseline="native-host", bandwidth=FAKE_BW)
+    assert unprofiled[0].profile is None
+    assert main(["bench", "--engines", "native-host", "--baseline", "native-host",
+                 "--packages", SMALL, "--repeats", "1", "--max-new-tokens", str(NEW),
+                 "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert f"where the time goes: native-host on {SMALL}" in out and "native/plan.py" in out
+
+
+def test_a_graph_replay_is_timed_back_to_back_between_two_events():
+    """The device time of one forward: the PRIMARY slot's captured graph launched on the
+    engine's stream (ten untimed, then ``replays`` between two events), the elapsed time
+    over ``replays``; an engine without a captured graph has none."""
+    from types import SimpleNamespace
+
+    from engines.native.graph_slots import GraphSlot, GraphSlots
+    from harness.decode_profile import graph_replay_ms
+
+    launches = []
+
+    class Event:
+        def record(self, stream):
+            self.at = len(launches)
+
+        def synchronize(self):
+            pass
+
+    cupy = SimpleNamespace(cuda=SimpleNamespace(
+        Event=Event, get_elapsed_time=lambda start, stop: 2.0 * (stop.at - start.at)))
+    slots = GraphSlots(device=None, ledger=lambda: None, enabled=True)
+    engine = SimpleNamespace(slots=slots, stream="stream-0")
+    assert graph_replay_ms(engine, cupy) is None
+    slots[GraphSlot.PRIMARY].graph = SimpleNamespace(launch=launches.append)
+    assert graph_replay_ms(engine, cupy, replays=50) == 2.0
+    assert launches == ["stream-0"] * 60
+    assert graph_replay_ms(SimpleNamespace(stream="s"), cupy) is None
+
+
 def test_the_cli_default_of_warmup_steps_is_the_bench_default():
     from harness.cli import bench as cli_bench
 

@@ -132,6 +132,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="load every package's engines at once and time them all in one "
                         "rotation, so ratios across packages (dtypes, caches) are measured "
                         "side by side too (default: one package at a time)")
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, decode once more (greedy, untimed) under cProfile and "
+                        "show where the time went: the host functions, and for an engine that "
+                        "replays a CUDA graph, one forward's device time beside the steady "
+                        "step and its kernels (torch's profiler, where torch is importable)")
     p.add_argument("--warmup-steps", type=integer("--warmup-steps", minimum=0),
                    default=WARMUP_STEPS, metavar="K",
                    help=f"decode steps at the start of every timed decode left out of the "
@@ -152,6 +157,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness.bench import MARKER, plan_bench, run_bench, write_json
+    from harness.decode_profile import DecodeProfile
     from harness.packages import fixture_names
 
     if args.json is not None:  # before the minutes of timing whose rows it would receive
@@ -176,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
                       max_new_tokens=args.max_new_tokens, baseline=args.baseline,
                       warmup=args.warmup, ignore_eos=args.ignore_eos,
                       warmup_steps=args.warmup_steps, pipelined=args.pipelined,
-                      interleave=args.interleave)
+                      interleave=args.interleave, profile=args.profile)
 
     with CellProgress("bench", unit="decodes") as progress:  # on stderr; plain lines in CI
         progress.plan(plan.total_decodes)
@@ -186,6 +192,10 @@ def run(args: argparse.Namespace) -> int:
     print_table(console, bench_table(rows, plan))
     for line in floor_lines(rows) + notes(rows):
         console.print(line, highlight=False)
+    for r in rows:
+        if r.profile is not None:
+            text = DecodeProfile.from_dict(r.profile).text(f"{r.engine} on {r.package}")
+            console.print(text, highlight=False, markup=False)
     if args.json is not None:
         console.print(f"json: {write_json(rows, args.json, plan).resolve()}")
     return 1 if any(r.status == "error" for r in rows) else 0
