@@ -10,6 +10,7 @@ printed (run with ``-s``) and kept as a figure, never asserted."""
 from __future__ import annotations
 
 import functools
+import sys
 import time
 
 import numpy as np
@@ -384,7 +385,8 @@ def _engine(package, fuse: bool, **kwargs):
     if fuse:
         return cls(package, **kwargs)
     with pytest.MonkeyPatch.context() as mp:  # the engine builds Plan(model, backend)
-        mp.setattr(plan_module, "Plan", functools.partial(plan_module.Plan, fuse=False))
+        mp.setattr(sys.modules[cls.__module__], "Plan",
+                   functools.partial(plan_module.Plan, fuse=False))
         return cls(package, **kwargs)
 
 

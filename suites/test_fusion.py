@@ -113,15 +113,15 @@ def test_builtin_fixtures_fused_equal_unfused_bitwise(packages, name):
 def test_native_host_decodes_fused_as_unfused_on_every_fixture(packages, name):
     """End to end on every built-in package (hybrid and lookup ones too): greedy tokens
     and every step's logits row, fused and unfused, bit for bit."""
-    from engines.backends.native_host import NativeHostEngine
+    from engines.backends import native_host
     from engines.native import plan as plan_module
     from engines.workflow import greedy_decode
 
     package = packages[name]
-    fused = NativeHostEngine(package)
+    fused = native_host.NativeHostEngine(package)
     with pytest.MonkeyPatch.context() as mp:  # the engine builds Plan(model, backend)
-        mp.setattr(plan_module, "Plan", functools.partial(plan_module.Plan, fuse=False))
-        plain = NativeHostEngine(package)
+        mp.setattr(native_host, "Plan", functools.partial(plan_module.Plan, fuse=False))
+        plain = native_host.NativeHostEngine(package)
     assert not any(p.fusions for p in plain._plans.values())
     prompt = list(package.spec.prompts[0])
     a = greedy_decode(fused, prompt, 8, audit=True)

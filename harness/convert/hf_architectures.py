@@ -4,12 +4,11 @@ One ``Profile`` per family (its row in ``architectures`` names the ``architectur
 reads): the config fields it reads (each becomes a graph feature or is refused by value),
 its tensor names and how they map onto the graph's weight keys, and its reader function
 (``read_<family>``: the config's fields as ``Architecture`` features). Every other config
-field must be bookkeeping (``is_bookkeeping``: names, versions,
-dtypes, training-only settings, token ids the tokenizer owns, generation defaults), which
-cannot change the computation: it is accepted and recorded in the package's
-``checkpoint.json``. An unknown field refuses the checkpoint, so a variant the converter does
-not model (Granite's multipliers under a Llama name, say) is never converted silently into a
-different model.
+field must be bookkeeping (``is_bookkeeping``: names, versions, dtypes, training-only
+settings, token ids the tokenizer owns, generation defaults), which cannot change the
+computation: it is accepted and recorded in the package's ``checkpoint.json``. An unknown
+field refuses the checkpoint, so a variant the converter does not model (Granite's
+multipliers under a Llama name, say) is never converted silently into a different model.
 """
 from __future__ import annotations
 
