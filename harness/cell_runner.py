@@ -18,8 +18,10 @@ so the judged decode keeps its exact budget.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
+from engines.decode_result import DecodeResult
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, NonFiniteLogits
 from engines.oracle import STREAM
@@ -34,6 +36,7 @@ from harness.judge import (BUDGET, DEFECT, ERROR, IDENTICAL, NEAR_TIE, NON_FINIT
 from harness.package_judge import OracleFailed, PackageJudge
 from harness.packages import resolve_package
 from harness.plan import CellSpec
+from harness.topk_audit import TopkAudit
 
 
 def engine_provenance(engine) -> dict:
@@ -115,13 +118,15 @@ def _nondeterminism(cell: CellResult, audit_tokens: list[int]) -> None:
 def _greedy_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tokens: int):
     """A greedy cell: the budgeted decode, its judgement, the logits audit, the budgets."""
     host = engine.residency == "host"
-    auditable = engine.capabilities().logits_audit
+    caps = engine.capabilities()
+    auditable = caps.logits_audit or caps.logprobs_audit
     stage = "decode"
     try:
         result, guard = decode(engine, cell.prompt, max_new_tokens, None,
                                audit=host and auditable)
         cell.tokens, cell.tokens_per_s = list(result.tokens), result.tokens_per_s
         cell.ledger, cell.wall_s = result.ledger, result.wall_s
+        cell.alone_top = result.top_logprobs
         stage = "audit"
         audited, how = (_audit_decode(engine, cell, max_new_tokens, None, result) if auditable
                         else (result, "same"))
@@ -132,11 +137,15 @@ def _greedy_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tokens: 
         judge.trace(cell.prompt_name, cell.prompt, max_new_tokens, hint=cell.tokens)
     except OracleFailed as failed:
         return _errored(cell, failed.error)
-    rows = audited.logits if auditable else None
+    rows = audited.logits if caps.logits_audit else None
+    top = audited.top_logprobs if caps.logprobs_audit else None
     try:
         cell.judgement = judge.judge(cell.prompt, cell.tokens, max_new_tokens, rows)
         if rows is not None:
             cell.audit = judge.audit(cell.prompt, audited.tokens, rows, how)
+        elif top is not None:  # a server's top-k log-probabilities (harness.topk_audit)
+            cell.audit = judge.audit_top_logprobs(cell.prompt, audited.tokens, top, how)
+        if cell.audit is not None:
             cell.audit.readback_bytes = (audited.ledger.readback_bytes.get("logits_audit", 0)
                                          if how == "separate" else 0)
     except Exception as exc:
@@ -158,11 +167,18 @@ def _finish(cell: CellResult, notes: list[str]) -> None:
         statuses.append(audit.verdict)
         cell.verdicts["finite_logits"] = judge_claim("finite_logits", audit)
         cell.verdicts["logits_within_tolerance"] = judge_claim("logits_within_tolerance", audit)
-        if audit.non_finite_steps:
+        if audit.non_finite_steps and isinstance(audit, TopkAudit):
+            notes.insert(0, f"non-finite log-probabilities at {audit.describe_first()} "
+                            f"({audit.non_finite_steps} step(s) in all)")
+        elif audit.non_finite_steps:
             s = audit.first_non_finite
             where = f" ({s.where})" if s.where else ""
             notes.insert(0, f"non-finite logits at step {s.step}{where} ({s.non_finite} "
                             f"entries; {audit.non_finite_steps} row(s) in all)")
+        elif not audit.within_tolerance and isinstance(audit, TopkAudit):
+            notes.append(f"log-probabilities outside the {audit.dtype} bound {audit.bound:g} "
+                         f"(top-{audit.k} audit) from {audit.describe_first()} "
+                         f"({audit.out_of_tolerance_steps} step(s))")
         elif not audit.within_tolerance:
             s = audit.first_out_of_tolerance
             where = f" ({s.where})" if s.where else ""
@@ -266,6 +282,49 @@ def _speculative_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tok
     return cell
 
 
+def _concurrency_claim(engine, judge: PackageJudge, cell: CellResult, spec: CellSpec,
+                       max_new_tokens: int, batches: dict) -> None:
+    """Claim concurrency_invariance for a judged greedy cell: the same prompt among
+    ``len(spec.concurrent_with)`` requests in flight together (one batch serves each of its
+    prompts' cells) against its stream alone. A failure to send the batch is the cell's
+    ``error`` (stage ``concurrent``)."""
+    from harness.concurrency import compare
+
+    if not engine.capabilities().concurrent:
+        cell.verdicts["concurrency_invariance"] = SKIP
+        note = (f"concurrency not judged: {engine.name} declares no concurrent decoding "
+                f"(capabilities: concurrent false)")
+        cell.reason = "; ".join([cell.reason] * bool(cell.reason) + [note])
+        return
+    group = tuple(tuple(int(t) for t in p) for p in spec.concurrent_with)
+    if group not in batches:
+        try:
+            batches[group] = engine.generate_concurrent([list(p) for p in group],
+                                                        max_new_tokens, audit=True)
+        except Exception as exc:
+            batches[group] = CellError.of("concurrent", exc, _failed_step(exc))
+    got = batches[group]
+    if isinstance(got, CellError):
+        _errored(cell, got)
+        return
+    alone = DecodeResult(cell.engine, cell.prompt, cell.tokens, cell.ledger, cell.wall_s,
+                         top_logprobs=cell.alone_top)
+    check = compare(alone, got[spec.concurrent_slot], judge.tol, len(group),
+                    spec.concurrent_slot)
+    try:
+        if check.first_difference is not None:  # which stream is wrong
+            check.judgement = judge.judge(cell.prompt, check.tokens, max_new_tokens)
+    except Exception as exc:
+        _errored(cell, CellError.of("judge", exc))
+        return
+    cell.concurrency = check
+    cell.verdicts["concurrency_invariance"] = judge_claim("concurrency_invariance", check)
+    note = check.describe(cell.tokens)
+    if note:
+        cell.reason = "; ".join([cell.reason] * bool(cell.reason) + [note])
+        cell.status = worst(cell.status, check.status)
+
+
 class _Unavailable(str):
     """An engine that cannot run here (its reason), as ``CellRunner`` remembers it."""
 
@@ -306,9 +365,11 @@ class CellRunner:
         self._engine_name = ""
         self._engine: Engine | CellError | _Unavailable | None = None
         self._greedy: dict = {}
+        self._batches: dict = {}  # --concurrency: each group's concurrent decodes
 
     def _close_engine(self) -> None:
         engine, self._engine, self._engine_ref, self._greedy = self._engine, None, None, {}
+        self._batches = {}
         if isinstance(engine, Engine):
             try:
                 engine.close()
@@ -345,11 +406,18 @@ class CellRunner:
         if not avail.ok:
             return _Unavailable(avail.reason)
         try:
-            return cls(self._package)
+            engine = cls(self._package)
         except EngineUnavailable as err:  # an engine that loads only some packages
             return _Unavailable(str(err))
         except Exception as exc:
             return CellError.of("constructor", exc)
+        if self.evidence_dir is not None:
+            try:
+                engine.attach_evidence(Path(self.evidence_dir))
+            except Exception as exc:  # noqa: BLE001 - a log not kept is no reason to lose cells
+                warnings.warn(f"{cls.name}: its files are not kept with the evidence: "
+                              f"{type(exc).__name__}: {exc}", stacklevel=2)
+        return engine
 
     def run(self, spec: CellSpec) -> CellResult:
         """One cell, judged and (with an evidence folder) recorded."""
@@ -372,6 +440,9 @@ class CellRunner:
         before = judge.spent()
         if spec.width is None:
             _greedy_cell(state, judge, cell, self.max_new_tokens)
+            if spec.concurrent_with and cell.status != ERROR and cell.status != NON_FINITE:
+                _concurrency_claim(state, judge, cell, spec, self.max_new_tokens,
+                                   self._batches)
         else:
             if spec.prompt not in self._greedy:
                 self._greedy[spec.prompt] = _greedy_for_speculation(

@@ -62,6 +62,10 @@ class CellResult:
     judge_s: float = 0.0  # wall time the judge spent on this cell (oracle forwards included)
     oracle_forwards: int = 0  # forwards the oracle ran for this cell (0: rows it had already)
     oracle_positions: int = 0  # positions those forwards fed
+    # --concurrency N: this prompt among N in flight against it alone
+    # (harness.concurrency.ConcurrencyCheck); None where not asked or not judged
+    concurrency: object | None = None
+    alone_top: list | None = None  # the judged decode's top-k log-probabilities (servers)
 
     @property
     def failed(self) -> bool:

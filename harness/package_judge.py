@@ -119,6 +119,14 @@ class PackageJudge:
         with self.timed():
             return audit_forwards(oracle, prompt, forwards, self.tol, decode)
 
+    def audit_top_logprobs(self, prompt, tokens, steps, decode: str = "same"):
+        """Claim 1b from a server's top-k log-probabilities (``harness.topk_audit``)."""
+        from harness.topk_audit import audit_top_logprobs
+
+        oracle = self.oracle
+        with self.timed():
+            return audit_top_logprobs(oracle, prompt, tokens, steps, self.tol, decode)
+
     def close(self) -> None:
         if self._oracle is not None:
             try:

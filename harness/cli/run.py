@@ -140,6 +140,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the oracle (default: 32)")
     p.add_argument("--max-prompts", type=int, default=None, metavar="N",
                    help="only the first N of each package's default prompts")
+    p.add_argument("--concurrency", type=int, default=1, metavar="N",
+                   help="also send each package's prompts N at a time to engines that serve "
+                        "concurrent requests (servers: --engines http:...) and judge each "
+                        "prompt's stream among them against its stream alone (claim "
+                        "concurrency_invariance; default 1: alone only)")
     p.add_argument("--mode", choices=("greedy", "speculative"), default="greedy",
                    help="greedy (vs the oracle), or speculative: every width, each stream vs "
                         "the engine's greedy stream and the oracle (default: greedy)")
@@ -171,6 +176,14 @@ def run(args: argparse.Namespace) -> int:
     engines = engine_list(args.engines, "--engines") or engine_names()
     positive_int(args.max_prompts, "--max-prompts")
     positive_int(args.max_new_tokens, "--max-new-tokens")
+    concurrency = getattr(args, "concurrency", 1)
+    from harness.plan import check_concurrency
+
+    check_concurrency(concurrency)
+    if concurrency > 1 and args.mode != "greedy":
+        raise InputError("--concurrency applies to greedy cells only", field="--concurrency",
+                         value=concurrency, remedy="drop --mode speculative, or drop "
+                                                   "--concurrency")
     widths = parse_widths(args.width)
     if widths is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
@@ -218,8 +231,12 @@ def run(args: argparse.Namespace) -> int:
                                  max_prompts=args.max_prompts,
                                  on_plan=progress.plan,
                                  oracle_engine=oracle_engine, oracle_mode=oracle_mode,
-                                 shard=shard)
+                                 shard=shard, concurrency=concurrency)
         else:
+            if concurrency > 1:
+                raise InputError("--concurrency is not carried to the --devices workers",
+                                 field="--concurrency", value=concurrency,
+                                 remedy="drop --devices (servers run in this process)")
             from harness.distributed import run_matrix_on_devices
 
             label = f"parity matrix on {len(devices)} GPU(s) ({','.join(devices)})"

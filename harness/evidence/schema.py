@@ -207,6 +207,7 @@ class StepAuditRecord(_Strict):
     non_finite: int = Field(ge=0)
     ok: bool
     where: str | None = None  # a speculative decode's forward and row ("verify r3 row 1")
+    finding: str | None = None  # a top-k audit: what failed at this step, in words
 
 
 class LogitsAuditRecord(_Strict):
@@ -223,6 +224,27 @@ class LogitsAuditRecord(_Strict):
     worst_max_abs: float | None = None
     worst_nmse: float | None = None
     readback_bytes: int = 0  # logits_audit bytes the separate decode read back
+    # "top-k": a server's top-k log-probabilities against the oracle's log-softmax
+    # (harness.topk_audit): each step's max_abs is its worst log-probability difference
+    kind: Literal["full-row", "top-k"] = "full-row"
+    top_k: int | None = None
+    logprob_bound: float | None = None  # 2 x logits_max_abs
+    unseen: str | None = None  # what a top-k audit cannot see
+
+
+class ConcurrencyRecord(_Strict):
+    """Claim concurrency_invariance: this prompt among ``requests`` in flight together (its
+    place: ``slot``) against its stream alone (the record's ``tokens``)."""
+    requests: int = Field(ge=2)
+    slot: int = Field(ge=0)
+    tokens: list[int]
+    digest: str
+    first_difference: int | None = None
+    steps_compared: int = Field(ge=0)
+    max_logprob_delta: float | None = None
+    worst_step: int | None = None
+    logprob_bound: float
+    concurrent_verdict: Literal["identical", "near-tie", "defect"] | None = None
 
 
 class GreedyRef(_Strict):
@@ -327,6 +349,7 @@ class EvidenceRecord(_Strict):
     judgement: Judgement | None = None
     logits_audit: LogitsAuditRecord | None = None
     greedy: GreedyRef | None = None
+    concurrency: ConcurrencyRecord | None = None
     ledger: LedgerRecord = Field(default_factory=LedgerRecord)
     memory_series: list[MemorySample] = Field(default_factory=list)
     acceptance_per_round: list[int] = Field(default_factory=list)
