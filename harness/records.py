@@ -74,8 +74,7 @@ def _concurrency(check) -> ev.ConcurrencyRecord | None:
         requests=check.requests, slot=check.slot, tokens=list(check.tokens),
         digest=ev.token_digest(check.tokens), first_difference=check.first_difference,
         steps_compared=check.steps_compared,
-        max_logprob_delta=(None if check.max_logprob_delta is None
-                           else _finite(check.max_logprob_delta)),
+        max_logprob_delta=check.max_logprob_delta,
         worst_step=check.worst_step, logprob_bound=check.bound,
         concurrent_verdict=j.verdict if j is not None else None)
 

@@ -26,8 +26,11 @@ class BatchNoise(ServedEngine):
     name = "planted-batch-noise"
     amplitude = 4.0
 
+    def noisy(self) -> bool:
+        return self.in_flight > 1
+
     def corrupt(self, component, feeds, out, phase):
-        if self.in_flight <= 1:
+        if not self.noisy():
             return out
         name = self.logits_name(component)
         logits = out[name]
@@ -42,3 +45,13 @@ class SlightBatchNoise(BatchNoise):
 
     name = "planted-slight-batch-noise"
     amplitude = 0.05
+
+
+class SlightNoise(SlightBatchNoise):
+    """The same small noise on every request, alone too: a server whose log-probabilities
+    are off (the top-k audit's planted bug, not a concurrency one)."""
+
+    name = "planted-slight-noise"
+
+    def noisy(self) -> bool:
+        return True
