@@ -155,3 +155,24 @@ def test_one_spelling_is_one_engine_class_and_its_capabilities_are_declared():
     assert not caps.logits_audit and not caps.speculative
     assert cls.name == "http-openai@127.0.0.1-8000"
     assert get_engine_class("http:llama-server").name == "http-llama-server"
+
+
+def test_concurrent_without_generate_concurrent_is_refused():
+    from engines.engine import BlackBoxEngine
+    from engines.errors import EngineDefinitionError
+    from engines.registry import check_engine_class
+
+    class Claims(BlackBoxEngine):
+        name = "contract-concurrent"
+        concurrent = True
+
+        @classmethod
+        def availability(cls):
+            raise AssertionError("not asked")
+
+        def generate(self, prompt, max_new_tokens, audit=False, ignore_eos=False):
+            raise AssertionError("not asked")
+
+    with pytest.raises(EngineDefinitionError, match="generate_concurrent") as err:
+        check_engine_class(Claims)
+    assert err.value.field == "concurrent"
