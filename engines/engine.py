@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from engines.ledger import Ledger
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
+
     from engines.decode_result import DecodeResult
     from engines.package import Package
     from engines.tensor_ops.base import TensorOps
@@ -211,6 +213,23 @@ class Engine(abc.ABC):
         record can say which conversion each side ran. Default: empty (the package's
         components, which the package's content hash already names)."""
         return {}
+
+    def numeric_scheme(self) -> str | None:
+        """The numeric scheme the engine computes in where that is not the package's dtype:
+        quantized weights or activations (``ggml-cpu:q4_1``: ggml's CPU kernels on Q4_1
+        weights, which quantize the activations they meet too). A declared scheme is judged by
+        its calibrated band (``engines.tolerances.band_for``: near-tie margin, per-step logits
+        bounds, stream statistics) against the float32 oracle over the engine's own
+        dequantized weights (``reference_package``), never by float32 identity. Default None:
+        the package's dtype row."""
+        return None
+
+    def reference_package(self) -> "Path | None":
+        """The float32 package over this engine's own dequantized weights, where that is not
+        the package it was given (an engine that quantizes the checkpoint itself, such as an
+        int4 build); the oracle that judges it runs this package. Default None: the package
+        (or the float32 twin it declares) is the reference."""
+        return None
 
     def synchronize(self) -> None:
         """Wait until everything the engine has queued has finished (the bench times

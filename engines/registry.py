@@ -38,6 +38,7 @@ BUILTIN: dict[str, str] = {
     "hf-cuda": "engines.backends.hf:HfCudaEngine",
     "ort-genai": "engines.backends.ort_genai:OrtGenaiEngine",
     "ort-genai-cuda": "engines.backends.ort_genai:OrtGenaiCudaEngine",
+    "llama-cpp": "engines.backends.llama_cpp:LlamaCppEngine",
 }
 
 REFERENCE_ENGINE = "ort-cpu"
@@ -357,6 +358,18 @@ def resolve_engine(ref: str) -> tuple[str, type[Engine]]:
     name to record results under is always the class's own ``name``."""
     cls = get_engine_class(ref)
     return cls.name, cls
+
+
+def class_reference(cls: type) -> str | None:
+    """``module:Class`` of an engine class that its ``name`` does not find here (it was
+    named by its class, ``--engines pkg.module:Class``), else None: what an evidence record
+    keeps so ``explain`` and ``repro`` can load the engine again without being told."""
+    try:
+        if get_engine_class(cls.name) is cls:
+            return None
+    except LockstepError:
+        pass
+    return _target_of(cls)
 
 
 def _spelling(ref: object) -> str:

@@ -44,7 +44,9 @@ to another engine running the same package than to the twin alone. The per-op en
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -79,6 +81,53 @@ TABLE: dict[str, Tolerance] = {
 }
 
 TOKENS = "exact"
+
+# -- quantized schemes: bands measured by `lockstep calibrate`, checked in with provenance ---
+# An engine that computes with quantized weights or activations (``Engine.numeric_scheme``)
+# is not judged by float32 identity: against the float32 oracle over its own dequantized
+# weights it is held to its scheme's band, measured on a teacher-forced corpus on an honest
+# build of the engine and checked in here (``quantized_bands.json``, written by ``lockstep
+# calibrate --write``; ``docs/QUANTIZED.md`` has the procedure and every row's provenance).
+# A band is never derived from the engine being judged at judge time.
+BANDS_FILE = Path(__file__).with_name("quantized_bands.json")
+
+
+@dataclass(frozen=True)
+class Band:
+    scheme: str
+    near_tie_margin: float  # metric: oracle's best logit minus the engine token's logit
+    step_max_abs: float  # metric, a logits row: max |engine - oracle|
+    step_nmse: float  # metric, a logits row: sum((a-b)^2) / sum(b^2)
+    step_kl: float  # metric, a logits row: KL(oracle || engine) of the softmaxes, nats
+    mean_kl: float  # metric, a stream: mean of its steps' KL
+    p99_kl: float  # metric, a stream: 99th percentile of its steps' KL
+    flip_rate: float  # metric, a stream: share of steps whose token is not the oracle's argmax
+    provenance: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def tolerance(self) -> Tolerance:
+        """This band as the tolerance row the judge and the audit read (the per-op entries
+        are float32's: a band bounds a whole model's logits, never one op)."""
+        f32 = TABLE["float32"]
+        return Tolerance(self.scheme, f32.max_abs, f32.max_rel, f32.nmse, self.near_tie_margin,
+                         self.step_max_abs, self.step_nmse)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def bands(path: Path | None = None) -> dict[str, Band]:
+    """The checked-in bands by scheme (``BANDS_FILE``; none when the file is absent)."""
+    path = BANDS_FILE if path is None else path
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return {scheme: Band(scheme=scheme, **row) for scheme, row in data["schemes"].items()}
+
+
+def band_for(scheme: str | None) -> Band | None:
+    """The band of ``scheme``, or None where no band is checked in for it."""
+    return bands().get(scheme) if scheme else None
 
 
 def tolerance_for(dtype) -> Tolerance:

@@ -53,6 +53,8 @@ from engines.workflow.validation import check_count, check_request
 MODES = ("greedy", "speculative")
 OK, UNAVAILABLE, ERROR = "ok", "unavailable", "error"
 FORMAT = 2  # the JSON file's layout version (2: prefill, steady decode, floor, bandwidth)
+KIND = "lockstep-bench"  # the JSON file's "kind"
+MARKER = f'"kind": "{KIND}"'  # in a file's first bytes: `bench --json` may replace it
 WARMUP_STEPS = 2  # decode steps of every timed decode left out of the steady median
 COPY_BYTES = 256 * 2 ** 20  # the copy that measures a residency's bandwidth
 COPY_REPEATS = 5
@@ -600,7 +602,7 @@ def write_json(rows: Sequence[BenchRow], path: Path, plan: BenchPlan | None = No
     path = Path(path)
     payload = {
         "format": FORMAT,
-        "kind": "lockstep-bench",
+        "kind": KIND,
         "environment": collect_environment().model_dump(mode="json"),
         "settings": None if plan is None else {
             "mode": plan.mode, "repeats": plan.repeats, "warmup": plan.warmup,

@@ -1,5 +1,6 @@
-"""What lockstep keeps on disk (fixture builds, checkpoint conversions, staging folders a
-killed build left) and how to prune it.
+"""What lockstep keeps on disk (fixture builds, checkpoint conversions, onnxruntime-genai's
+builds and their wrapped packages, transformers' GGUF loads for the hf engine, staging folders
+a killed build left) and how to prune it.
 
 Every edit to the converter changes the conversion key, so each converter version converts
 the same checkpoint again (~0.5 GB, twice that with a drafter) and the old one stays. Prune
@@ -22,7 +23,7 @@ import yaml
 
 from engines.errors import InputError
 
-KINDS = ("conversion", "fixture", "staging")
+KINDS = ("conversion", "fixture", "genai build", "genai package", "gguf load", "staging")
 _KEY_SUFFIX = re.compile(r"-[0-9a-f]{12}$")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -63,7 +64,10 @@ def _reference_of(folder: Path) -> str | None:
 
 
 def cache_entries(now: float | None = None) -> list[CacheEntry]:
-    """Everything under the fixture cache and the conversion cache, oldest first."""
+    """Everything under the caches, oldest first: each folder of a cache that holds its
+    kind's marker file (whose time is the folder's age)."""
+    from engines.backends.genai_build import BUILD_FILE, cache_folder
+    from engines.backends.hf import gguf_load_folder
     from fixtures.cache import CACHE_ENV, REPO_ROOT, cache_root
     from fixtures.staging import find_staging
     from harness.convert.cache import converted_root
@@ -71,20 +75,28 @@ def cache_entries(now: float | None = None) -> list[CacheEntry]:
 
     now = time.time() if now is None else now
     out: list[CacheEntry] = []
-    roots = [(cache_root(), "fixture"), (converted_root(), "conversion")]
+    staged = [cache_root(), converted_root()]  # where builds stage beside their folders
+    roots = [(cache_root(), "fixture", "package.yaml"), (converted_root(), "conversion", SIDECAR),
+             (cache_folder(), "genai build", BUILD_FILE),
+             (cache_folder(), "genai package", "package.yaml"),
+             (gguf_load_folder(), "gguf load", "model.safetensors")]
     if not os.environ.get(CACHE_ENV):  # the layout before .lockstep/fixtures: still on disk
         legacy = REPO_ROOT / ".lockstep"
-        roots += [(legacy, "fixture"), (legacy / "converted", "conversion")]
-    for root, kind in roots:
+        staged += [legacy, legacy / "converted"]
+        roots += [(legacy, "fixture", "package.yaml"),
+                  (legacy / "converted", "conversion", SIDECAR)]
+    for root in staged:
         for found in find_staging(root, now):
             out.append(CacheEntry(found.path, "staging", folder_size(found.path), found.age_s,
                                   found.name, stale=found.stale))
+    for root, kind, marker in roots:
         if not root.is_dir():
             continue
         for folder in sorted(root.iterdir()):
-            if folder.name.startswith(".") or not (folder / "package.yaml").is_file():
+            stamp = folder / marker
+            if folder.name.startswith(".") or not stamp.is_file() or \
+                    (kind == "conversion" and not (folder / "package.yaml").is_file()):
                 continue
-            stamp = folder / SIDECAR if kind == "conversion" else folder / "package.yaml"
             try:
                 age = now - stamp.stat().st_mtime
             except OSError:

@@ -25,14 +25,15 @@ from engines.decode_result import DecodeResult
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, NonFiniteLogits
 from engines.oracle import STREAM
-from engines.registry import REFERENCE_ENGINE, get_engine_class
+from engines.registry import REFERENCE_ENGINE, class_reference, get_engine_class
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import speculative_decode
 from harness.budgets import budget_summary, device_budgets
 from harness.cells import CellError, CellResult
 from harness.claims import FAIL, PASS, SKIP, judge as judge_claim
-from harness.judge import (BUDGET, DEFECT, ERROR, IDENTICAL, NEAR_TIE, NON_FINITE,
-                           UNAVAILABLE, StepJudgement, first_difference, worst)
+from engines.tolerances import band_for
+from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, IDENTICAL, NEAR_TIE, NON_FINITE,
+                           UNAVAILABLE, StepJudgement, band_statistics, first_difference, worst)
 from harness.package_judge import OracleFailed, PackageJudge
 from harness.packages import resolve_package
 from harness.plan import CellSpec
@@ -115,8 +116,10 @@ def _nondeterminism(cell: CellResult, audit_tokens: list[int]) -> None:
         "the audit decode emitted another stream than the budgeted decode (nondeterminism)"))
 
 
-def _greedy_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tokens: int):
-    """A greedy cell: the budgeted decode, its judgement, the logits audit, the budgets."""
+def _greedy_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tokens: int,
+                 tol=None):
+    """A greedy cell: the budgeted decode, its judgement, the logits audit, the budgets
+    (``tol``: a quantized scheme's band row, else the package dtype's)."""
     host = engine.residency == "host"
     caps = engine.capabilities()
     auditable = caps.logits_audit or caps.logprobs_audit
@@ -140,11 +143,11 @@ def _greedy_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tokens: 
     rows = audited.logits if caps.logits_audit else None
     top = audited.top_logprobs if caps.logprobs_audit else None
     try:
-        cell.judgement = judge.judge(cell.prompt, cell.tokens, max_new_tokens, rows)
+        cell.judgement = judge.judge(cell.prompt, cell.tokens, max_new_tokens, rows, tol)
         if rows is not None:
-            cell.audit = judge.audit(cell.prompt, audited.tokens, rows, how)
+            cell.audit = judge.audit(cell.prompt, audited.tokens, rows, how, tol)
         elif top is not None:  # a server's top-k log-probabilities (harness.topk_audit)
-            cell.audit = judge.audit_top_logprobs(cell.prompt, audited.tokens, top, how)
+            cell.audit = judge.audit_top_logprobs(cell.prompt, audited.tokens, top, how, tol)
         if cell.audit is not None:
             cell.audit.readback_bytes = (audited.ledger.readback_bytes.get("logits_audit", 0)
                                          if how == "separate" else 0)
@@ -196,7 +199,7 @@ def _finish(cell: CellResult, notes: list[str]) -> None:
 
 
 def _greedy_for_speculation(engine, judge: PackageJudge, name: str, prompt,
-                            max_new_tokens: int):
+                            max_new_tokens: int, tol=None):
     """The engine's greedy stream for a prompt, judged; a failure is kept as a CellError."""
     try:
         result, _ = decode(engine, prompt, max_new_tokens, None)
@@ -207,13 +210,14 @@ def _greedy_for_speculation(engine, judge: PackageJudge, name: str, prompt,
     except OracleFailed as failed:
         return failed.error
     try:
-        return list(result.tokens), judge.judge(prompt, result.tokens, max_new_tokens)
+        return list(result.tokens), judge.judge(prompt, result.tokens, max_new_tokens, None,
+                                                tol)
     except Exception as exc:
         return CellError.of("judge", exc)
 
 
 def _speculative_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tokens: int,
-                      width: int, greedy):
+                      width: int, greedy, tol=None):
     """A speculative cell: its stream judged on its own prefix, every deciding row audited,
     the greedy stream beside it, and a message that names the wrong path when they part."""
     if isinstance(greedy, CellError):
@@ -240,9 +244,9 @@ def _speculative_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tok
                                                   "restores")}
     cell.budgets, cell.verdicts = device_budgets(engine, result, guard)
     try:
-        cell.judgement = judge.judge(cell.prompt, cell.tokens, max_new_tokens)
+        cell.judgement = judge.judge(cell.prompt, cell.tokens, max_new_tokens, None, tol)
         if auditable and audited.audited is not None:
-            cell.audit = judge.audit_forwards(cell.prompt, audited.audited, how)
+            cell.audit = judge.audit_forwards(cell.prompt, audited.audited, how, tol)
             cell.audit.readback_bytes = (audited.ledger.readback_bytes.get("logits_audit", 0)
                                          if how == "separate" else 0)
     except Exception as exc:
@@ -283,7 +287,7 @@ def _speculative_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tok
 
 
 def _concurrency_claim(engine, judge: PackageJudge, cell: CellResult, spec: CellSpec,
-                       max_new_tokens: int, batches: dict) -> None:
+                       max_new_tokens: int, batches: dict, tol=None) -> None:
     """Claim concurrency_invariance for a judged greedy cell: the same prompt among
     ``len(spec.concurrent_with)`` requests in flight together (one batch serves each of its
     prompts' cells) against its stream alone. A failure to send the batch is the cell's
@@ -309,11 +313,11 @@ def _concurrency_claim(engine, judge: PackageJudge, cell: CellResult, spec: Cell
         return
     alone = DecodeResult(cell.engine, cell.prompt, cell.tokens, cell.ledger, cell.wall_s,
                          top_logprobs=cell.alone_top)
-    check = compare(alone, got[spec.concurrent_slot], judge.tol, len(group),
+    check = compare(alone, got[spec.concurrent_slot], tol or judge.tol, len(group),
                     spec.concurrent_slot)
     try:
         if check.first_difference is not None:  # which stream is wrong
-            check.judgement = judge.judge(cell.prompt, check.tokens, max_new_tokens)
+            check.judgement = judge.judge(cell.prompt, check.tokens, max_new_tokens, None, tol)
     except Exception as exc:
         _errored(cell, CellError.of("judge", exc))
         return
@@ -323,6 +327,24 @@ def _concurrency_claim(engine, judge: PackageJudge, cell: CellResult, spec: Cell
     if note:
         cell.reason = "; ".join([cell.reason] * bool(cell.reason) + [note])
         cell.status = worst(cell.status, check.status)
+
+
+def _band_verdict(cell: CellResult, band) -> None:
+    """Claim 1d: a quantized engine's stream statistics against its scheme's band; beyond it
+    is ``drift`` (its tokens and rows were judged by the band's margin and bounds already)."""
+    if cell.status in (ERROR, UNAVAILABLE) or cell.audit is None or cell.judgement is None:
+        return
+    stats = band_statistics(cell.audit, cell.judgement, band)
+    cell.band = stats
+    cell.verdicts["quantized_band"] = judge_claim("quantized_band", stats)
+    notes = []
+    if not stats.within:
+        cell.status = worst(cell.status, DRIFT)
+        notes.append(f"beyond the {band.scheme} band: " + "; ".join(stats.reasons))
+    if isinstance(cell.audit, TopkAudit):  # no whole rows: no KL to measure
+        notes.append(f"the {band.scheme} band's KL bounds are not checked: a top-k audit has "
+                     f"no whole rows (flips and per-step log-probabilities are)")
+    cell.reason = "; ".join([cell.reason] * bool(cell.reason) + notes)
 
 
 class _Unavailable(str):
@@ -363,9 +385,13 @@ class CellRunner:
         self._judge: PackageJudge | None = None
         self._engine_ref: str | None = None
         self._engine_name = ""
+        self._engine_class: str | None = None  # records' engine_class
         self._engine: Engine | CellError | _Unavailable | None = None
         self._greedy: dict = {}
         self._batches: dict = {}  # --concurrency: each group's concurrent decodes
+        self._scheme: str | None = None  # the engine's numeric scheme, and its band
+        self._band = None
+        self._ref_judges: dict[str, PackageJudge] = {}  # by an engine's reference package
 
     def _close_engine(self) -> None:
         engine, self._engine, self._engine_ref, self._greedy = self._engine, None, None, {}
@@ -380,6 +406,9 @@ class CellRunner:
         self._close_engine()
         if self._judge is not None and self._judge.package.spec.name not in self._judges:
             self._judge.close()
+        for judge in self._ref_judges.values():
+            judge.close()
+        self._ref_judges = {}
         self._package_ref = self._package = self._judge = None
 
     def _use_package(self, package_ref: str) -> None:
@@ -395,7 +424,19 @@ class CellRunner:
             self._package_ref = package_ref
 
     def _setup(self, cls: type[Engine]):
-        """The engine, or why its cells cannot run."""
+        """The engine (and the numeric scheme it declares, with its band), or why its cells
+        cannot run."""
+        engine = self._construct(cls)
+        self._scheme = self._band = None
+        if isinstance(engine, Engine):
+            try:
+                self._scheme = engine.numeric_scheme()
+                self._band = band_for(self._scheme)
+            except Exception as exc:  # a scheme it cannot state: its cells cannot be judged
+                return CellError.of("constructor", exc)
+        return engine
+
+    def _construct(self, cls: type[Engine]):
         try:
             avail = cls.availability()
         except Exception as exc:
@@ -427,29 +468,54 @@ class CellRunner:
             cls = self._classes.get(spec.engine_ref) or get_engine_class(spec.engine_ref)
             self._engine = self._setup(cls)
             self._engine_ref, self._engine_name = spec.engine_ref, cls.name
+            self._engine_class = class_reference(cls)
         package, judge, state = self._package, self._judge, self._engine
         cell = CellResult(package.spec.name, self._engine_name, spec.prompt, list(spec.ids),
                           IDENTICAL, mode=spec.mode,
-                          prompt_source=self._sources.get((package.spec.name, spec.prompt)))
+                          prompt_source=self._sources.get((package.spec.name, spec.prompt)),
+                          engine_class=self._engine_class)
         if isinstance(state, _Unavailable):
             cell.status, cell.reason = UNAVAILABLE, str(state)
             return self._emit(cell, None)
         if isinstance(state, CellError):
             return self._emit(_errored(cell, state), judge)
         cell.provenance = engine_provenance(state)
+        judge = self._judge_of(state)
+        cell.scheme, band = self._scheme, self._band
+        tol = band.tolerance if band is not None else None
         before = judge.spent()
         if spec.width is None:
-            _greedy_cell(state, judge, cell, self.max_new_tokens)
+            _greedy_cell(state, judge, cell, self.max_new_tokens, tol)
             if spec.concurrent_with and cell.status != ERROR and cell.status != NON_FINITE:
                 _concurrency_claim(state, judge, cell, spec, self.max_new_tokens,
-                                   self._batches)
+                                   self._batches, tol)
         else:
             if spec.prompt not in self._greedy:
                 self._greedy[spec.prompt] = _greedy_for_speculation(
-                    state, judge, spec.prompt, cell.prompt, self.max_new_tokens)
+                    state, judge, spec.prompt, cell.prompt, self.max_new_tokens, tol)
             _speculative_cell(state, judge, cell, self.max_new_tokens, spec.width,
-                              self._greedy[spec.prompt])
+                              self._greedy[spec.prompt], tol)
+        if band is not None:
+            _band_verdict(cell, band)
+        elif cell.scheme is not None:
+            note = (f"no calibrated band for {cell.scheme} is checked in: judged by the "
+                    f"{judge.tol.dtype} row (lockstep calibrate makes a band)")
+            cell.reason = "; ".join([cell.reason] * bool(cell.reason) + [note])
         return self._emit(cell, judge, before)
+
+    def _judge_of(self, engine: Engine) -> PackageJudge:
+        """The judge of ``engine``'s cells: the package's, or for an engine that quantized the
+        checkpoint itself the one over its own dequantized weights (its reference package)."""
+        ref = engine.reference_package()
+        if ref is None:
+            return self._judge
+        key = str(ref)
+        if key not in self._ref_judges:
+            from engines.package import load_package
+
+            self._ref_judges[key] = PackageJudge(load_package(ref), self.oracle_engine,
+                                                 self.oracle_mode)
+        return self._ref_judges[key]
 
     def failed(self, spec: CellSpec, error: CellError) -> CellResult:
         """The ``error`` record of a cell that could not be run as a cell: its process died
@@ -482,11 +548,12 @@ class CellRunner:
                 cell.oracle_positions = now[2] - judged_since[2]
         if self.evidence_dir is not None:
             ran = judge is not None and judge.built
+            band = self._band if cell.band is not None else None
+            tol = band.tolerance if band is not None else (judge.tol if judge else None)
             record = cell_record(self.run_id, self.env, self._package, cell, trace,
-                                 judge.oracle.name if ran else REFERENCE_ENGINE,
-                                 judge.tol if judge else None,
+                                 judge.oracle.name if ran else REFERENCE_ENGINE, tol,
                                  judge.oracle.package if ran else None,
-                                 oracle_check=judge.agreement if judge else None)
+                                 oracle_check=judge.agreement if judge else None, band=band)
             cell.record_path = ev.write_evidence(record, self.evidence_dir)
         return cell
 

@@ -59,9 +59,12 @@ class CellResult:
     wall_s: float = 0.0
     prompt_source: object | None = None  # harness.prompts.ResolvedPrompt: text, chat, template
     provenance: dict = field(default_factory=dict)  # Engine.provenance(): what it really ran
+    engine_class: str | None = None  # module:Class of an engine not registered by its name
     judge_s: float = 0.0  # wall time the judge spent on this cell (oracle forwards included)
     oracle_forwards: int = 0  # forwards the oracle ran for this cell (0: rows it had already)
     oracle_positions: int = 0  # positions those forwards fed
+    scheme: str | None = None  # Engine.numeric_scheme(): a quantized engine's scheme
+    band: object | None = None  # harness.judge.BandStatistics, where its scheme has a band
     # --concurrency N: this prompt among N in flight against it alone
     # (harness.concurrency.ConcurrencyCheck); None where not asked or not judged
     concurrency: object | None = None

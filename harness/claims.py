@@ -42,6 +42,10 @@ def _audit_finite(audit: Any) -> str:
     return PASS if audit.non_finite_steps == 0 else FAIL
 
 
+def _band_within(statistics: Any) -> str:
+    return PASS if statistics.within else FAIL
+
+
 def _equal_streams(a: Sequence[int], b: Sequence[int]) -> str:
     return PASS if list(a) == list(b) else FAIL
 
@@ -79,6 +83,10 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in (
           "each step's logits are within the dtype's logits tolerance of the oracle's on the "
           "same prefix (max abs and NMSE)", "steps", _audit_within),
     Claim("finite_logits", "no logits row holds NaN or an infinity", "steps", _audit_finite),
+    Claim("quantized_band",
+          "a quantized engine's stream is within its scheme's calibrated band against float32 "
+          "over its own dequantized weights: per-step logits, mean and p99 KL, flips",
+          "steps", _band_within),
     Claim("zero_staging",
           "no value is staged to the host on a device engine (ledger and transfer guard)",
           "events", _zero),

@@ -37,6 +37,8 @@ from engines.registry import get_engine_class
 from engines.workflow.session import DecodeSession
 
 FORMAT = 1
+KIND = "lockstep-bench-forward"  # the JSON file's "kind"
+MARKER = f'"kind": "{KIND}"'  # in a file's first bytes: `bench-forward --json` may replace it
 
 
 @dataclass
@@ -219,6 +221,6 @@ def bench_forwards(engines: Sequence[str], packages: Sequence[Any], *,
 def write_json(rows: Sequence[ForwardRow], path: Path, settings: dict[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"format": FORMAT, "settings": settings,
+    path.write_text(json.dumps({"format": FORMAT, "kind": KIND, "settings": settings,
                                 "rows": [asdict(r) for r in rows]}, indent=2))
     return path

@@ -12,6 +12,7 @@ first, is a defect whatever the oracle says. Judging never stops at the first fi
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -32,6 +33,8 @@ UNAVAILABLE = "unavailable"
 SEVERITY = (ERROR, NON_FINITE, DEFECT, BUDGET, DRIFT, NEAR_TIE, IDENTICAL, UNAVAILABLE)
 FAILING = frozenset({ERROR, NON_FINITE, DEFECT, BUDGET, DRIFT})
 TOP_K = 5
+# a quantized stream's flips are drift when this unlikely at its band's flip rate (binomial)
+FLIP_ALPHA = 1e-3
 
 
 def worst(*statuses: str) -> str:
@@ -195,17 +198,32 @@ class StepAudit:
     non_finite: int  # NaN or infinite entries in the engine's row
     ok: bool
     where: str = ""  # in a speculative decode: the forward and row ("verify r3 row 1")
+    kl: float = float("nan")  # KL(oracle || engine) of the two rows' softmaxes, nats
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    row = np.asarray(row, dtype=np.float64)
+    shifted = row - row.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def kl_divergence(reference: np.ndarray, engine_row: np.ndarray) -> float:
+    """KL(P || Q) in nats, P the oracle's softmax, Q the engine's: what
+    ``llama-perplexity --kl-divergence`` reports per position (float64 throughout)."""
+    log_p, log_q = log_softmax(reference), log_softmax(engine_row)
+    return float(max(np.sum(np.exp(log_p) * (log_p - log_q)), 0.0))
 
 
 def audit_step(step: int, engine_row, reference: np.ndarray, tol: Tolerance,
                where: str = "") -> StepAudit:
     """One engine row against the oracle's on the same prefix: non-finite, or the metrics."""
-    engine_row = np.asarray(engine_row)
-    bad = int((~np.isfinite(engine_row.astype(np.float64))).sum())
+    engine_row = np.asarray(engine_row).astype(np.float64)
+    bad = int((~np.isfinite(engine_row)).sum())
     if bad:
         return StepAudit(step, float("nan"), float("nan"), float("nan"), bad, False, where)
-    cmp = compare_tensors(engine_row.astype(np.float64), reference, tol=tol.logits)
-    return StepAudit(step, cmp.max_abs, cmp.max_rel, cmp.nmse, 0, cmp.ok, where)
+    cmp = compare_tensors(engine_row, reference, tol=tol.logits)
+    return StepAudit(step, cmp.max_abs, cmp.max_rel, cmp.nmse, 0, cmp.ok, where,
+                     kl_divergence(reference, engine_row))
 
 
 @dataclass
@@ -295,3 +313,63 @@ def audit_forwards(oracle, prompt: Sequence[int], forwards, tol: Tolerance,
             where = forward.label if len(forward.rows) == 1 else f"{forward.label} row {j}"
             steps.append(audit_step(len(forward.before) + j, row, ref, tol, where))
     return LogitsAudit(tol.dtype, steps, decode)
+
+
+# -- claim 1d: a quantized engine's stream against its scheme's band ---------------------------
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p): how likely ``k`` or more flips are in ``n`` steps for
+    an engine whose steps flip with probability ``p``."""
+    if k <= 0:
+        return 1.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    logs = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+            + i * math.log(p) + (n - i) * math.log1p(-p) for i in range(k, n + 1)]
+    top = max(logs)
+    return float(min(1.0, math.exp(top) * sum(math.exp(x - top) for x in logs)))
+
+
+@dataclass
+class BandStatistics:
+    """A stream's statistics against its scheme's band (``engines.tolerances.Band``): the
+    mean and 99th-percentile per-step KL, and the flips (steps whose token is not the oracle's
+    argmax on the engine's prefix) with how likely that many are at the band's flip rate."""
+    scheme: str
+    steps: int
+    mean_kl: float
+    p99_kl: float
+    flips: int
+    flip_p: float  # P(at least this many flips | the band's flip rate)
+    reasons: list[str]
+
+    @property
+    def within(self) -> bool:
+        return not self.reasons
+
+    @property
+    def verdict(self) -> str:
+        return IDENTICAL if self.within else DRIFT
+
+
+def band_statistics(audit: LogitsAudit, judgement: StreamJudgement, band,
+                    alpha: float = FLIP_ALPHA) -> BandStatistics:
+    """Claim 1d's stream statistics for one cell; ``reasons`` names each one beyond the band."""
+    kls = [s.kl for s in audit.steps if s.non_finite == 0 and math.isfinite(s.kl)]
+    mean_kl = float(np.mean(kls)) if kls else 0.0
+    p99_kl = float(np.percentile(kls, 99)) if kls else 0.0
+    flips = sum(f.engine_token is not None and f.oracle_token is not None
+                and f.engine_token != f.oracle_token for f in judgement.findings)
+    steps = judgement.steps_judged
+    flip_p = binomial_tail(flips, steps, band.flip_rate)
+    reasons = []
+    if mean_kl > band.mean_kl:
+        reasons.append(f"mean KL {mean_kl:.3g} over the band's {band.mean_kl:.3g}")
+    if p99_kl > band.p99_kl:
+        reasons.append(f"p99 KL {p99_kl:.3g} over the band's {band.p99_kl:.3g}")
+    if flip_p < alpha:
+        reasons.append(f"{flips} of {steps} steps flipped (P = {flip_p:.2g} at the band's "
+                       f"flip rate {band.flip_rate:.3g}, below {alpha:g})")
+    return BandStatistics(band.scheme, steps, mean_kl, p99_kl, flips, flip_p, reasons)

@@ -22,6 +22,8 @@ from engines.errors import InputError
 from engines.oracle import STREAM
 
 DEFAULT_LENGTHS = (32, 128, 512, 2048)
+KIND = "lockstep-bench-judge"  # the JSON file's "kind"
+MARKER = f'"kind": "{KIND}"'  # in a file's first bytes: `bench-judge --json` may replace it
 
 
 @dataclass
@@ -66,7 +68,7 @@ class JudgeBench:
 
     def to_dict(self) -> dict:
         engines = list(dict.fromkeys(r.engine for r in self.rows))
-        return {"package": self.package, "max_new_tokens": self.max_new_tokens,
+        return {"kind": KIND, "package": self.package, "max_new_tokens": self.max_new_tokens,
                 "oracle_mode": self.oracle_mode,
                 "rows": [asdict(r) | {"ratio": r.ratio} for r in self.rows],
                 "growth": {e: {"steps": self.growth(e)[0], "fit": self.growth(e)[1]}

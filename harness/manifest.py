@@ -68,6 +68,9 @@ def write_manifest(folder: str | os.PathLike, manifest: RunManifest) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".", suffix=".tmp")
     try:
+        from harness.evidence.store import file_mode
+
+        os.fchmod(fd, file_mode())  # as any file the user's umask makes, not mkstemp's 0600
         with os.fdopen(fd, "wb") as handle:
             handle.write(manifest.model_dump_json(indent=1).encode())
             handle.flush()

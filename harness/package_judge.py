@@ -104,28 +104,29 @@ class PackageJudge:
             raise OracleFailed(got)
         return got
 
-    def judge(self, prompt, tokens, max_new_tokens, rows=None) -> StreamJudgement:
+    def judge(self, prompt, tokens, max_new_tokens, rows=None, tol=None) -> StreamJudgement:
+        """``tol``: the row to judge by (a quantized scheme's band), else the package dtype's."""
         oracle = self.oracle
         with self.timed():
-            return judge_stream(oracle, prompt, tokens, max_new_tokens, self.tol, rows)
+            return judge_stream(oracle, prompt, tokens, max_new_tokens, tol or self.tol, rows)
 
-    def audit(self, prompt, tokens, rows, decode: str) -> LogitsAudit:
+    def audit(self, prompt, tokens, rows, decode: str, tol=None) -> LogitsAudit:
         oracle = self.oracle
         with self.timed():
-            return audit_logits(oracle, prompt, tokens, rows, self.tol, decode)
+            return audit_logits(oracle, prompt, tokens, rows, tol or self.tol, decode)
 
-    def audit_forwards(self, prompt, forwards, decode: str) -> LogitsAudit:
+    def audit_forwards(self, prompt, forwards, decode: str, tol=None) -> LogitsAudit:
         oracle = self.oracle
         with self.timed():
-            return audit_forwards(oracle, prompt, forwards, self.tol, decode)
+            return audit_forwards(oracle, prompt, forwards, tol or self.tol, decode)
 
-    def audit_top_logprobs(self, prompt, tokens, steps, decode: str = "same"):
+    def audit_top_logprobs(self, prompt, tokens, steps, decode: str = "same", tol=None):
         """Claim 1b from a server's top-k log-probabilities (``harness.topk_audit``)."""
         from harness.topk_audit import audit_top_logprobs
 
         oracle = self.oracle
         with self.timed():
-            return audit_top_logprobs(oracle, prompt, tokens, steps, self.tol, decode)
+            return audit_top_logprobs(oracle, prompt, tokens, steps, tol or self.tol, decode)
 
     def close(self) -> None:
         if self._oracle is not None:

@@ -55,7 +55,7 @@ def _audit(audit, tol) -> ev.LogitsAuditRecord:
         steps=[ev.StepAuditRecord(step=s.step, max_abs=_finite(s.max_abs),
                                   max_rel=_finite(s.max_rel), nmse=_finite(s.nmse),
                                   non_finite=s.non_finite, ok=s.ok, where=s.where or None,
-                                  finding=reasons.get(s.step))
+                                  finding=reasons.get(s.step), kl=_finite(s.kl))
                for s in audit.steps],
         non_finite_steps=audit.non_finite_steps,
         out_of_tolerance_steps=audit.out_of_tolerance_steps,
@@ -97,9 +97,20 @@ def _prompt(package, cell) -> ev.PromptRef:
         "chat_template": given.chat_template})
 
 
+def _band(band, stats) -> ev.BandRecord:
+    return ev.BandRecord(scheme=band.scheme,
+                         bounds={k: v for k, v in band.to_dict().items()
+                                 if k not in ("scheme", "provenance")},
+                         provenance=dict(band.provenance), steps=stats.steps,
+                         mean_kl=_finite(stats.mean_kl), p99_kl=_finite(stats.p99_kl),
+                         flips=stats.flips, flip_p=stats.flip_p, reasons=list(stats.reasons),
+                         within=stats.within)
+
+
 def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
-                oracle_package=None, oracle_check=None) -> ev.EvidenceRecord:
-    """The evidence record of ``cell`` (a ``harness.runner.CellResult``)."""
+                oracle_package=None, oracle_check=None, band=None) -> ev.EvidenceRecord:
+    """The evidence record of ``cell`` (a ``harness.cells.CellResult``); ``band``: the
+    quantized scheme's band it was judged by (``engines.tolerances.Band``)."""
     from engines.tokenizer import decode_each
 
     kind, _, width = cell.mode.partition("/w")
@@ -133,6 +144,7 @@ def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
         package=ev.PackageRef(name=package.spec.name, content_hash=package.content_hash,
                               path=str(package.root)),
         engine=cell.engine, engine_provenance=getattr(cell, "provenance", None) or None,
+        engine_class=cell.engine_class,
         mode=mode,
         prompt=_prompt(package, cell),
         status=cell.status, reason=cell.reason or None, error=error,
@@ -144,6 +156,8 @@ def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
                                                                  oracle_check),
         logits_audit=None if cell.audit is None else _audit(cell.audit, tol),
         greedy=greedy, concurrency=_concurrency(cell.concurrency),
+        numeric_scheme=cell.scheme,
+        band=None if band is None or cell.band is None else _band(band, cell.band),
         ledger=cell.ledger.to_dict() if cell.ledger is not None else ev.LedgerRecord(),
         acceptance_per_round=list(cell.acceptance_per_round),
         timings=timings, budgets=list(cell.budgets), verdicts=dict(cell.verdicts),

@@ -49,6 +49,8 @@ STREAM_CONTEXT = 12  # rows shown on each side of the first finding when a strea
 STREAM_FULL_MAX = 64  # streams up to this many steps are shown whole
 MISSING_SHOWN = 20  # missing cells named in an incomplete run's banner
 FURTHER_SHOWN = 200  # further finding steps listed per record
+# in every report's <head>: `lockstep report -o` replaces a file holding it, and no other
+MARKER = '<meta name="generator" content="lockstep report">'
 MISSING = "missing"  # a planned cell without a record
 NOT_RUN = "not-run"  # a hole in the matrix that no manifest planned
 # where ``lockstep report`` looks for the planted-bug catch matrix by default

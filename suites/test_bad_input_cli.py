@@ -165,7 +165,7 @@ def test_report_output_under_a_file(capsys, evidence, tmp_path):
     (tmp_path / "plain").write_text("x")
     line = one_line_error(capsys, ["report", str(evidence), "-o",
                                    str(tmp_path / "plain" / "report.html")])
-    assert "[field -o" in line and "cannot write the report" in line
+    assert "[field -o" in line and f"{tmp_path / 'plain'} is a file, not a folder" in line
 
 
 def test_report_output_on_a_full_disk(capsys, evidence, tmp_path, monkeypatch):

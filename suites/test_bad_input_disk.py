@@ -114,7 +114,7 @@ def test_convert_refuses_up_front_when_the_disk_lacks_room(tiny_checkpoint, tmp_
     assert main(["convert", str(tiny_checkpoint), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"needs about {needed / 1e6:.0f} MB in {out.parent}" in err
-    assert "field output folder" in err and "lockstep cache prune" in err
+    assert f"[field -o = '{out.parent}']" in err and "lockstep cache prune" in err
     assert "Traceback" not in err
     assert not out.parent.exists() or not any(out.parent.iterdir())
     _free(monkeypatch, needed)  # the control: exactly enough room converts
@@ -195,6 +195,29 @@ def test_cache_list_shows_every_conversion_and_stale_staging(cache, capsys):
     for key in ("old32", "new32", "twin", "half", "draft"):
         assert cache[key].name[-12:] in out.replace("\n", "").replace("│", "").replace(" ", "")
     assert "staging (stale)" in out
+
+
+def test_cache_list_shows_genai_builds_their_packages_and_gguf_loads(cache, capsys):
+    """onnxruntime-genai's builds (ort-genai) and transformers' GGUF loads (hf) are caches
+    too (~1 GB for SmolLM2 alone): listed with their size; prune leaves them."""
+    from engines.backends.genai_build import cache_folder
+    from engines.backends.hf import gguf_load_folder
+
+    made = {"genai build": cache_folder() / "ck-cpu-fp32",
+            "genai package": cache_folder() / "ck-cpu-fp32-package",
+            "gguf load": gguf_load_folder() / "0123abcd-transformers-5"}
+    for (kind, folder), marker in zip(made.items(), ("build.json", "package.yaml",
+                                                     "model.safetensors")):
+        folder.mkdir(parents=True)
+        (folder / marker).write_bytes(b"\0" * 3 * 1024 * 1024)
+    assert main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("│") for line in out.splitlines() if line.count("│") > 3]
+    listed = {r[1].strip(): r[2].strip() for r in rows if r[1].strip() in made}
+    assert listed == dict.fromkeys(made, "3.0M")
+    assert "genai builds 3.0M, genai packages 3.0M, gguf loads 3.0M" in out
+    assert main(["cache", "prune", "--keep", "0"]) == 0
+    assert all(folder.is_dir() for folder in made.values())
 
 
 def test_prune_keep_newest_per_variant_keeps_a_kept_packages_twin(cache):

@@ -375,8 +375,8 @@ def test_cli_ignore_eos_times_every_token_asked_for(eos_package, capsys, monkeyp
 @pytest.mark.parametrize("argv, field", [
     (["--width", "2"], "--width"),  # greedy mode
     (["--mode", "speculative", "--width", "two"], "--width"),
-    (["--repeats", "0"], "repeats"),
-    (["--warmup-steps", "-1"], "warmup_steps"),
+    (["--repeats", "0"], "--repeats"),
+    (["--warmup-steps", "-1"], "--warmup-steps"),
 ])
 def test_cli_bad_input_exits_2_naming_the_field(argv, field, capsys):
     from harness.cli import main

@@ -90,7 +90,7 @@ def test_an_engine_that_does_not_serve_concurrently_says_so(tiny):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--concurrency", "0"], "--concurrency must be at least 1"),
+    (["--concurrency", "0"], "--concurrency takes an integer"),
     (["--concurrency", "2", "--mode", "speculative"], "greedy cells only"),
 ])
 def test_bad_concurrency_is_one_line_exit_2(argv, needle, capsys):

@@ -325,8 +325,9 @@ def test_output_folder_that_is_not_a_conversion_is_never_replaced(tiny_gguf, tmp
     keep = tmp_path / "mine"
     keep.mkdir()
     (keep / "notes.txt").write_text("precious")
-    with pytest.raises(InputError, match="not a lockstep conversion"):
+    with pytest.raises(InputError, match="already holds notes.txt") as err:
         convert(tiny_gguf, keep)
+    assert err.value.field == "-o" and "--force" in err.value.remedy
     assert (keep / "notes.txt").read_text() == "precious"
 
 

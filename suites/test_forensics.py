@@ -144,11 +144,18 @@ def test_correct_engines_stay_within_the_noise_floor(tmp_path, package):
 
 
 def test_nothing_to_explain_is_an_input_error(tmp_path, records):
+    from harness.evidence import read_evidence
+
     summary = run_matrix(["native-host"], ["tiny_llama"], None, 4, tmp_path, max_prompts=1)
     with pytest.raises(InputError, match="nothing to explain"):
         explain_record(summary.cells[0].record_path)
-    with pytest.raises(InputError, match="not registered here"):
-        explain_record(records(pe.PositionOffByOne, "tiny_llama"))  # no --engine
+    record = read_evidence(records(pe.PositionOffByOne, "tiny_llama"))
+    assert record.engine_class == "suites.planted.engines:PositionOffByOne"
+    with pytest.raises(InputError, match="not registered here"):  # a record without the class
+        explain_record(record.model_copy(update={"engine_class": None}))
+    with pytest.raises(InputError, match="cannot be loaded here") as err:
+        explain_record(record.model_copy(update={"engine_class": "gone.module:Engine"}))
+    assert err.value.field == "--engine" and "No module named 'gone'" in str(err.value)
 
 
 def test_speculative_records_are_refused(tmp_path):
@@ -313,6 +320,41 @@ def test_repro_packs_fail_on_the_buggy_engine_and_pass_on_a_correct_one(records,
         assert correct[(stem, "test_shrunk_prompt")] == "passed", name
 
 
+class OwnCounter(pe.Planted):
+    """Counts its forwards itself, not in the ledger, and from its fourth on scales the
+    logits: a defect in state the engine carries, which one forward of a fresh engine from
+    correct inputs (the cut) cannot show."""
+    name = "planted-own-counter"
+
+    def __init__(self, package):
+        super().__init__(package)
+        self.calls = 0
+
+    def corrupt(self, component, feeds, out, phase):
+        self.calls += 1
+        if self.calls > K:
+            name = self.logits_name(component)
+            out[name] = (out[name] * np.float32(1.5)).astype(out[name].dtype)
+        return out
+
+
+def test_a_cut_that_misses_the_defect_is_never_reported_as_passing(records, tmp_path, capsys):
+    """The self-check ran only the cut: "self-check on ENGINE: passes" while the pack's
+    tests failed on that engine (its decode of the shrunk prompt). It now runs both tests
+    and its outcome is the pack's."""
+    from harness.cli.repro import self_check_line
+
+    pack = write_repro(records(OwnCounter, "tiny_llama"), tmp_path / "pack", engine=OwnCounter,
+                       max_runs=8)
+    checks = pack.manifest["self_check"]
+    own = checks["suites.test_forensics:OwnCounter"]
+    assert (own["cut"], own["decode"], own["outcome"]) == ("passes", "fails", "fails")
+    assert checks["native-host"]["outcome"] == "passes"
+    line = self_check_line("suites.test_forensics:OwnCounter", own)
+    assert line.startswith("self-check on suites.test_forensics:OwnCounter: fails")
+    assert "the cut does not reproduce the defect" in line
+
+
 def test_shrinking_keeps_the_status_and_never_grows(records):
     from harness.packages import resolve_package
 
@@ -341,7 +383,13 @@ def test_lockstep_explain_and_repro_cli(records, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "first value out of its noise floor" in out and "per-layer error" in out
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
-    assert main(["explain", record]) == 2
+    assert json.loads(Path(record).read_text())["engine_class"] == ref
+    assert main(["explain", record, "--json", "-"]) == 0  # the record names the class
+    assert json.loads(capsys.readouterr().out)["engine_class"] == ref
+    older = json.loads(Path(record).read_text())
+    del older["engine_class"]  # a record written before the field: named by --engine
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert main(["explain", str(tmp_path / "older.json")]) == 2
     assert "--engine" in capsys.readouterr().err
     assert main(["repro", record, "--engine", ref, "-o", str(tmp_path / "pack"),
                  "--no-shrink"]) == 0

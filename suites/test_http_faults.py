@@ -113,14 +113,17 @@ def _stand_in(tmp_path: Path, body: str) -> Path:
 
 @pytest.fixture
 def managed(monkeypatch, tmp_path, quick):
-    """``http:llama-server`` with a stand-in binary serving tiny_llama (the GGUF lookup
-    answered with a placeholder: tiny_llama has no source checkpoint)."""
+    """``http:llama-server`` with a stand-in binary serving tiny_llama (the GGUF lookup and
+    its scheme answered with placeholders: tiny_llama has no source checkpoint)."""
     from engines.backends import checkpoint_source
     from engines.backends.checkpoint_source import CheckpointSource
+
+    from engines.backends import llama_cpp
 
     monkeypatch.setattr(checkpoint_source, "find_checkpoint",
                         lambda root, engine: CheckpointSource(tmp_path / "model.gguf", "gguf",
                                                               "sha256:0"))
+    monkeypatch.setattr(llama_cpp, "gguf_scheme", lambda path: {"numeric_scheme": None})
     monkeypatch.setenv("FAKE_SERVER_PACKAGE", "tiny_llama")
     env = f"PYTHONPATH={REPO} exec {sys.executable} -m suites.fake_server \"$@\""
 

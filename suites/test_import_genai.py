@@ -88,10 +88,12 @@ def test_an_existing_output_folder_needs_force_and_never_the_build(tmp_path, cap
     build = tiny_build(tmp_path / "b")
     taken = tmp_path / "taken"
     taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
     line = one_line_error(capsys, ["import-genai", str(build), "-o", str(taken)])
-    assert f"[field --output = '{taken}']" in line and "--force" in line
+    assert f"[field -o = '{taken}']" in line and "--force" in line
+    assert (taken / "notes.txt").read_text() == "mine"
     line = one_line_error(capsys, ["import-genai", str(build), "-o", str(tmp_path), "--force"])
-    assert "[field --output" in line
+    assert "[field -o" in line and "holds the build" in line
     assert (build / "model.onnx").is_file()  # the build survived
     line = one_line_error(capsys, ["import-genai", str(build), "-o", str(tmp_path / "o"),
                                    "--prompts-from", str(tmp_path / "nowhere")])

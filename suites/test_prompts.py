@@ -298,6 +298,25 @@ def test_run_with_text_chat_and_a_file_records_the_sources_and_the_report_shows_
     assert "chat template" in html
 
 
+def test_run_prints_the_text_each_cell_generated(chat_package, tmp_path, capsys):
+    """The matrix shows verdicts; a run of text or chat prompts also shows what was said:
+    one line per cell, the tokens decoded by the package's tokenizer (as recorded)."""
+    from engines.tokenizer import decode_each
+
+    package, _ = chat_package
+    evidence = tmp_path / "ev"
+    status = main(["run", "--engines", "native-host,ort-cpu", "--packages", str(package.root),
+                   "--text", "the little red fox", "--chat", "tell me a story",
+                   "--max-new-tokens", "4", "--evidence-dir", str(evidence)])
+    out = capsys.readouterr().out
+    assert status == 0
+    records = load_evidence_dir(evidence)
+    assert len(records) == 4
+    for r in records:
+        text = json.dumps(decode_each(package, r.tokens, joined=True), ensure_ascii=False)
+        assert f"{r.package.name} · greedy · {r.engine} · {r.prompt.name}: {text}\n" in out
+
+
 def test_run_refuses_bad_prompts_before_any_cell_and_exits_2(chat_package, tmp_path, capsys):
     package, _ = chat_package
     bad = tmp_path / "bad.jsonl"

@@ -176,3 +176,27 @@ def test_every_record_of_a_mixed_run_reads_back_intact(tmp_path, capsys):
     assert drift.status == "drift" and drift.logits_audit.out_of_tolerance_steps == 6
     assert drift.verdicts["logits_within_tolerance"] == "fail"
     assert by["planted-raise-mid-decode"].error.step == 3
+
+
+def test_narrow_tables_cut_no_header_and_no_engine_name(capsys, monkeypatch):
+    """rich shortened columns to fit: nine engines in 120 columns read ``onnx-refe…``. At 80
+    columns every header and name is printed whole (the table is wider instead)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    names = ["onnx-reference", "native-host", "planted-fused-attention-extra-slot",
+             "planted-position-off-by-one", "planted-control"]
+    engines = ["onnx-reference", "native-host"] + [
+        f"suites.planted.engines:{c}" for c in ("FusedAttentionExtraSlot", "PositionOffByOne",
+                                                "Control")]
+    status, out = _run(["--engines", ",".join(engines), "--packages", "tiny_llama_static",
+                        "--max-prompts", "1", "--max-new-tokens", "6", "--no-evidence"], capsys)
+    assert status == 1
+    assert "…" not in out
+    header = next(line for line in out.splitlines() if "package" in line and "┃" in line)
+    assert [h.strip() for h in header.split("┃")[2:-1]] == names
+    details = out[out.index("cells that are not identical"):]
+    assert "planted-fused-attention-extra-slot" in details
+    status = main(["bench", "--engines", ",".join(engines[1:3]), "--packages",
+                   "tiny_llama_static", "--repeats", "1", "--warmup", "0",
+                   "--max-new-tokens", "2"])
+    out = capsys.readouterr().out
+    assert "…" not in out and "planted-fused-attention-extra-slot" in out

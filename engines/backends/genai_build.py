@@ -204,7 +204,10 @@ def ensure_build(checkpoint, precision: str, provider: str,
             source = checkpoint.path
             if not _float_gguf(source):
                 source = dequantize_gguf(checkpoint.path, work / "float32.gguf")
-            config = gguf_config_folder(checkpoint.path, work / "config")
+            from engines.backends.transformers_quiet import quiet_transformers
+
+            with quiet_transformers():
+                config = gguf_config_folder(checkpoint.path, work / "config")
             args += ["-m", str(config), "-i", str(source)]
         else:  # a Hugging Face folder carries its own config.json and tokenizer
             args += ["-i", str(checkpoint.path)]

@@ -116,14 +116,14 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
     ``wrapper_key`` is recorded in ``genai_build.json`` (the cache's staleness check)."""
     import onnx
 
+    from engines.output_paths import check_output_folder
+
     build, out = Path(build).expanduser().resolve(), Path(out).expanduser().resolve()
     config = read_genai_config(build)
     model_cfg, dec = config["model"], config["model"]["decoder"]
     names_in, names_out = dec["inputs"], dec["outputs"]
     layers = int(dec["num_hidden_layers"])
-    if out.exists() and any(out.iterdir()):
-        raise InputError(f"{out} exists and is not empty", field="OUT", value=str(out),
-                         remedy="choose a new output folder, or remove that one first")
+    check_output_folder(out, "OUT")
     # the graph only: its weights stay in the builder's external data file, linked beside it
     log.info("reading %s", dec["filename"])
     model = onnx.load(str(build / dec["filename"]), load_external_data=False)

@@ -141,7 +141,10 @@ class HfEngine(Engine):
         self.torch_compile = bool(torch_compile)
         self._fallback, self._provenance = "", {}
         self.source = self._locate(checkpoint)
-        self.model = self._build_model()
+        from engines.backends.transformers_quiet import quiet_transformers
+
+        with quiet_transformers():
+            self.model = self._build_model()
         comp = package.spec.components["target"]
         self._ports = dict(comp.inputs), dict(comp.outputs)
 
@@ -424,6 +427,13 @@ class HfEngine(Engine):
 _GGUF_LOADED: dict[str, tuple[Any, dict]] = {}
 
 
+def gguf_load_folder() -> Path:
+    """Where transformers' GGUF loads are cached (``lockstep cache list`` shows them)."""
+    from fixtures.cache import cache_root
+
+    return cache_root() / "hf-gguf"
+
+
 def _gguf_load(path: str, content_hash: str) -> tuple[Any, dict]:
     """(configuration, float32 state dict) as transformers' GGUF loader reads them: its
     configuration from the metadata, its dequantisation and Q/K un-permutation
@@ -438,9 +448,7 @@ def _gguf_load(path: str, content_hash: str) -> tuple[Any, dict]:
     import transformers
 
     if content_hash not in _GGUF_LOADED:
-        from fixtures.cache import cache_root
-
-        folder = (cache_root() / "hf-gguf" /
+        folder = (gguf_load_folder() /
                   f"{content_hash.partition(':')[2][:16]}-transformers-{transformers.__version__}")
         weights = folder / "model.safetensors"
         if weights.is_file() and (folder / "config.json").is_file():

@@ -25,6 +25,12 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
     pass
 
 
+# a matmul with at most this many outputs, and products, forms its products at once (below
+# that, a loop over K costs more in dispatch than in arithmetic)
+_SMALL_OUTPUT = 1 << 14
+_PRODUCTS = 1 << 22
+
+
 @runtime_checkable
 class ArrayBackend(Protocol):
     """What a kernel may use: the array module, adoption, and order-fixed reductions."""
@@ -88,12 +94,29 @@ class NumpyArrayBackend:
         b2 = b[:, None] if b.ndim == 1 else b
         a2 = a2.astype(acc_dtype, copy=False)
         b2 = b2.astype(acc_dtype, copy=False)
-        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
-        acc = xp.zeros(tuple(batch) + (a2.shape[-2], b2.shape[-1]), dtype=acc_dtype)
-        # One rank-1 update per k, in order: element (i, j) sees exactly
-        # 0 + a[i,0]b[0,j] + a[i,1]b[1,j] + ... whatever the other rows are.
-        for k in range(a2.shape[-1]):
-            acc += a2[..., :, k:k + 1] * b2[..., k:k + 1, :]
+        batch = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
+        m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
+        outputs = int(np.prod(batch, dtype=np.int64)) * m * n
+        acc = None
+        if 2 <= n and outputs <= _SMALL_OUTPUT and outputs * k <= _PRODUCTS:
+            # Small outputs (a decode step's GEMVs): every product at once, then summed over K
+            # by add.reduce along a non-innermost axis, which numpy does in index order
+            # (0 + p0 + p1 + ...; pairwise summation is only used along the innermost axis,
+            # hence n >= 2); the leading 0 is added last, where it only turns an
+            # all-negative-zero sum's -0 into +0 as 0 + (-0) does first. Bit for bit the loop
+            # below (suites/test_array_backend.py), without its dispatch per k. Where two NaNs
+            # meet, which one's sign and payload survives depends on the operand order of the
+            # vector instructions, so a result holding a NaN is made again by the loop.
+            products = a2[..., :, :, None] * b2[..., None, :, :]
+            acc = xp.add.reduce(products, axis=-2) + acc_dtype.type(0)
+            if acc.dtype.kind == "f" and xp.isnan(acc).any():
+                acc = None
+        if acc is None:
+            acc = xp.zeros(batch + (m, n), dtype=acc_dtype)
+            # One rank-1 update per k, in order: element (i, j) sees exactly
+            # 0 + a[i,0]b[0,j] + a[i,1]b[1,j] + ... whatever the other rows are.
+            for kk in range(k):
+                acc += a2[..., :, kk:kk + 1] * b2[..., kk:kk + 1, :]
         return acc.reshape(out_shape).astype(out_dtype, copy=False)
 
     def sum(self, x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:

@@ -1,11 +1,97 @@
 """Option values the subcommands share, checked once: an empty list, a repeated name or a
-count that is not positive is refused here (``InputError`` naming the option), because
-argparse alone would let ``--engines ""`` mean "every engine" and ``--max-prompts 0`` mean
-"all prompts"."""
+number out of its range is refused here (``InputError`` naming the option), because
+argparse alone would let ``--engines ""`` mean "every engine", ``--max-prompts 0`` mean
+"all prompts" and ``--factor nan`` reach a comparison that no value fails.
+
+``integer``, ``number`` and ``existing`` are argparse ``type=`` functions: the value is
+checked while the command line is read, before any work starts, and the ``InputError`` they
+raise reaches ``harness.cli.main`` as one line (argparse passes on any exception but its
+own). A subcommand's ``fields`` default maps the library's name of a value (``package``) to
+the option the user gave it with (``--packages``): ``main`` names the option in the error.
+"""
 from __future__ import annotations
 
-from engines.errors import InputError
-from engines.requests import check_count
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from engines.errors import InputError, LockstepError
+
+
+def as_option(err: LockstepError, option: str) -> LockstepError:
+    """``err`` naming ``option``, what the user typed, where it named the library's field."""
+    err.field = option
+    err.args = (err.render(),)
+    return err
+
+
+def existing(option: str, kind: str = "file") -> Callable[[str], Path]:
+    """``type=`` for an input path that must exist as a ``file`` or a ``folder``."""
+    def parse(text: str) -> Path:
+        path = Path(text).expanduser()
+        if not (path.is_file() if kind == "file" else path.is_dir()):
+            what = "does not exist" if not path.exists() else f"is not a {kind}"
+            raise InputError(f"{option} {what}", field=option, value=text,
+                             remedy=f"give {option} an existing {kind}")
+        return path
+
+    return parse
+
+
+def _span(minimum, maximum, above=None) -> str:
+    """The range in words: "of at least 1", "above 0", "from 2 to 16777216"."""
+    def show(v) -> str:
+        return str(v) if isinstance(v, int) else f"{v:g}"
+
+    low = f"above {show(above)}" if above is not None else \
+        (None if minimum is None else f"of at least {show(minimum)}")
+    if maximum is None:
+        return low or "any value"
+    return f"from {show(minimum)} to {show(maximum)}" if minimum is not None else \
+        f"at most {show(maximum)}"
+
+
+def integer(option: str, minimum: int | None = 1, maximum: int | None = None
+            ) -> Callable[[str], int]:
+    """``type=`` for an integer option in [minimum, maximum]; a word, ``1.5``, ``1e3`` or a
+    value out of range is an ``InputError`` naming ``option``, the value and the range."""
+    span = _span(minimum, maximum)
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip(), 10)
+        except ValueError:
+            value = None
+        if value is None or (minimum is not None and value < minimum) or \
+                (maximum is not None and value > maximum):
+            raise InputError(f"{option} takes an integer {span}", field=option,
+                             value=text if value is None else value,
+                             remedy=f"give {option} an integer {span}")
+        return value
+
+    return parse
+
+
+def number(option: str, *, minimum: float | None = None, above: float | None = None,
+           maximum: float | None = None) -> Callable[[str], float]:
+    """``type=`` for a finite number ``>= minimum`` (or ``> above``) and ``<= maximum``;
+    ``nan``, ``inf``, a word or a value out of range is an ``InputError`` naming ``option``."""
+    span = _span(minimum, maximum, above)
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or \
+                (minimum is not None and value < minimum) or \
+                (above is not None and value <= above) or (maximum is not None and value > maximum):
+            raise InputError(f"{option} takes a finite number {span}", field=option,
+                             value=text if value is None else value,
+                             remedy=f"give {option} a finite number {span}")
+        return value
+
+    return parse
 
 
 def name_list(text: str | None, option: str) -> list[str] | None:
@@ -41,13 +127,8 @@ def engine_list(text: str | None, option: str = "--engines") -> list[str] | None
     if names is not None:
         from engines.registry import resolve_engine_list
 
-        resolve_engine_list(names, field=option, value=text)
+        try:
+            resolve_engine_list(names, field=option, value=text)
+        except LockstepError as err:  # an unknown engine: the registry names it "engine"
+            raise as_option(err, option) if err.field == "engine" else err
     return names
-
-
-def positive_int(value: int | None, option: str) -> int | None:
-    """None (not given) or an integer >= 1; 0 or a negative count is an ``InputError``
-    (``engines.requests.check_count``, the check ``run_matrix`` and ``plan_bench`` make)."""
-    if value is not None:
-        check_count(value, option, f"pass {option} N with N >= 1, or leave it out for all")
-    return value

@@ -13,25 +13,13 @@ from rich.table import Table
 
 from engines.errors import InputError
 from engines.registry import REFERENCE_ENGINE, engine_names
+from harness.cli.arguments import integer
+from harness.cli.tables import print_table
 
 WARMUP_STEPS = 2  # harness.bench.WARMUP_STEPS (not imported here: the CLI loads every command)
 
 STYLE = {"ok": "", "unavailable": "dim", "error": "bold red"}
 SHORT = {"unavailable": "n/a", "error": "error"}  # the ratio cell of a row not measured
-
-
-def parse_width(text: str | None) -> int | None:
-    """``--width N``: one positive width (None: each package's max_width)."""
-    if text is None:
-        return None
-    try:
-        width = int(text)
-    except ValueError:
-        width = 0
-    if width < 1:
-        raise InputError("a width is one positive integer", field="--width", value=text,
-                         remedy="write --width 2 (or drop it for each package's max_width)")
-    return width
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -122,12 +110,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=("greedy", "speculative"), default="greedy",
                    help="time greedy decoding, or speculative decoding at --width "
                         "(default: greedy)")
-    p.add_argument("--width", metavar="N",
+    p.add_argument("--width", metavar="N", type=integer("--width"),
                    help="speculative width (default: each package's max_width)")
-    p.add_argument("--repeats", type=int, default=5, help="timed decodes per engine (default 5)")
-    p.add_argument("--warmup", type=int, default=1,
+    p.add_argument("--repeats", type=integer("--repeats"), default=5,
+                   help="timed decodes per engine (default 5)")
+    p.add_argument("--warmup", type=integer("--warmup", minimum=0), default=1,
                    help="untimed greedy decodes per engine first (default 1)")
-    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
+    p.add_argument("--max-new-tokens", type=integer("--max-new-tokens"), default=32, metavar="N",
                    help="tokens each timed decode generates (default: 32)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="for timing: every decode, greedy or speculative, goes on past eos "
@@ -141,22 +130,35 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="load every package's engines at once and time them all in one "
                         "rotation, so ratios across packages (dtypes, caches) are measured "
                         "side by side too (default: one package at a time)")
-    p.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS, metavar="K",
+    p.add_argument("--warmup-steps", type=integer("--warmup-steps", minimum=0),
+                   default=WARMUP_STEPS, metavar="K",
                    help=f"decode steps at the start of every timed decode left out of the "
                         f"steady decode median (default {WARMUP_STEPS})")
     p.add_argument("--baseline", default=REFERENCE_ENGINE,
                    help=f"the engine every ratio is taken against (default {REFERENCE_ENGINE}); "
                         f"it joins --engines when missing")
-    p.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON")
-    p.set_defaults(func=run)
+    p.add_argument("--json", type=Path, metavar="PATH",
+                   help="also write the rows as JSON (checked before the bench runs; an "
+                        "existing file is replaced only when it is a lockstep bench JSON)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a --json file that lockstep did not write")
+    # library names -> options (harness.cli.main); --engines is checked before the bench
+    p.set_defaults(func=run, fields={"package": "--packages", "engine": "--baseline",
+                                     "baseline": "--baseline",
+                                     "max_new_tokens": "--max-new-tokens"})
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.bench import plan_bench, run_bench, write_json
+    from engines.output_paths import check_output_file
+    from harness.bench import MARKER, plan_bench, run_bench, write_json
     from harness.packages import fixture_names
 
+    if args.json is not None:  # before the minutes of timing whose rows it would receive
+        check_output_file(args.json, "--json", marker=MARKER, force=args.force,
+                          example="bench.json")
+
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
-    width = parse_width(args.width)
+    width = args.width
     if width is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
                          value=args.width, remedy="add --mode speculative, or drop --width")
@@ -184,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
 
         rows = run_bench(plan, lambda n, text: progress.advance(text, n))
 
-    console.print(bench_table(rows, plan))
+    print_table(console, bench_table(rows, plan))
     for line in floor_lines(rows) + notes(rows):
         console.print(line, highlight=False)
     if args.json is not None:

@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from engines.errors import InputError
+from harness.cli.arguments import integer
+from harness.cli.tables import print_table
 
 
 def parse_lengths(text: str, option: str) -> list[int]:
@@ -40,14 +42,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rows", default="1,2,3,4,5", metavar="M,...",
                    help="rows per forward timed after the prefix (default 1,2,3,4,5; "
                         "M=1 is the decode forward every ratio is taken against)")
-    p.add_argument("--prefix", type=int, default=64,
+    p.add_argument("--prefix", type=integer("--prefix", minimum=0), default=64,
                    help="positions in the cache before a rows forward (default 64)")
-    p.add_argument("--repeats", type=int, default=10, help="timed forwards per shape (default 10)")
-    p.add_argument("--warmup", type=int, default=2,
+    p.add_argument("--repeats", type=integer("--repeats"), default=10,
+                   help="timed forwards per shape (default 10)")
+    p.add_argument("--warmup", type=integer("--warmup", minimum=0), default=2,
                    help="untimed forwards per shape first: graph captures, step memos "
                         "(default 2); the first is the table's 'first ms'")
-    p.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON")
-    p.set_defaults(func=run)
+    p.add_argument("--json", type=Path, metavar="PATH",
+                   help="also write the rows as JSON (checked before anything is timed; an "
+                        "existing file is replaced only when lockstep wrote it)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a --json file that lockstep did not write")
+    p.set_defaults(func=run, fields={"package": "--packages", "engine": "--engines"})
 
 
 def _table(rows) -> Table:
@@ -69,7 +76,12 @@ def _table(rows) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.forward_bench import bench_forwards, write_json
+    from engines.output_paths import check_output_file
+    from harness.forward_bench import MARKER, bench_forwards, write_json
+
+    if args.json is not None:
+        check_output_file(args.json, "--json", marker=MARKER, force=args.force,
+                          example="forwards.json")
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     packages = [p.strip() for p in args.packages.split(",") if p.strip()]
@@ -84,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     result = bench_forwards(engines, packages, prefill=prefill, rows=rows, prefix=args.prefix,
                             repeats=args.repeats, warmup=args.warmup,
                             on_step=lambda text: console.print(text, highlight=False))
-    console.print(_table(result))
+    print_table(console, _table(result))
     if args.json is not None:
         settings = {"engines": engines, "packages": packages, "prefill": prefill, "rows": rows,
                     "prefix": args.prefix, "repeats": args.repeats, "warmup": args.warmup}

@@ -11,6 +11,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from harness.cli.arguments import integer
+from harness.cli.tables import print_table
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench-judge", help="time the judge beside the engine at growing "
@@ -21,14 +24,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="one package: a fixture, smollm2, or a folder (default: smollm2)")
     p.add_argument("--lengths", metavar="N,N,...",
                    help="prompt lengths in tokens, increasing (default: 32,128,512,2048)")
-    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+    p.add_argument("--max-new-tokens", type=integer("--max-new-tokens"), default=64, metavar="N",
                    help="tokens each decode generates (default: 64)")
     p.add_argument("--oracle-mode", choices=("stream", "recompute"), default="stream",
                    help="the oracle's mode (recompute: to show what one forward per prefix "
                         "costs; keep its lengths short)")
     p.add_argument("--json", type=Path, metavar="PATH",
-                   help="write every row and the growth exponents as JSON")
-    p.set_defaults(func=run)
+                   help="write every row and the growth exponents as JSON (checked before "
+                        "anything runs; an existing file is replaced only when lockstep wrote "
+                        "it)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a --json file that lockstep did not write")
+    p.set_defaults(func=run, fields={"package": "--packages"})
 
 
 def _table(bench) -> Table:
@@ -54,12 +61,15 @@ def _table(bench) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.cli.arguments import engine_list, positive_int
+    from engines.output_paths import check_output_file
+    from harness.cli.arguments import engine_list
     from harness.cli.progress import CellProgress
-    from harness.judge_bench import bench_judge, parse_lengths
+    from harness.judge_bench import MARKER, bench_judge, parse_lengths
 
+    if args.json is not None:
+        check_output_file(args.json, "--json", marker=MARKER, force=args.force,
+                          example="judge.json")
     engines = engine_list(args.engines, "--engines")
-    positive_int(args.max_new_tokens, "--max-new-tokens")
     lengths = parse_lengths(args.lengths)
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
     with CellProgress("judge bench") as progress:
@@ -68,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
                             args.oracle_mode,
                             on_cell=lambda r: progress.advance(f"{r.engine} · "
                                                                f"{r.prompt_tokens} tokens"))
-    console.print(_table(bench))
+    print_table(console, _table(bench))
     if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(bench.to_dict(), indent=1))
         console.print(f"written: {args.json.resolve()}")
     return 1 if any(r.status not in ("identical", "near-tie") for r in bench.rows) else 0

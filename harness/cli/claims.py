@@ -15,6 +15,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from harness.cli.tables import print_table
+
 SUITES = Path(__file__).resolve().parents[2] / "suites"
 
 
@@ -80,5 +82,5 @@ def run(args: argparse.Namespace) -> int:
         covered = tests.get(c.id, [])
         shown = "\n".join(covered) if args.tests else f"{len(covered)}"
         table.add_row(c.id, c.statement, c.unit, shown if covered else "[red]none[/]")
-    Console().print(table)
+    print_table(Console(), table)
     return 0

@@ -19,6 +19,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from engines.errors import LockstepError
+from harness.cli.arguments import as_option, integer
+
+MAX_CONTEXT = 1 << 24  # engines.package.schema.MAX_CONTEXT_LIMIT (the CLI loads every command)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("convert", help="convert a GGUF file or Hugging Face folder (Llama, "
@@ -27,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", metavar="CHECKPOINT",
                    help="a .gguf file, a folder with config.json + *.safetensors, or smollm2")
     p.add_argument("-o", "--output", type=Path, default=None, metavar="PACKAGE",
-                   help="the package folder to write (default: the conversion cache)")
+                   help="the package folder to write (default: the conversion cache); a "
+                        "folder holding anything but a lockstep conversion is refused without "
+                        "--force")
     p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
                    help="KV cache: dynamic (grows each step) or static (fixed buffer)")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
@@ -38,17 +45,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --dtype float16/bfloat16: do not write the float32 twin "
                         "(beside the package, in the same parent folder) that the oracle "
                         "judges the package against")
-    p.add_argument("--max-context", type=int, default=None, metavar="N",
+    p.add_argument("--max-context", type=integer("--max-context", 2, MAX_CONTEXT), default=None,
+                   metavar="N",
                    help="positions a sequence may hold (default: the checkpoint's, at most "
                         "2048 dynamic / 512 static)")
-    p.add_argument("--draft-layers", type=int, default=None, metavar="N",
+    p.add_argument("--draft-layers", type=integer("--draft-layers"), default=None, metavar="N",
                    help="add a layer-skip drafter (the first N blocks, the final norm and the "
                         "head) for self-speculative decoding: lockstep run --mode speculative")
     p.add_argument("--name", default=None, help="package name (default: from the file name)")
     p.add_argument("--no-tokenizer", action="store_true",
                    help="convert the weights only (prompts are then token ids)")
-    p.add_argument("--force", action="store_true", help="convert even if an up-to-date "
-                                                        "conversion is there")
+    p.add_argument("--force", action="store_true",
+                   help="convert even if an up-to-date conversion is there, and replace an -o "
+                        "folder that holds anything but a lockstep conversion")
     p.add_argument("--builder", choices=("lockstep", "onnxruntime-genai"), default="lockstep",
                    help="lockstep: lockstep's own converter; onnxruntime-genai: that "
                         "project's model builder (the genai extra) on the checkpoint, its "
@@ -86,11 +95,16 @@ def run(args: argparse.Namespace) -> int:
         return convert_with_builder(args)
     console = Console()
     source = resolve_checkpoint(args.checkpoint)
-    with converting_steps(f"converting {source.name}"):
-        result = convert(source, args.output, force=args.force, cache=args.cache,
-                         dtype=args.dtype, max_context=args.max_context, name=args.name,
-                         tokenizer=not args.no_tokenizer, draft_layers=args.draft_layers,
-                         twin=not args.no_twin)
+    try:
+        with converting_steps(f"converting {source.name}"):
+            result = convert(source, args.output, force=args.force, cache=args.cache,
+                             dtype=args.dtype, max_context=args.max_context, name=args.name,
+                             tokenizer=not args.no_tokenizer, draft_layers=args.draft_layers,
+                             twin=not args.no_twin)
+    except LockstepError as err:  # no room on the output's disk: named by what chose it
+        if err.field != "output folder":
+            raise
+        raise as_option(err, "-o" if args.output is not None else "LOCKSTEP_CACHE") from None
     package = load_package(result.folder)
     spec = package.spec
     verb = "up to date" if result.reused else "converted"

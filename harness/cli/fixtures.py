@@ -6,6 +6,8 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from harness.cli.tables import print_table
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fixtures", help="build or list the built-in fixture packages")
@@ -15,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("names", nargs="*", metavar="NAME",
                    help="fixture names (default: every built-in fixture)")
     b.add_argument("--force", action="store_true", help="rebuild even when already cached")
-    b.set_defaults(func=build)
+    b.set_defaults(func=build, fields={"name": "NAME"})
     ls = actions.add_parser("list", help="list the built-in fixtures and their cache state")
     ls.set_defaults(func=list_)
 
@@ -43,7 +45,7 @@ def build(args: argparse.Namespace) -> int:
         table.add_row(name, str(info.get("seed")),
                       str(info.get("conditioning", {}).get("min_margin")),
                       short_hash(package_content_hash(folder)), str(folder))
-    Console().print(table)
+    print_table(Console(), table)
     return 0
 
 
@@ -64,7 +66,7 @@ def list_(args: argparse.Namespace) -> int:
                       short_hash(s.content_hash or ""), s.summary)
     for name, built, what in real_checkpoint_rows():
         table.add_row(name, "", built, "", "", what)
-    Console().print(table)
+    print_table(Console(), table)
     return 0
 
 

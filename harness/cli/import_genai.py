@@ -78,21 +78,19 @@ def build_prompts(build: Path) -> list[list[int]] | None:
 
 
 def clear_output(out: Path, build: Path, force: bool) -> None:
-    """Refuse an existing output folder unless ``force``; never remove the build itself."""
-    out = out.expanduser().resolve()
-    if not out.exists():
+    """The output folder, checked before any work (``engines.output_paths``: new or empty,
+    else refused without ``force``); with ``force`` what it holds is removed first, but never
+    the build itself."""
+    from engines.output_paths import check_output_folder
+
+    out = check_output_folder(out, "-o", force=force).resolve()
+    if not force or not out.exists():
         return
-    if not force:
-        raise InputError(f"{out} exists", field="--output", value=str(out),
-                         remedy="choose a new folder, or add --force to replace it")
     if out == build or out in build.parents:
         raise InputError("the output folder holds the build it would be written from",
-                         field="--output", value=str(out),
+                         field="-o", value=str(out),
                          remedy="write the package to a folder outside the build")
-    if out.is_dir():
-        shutil.rmtree(out)
-    else:
-        out.unlink()
+    shutil.rmtree(out)
 
 
 def wrap_and_report(build: Path, out: Path, name: str | None,
@@ -150,6 +148,13 @@ def convert_with_builder(args: argparse.Namespace) -> int:
         raise InputError(f"{unused[0]} applies to lockstep's own converter only",
                          field=unused[0], value="--builder onnxruntime-genai",
                          remedy=f"drop {unused[0]}, or use --builder lockstep")
+    if args.output is None and args.name is not None:
+        raise InputError("--name needs -o: the cached package keeps its own name",
+                         field="--name", value=args.name, remedy="add -o PACKAGE, or drop --name")
+    if args.output is not None:  # before the builder's minutes
+        from engines.output_paths import check_output_folder
+
+        check_output_folder(args.output, "-o", force=args.force)
     version = require_builder()
     path = resolve_checkpoint(args.checkpoint)
     if not path.exists():
@@ -161,9 +166,6 @@ def convert_with_builder(args: argparse.Namespace) -> int:
         progress.step(f"running onnxruntime-genai {version}'s model builder (minutes; cached "
                       f"under {genai_build.cache_folder()})")
         build = genai_build.ensure_build(source, PRECISIONS[args.dtype], "cpu")
-    if args.output is None and args.name is not None:
-        raise InputError("--name needs -o: the cached package keeps its own name",
-                         field="--name", value=args.name, remedy="add -o PACKAGE, or drop --name")
     if args.output is not None:
         return wrap_and_report(build.folder, args.output, args.name, None, args.force)
     if args.force:  # else reused while the build, the wrapper and the prompts are unchanged

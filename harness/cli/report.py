@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.cli.arguments import existing
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -13,14 +15,19 @@ def register(subparsers) -> None:
                     "offline. The run manifests in EVIDENCE_DIR/runs make an interrupted run "
                     "show as INCOMPLETE. With --baseline, what regressed against that "
                     "evidence is listed first.")
-    parser.add_argument("evidence_dirs", metavar="EVIDENCE_DIR", type=Path, nargs="+",
+    parser.add_argument("evidence_dirs", metavar="EVIDENCE_DIR",
+                        type=existing("EVIDENCE_DIR", "folder"), nargs="+",
                         help="folder(s) of evidence JSON files (from --evidence-dir or lockstep "
                              "run); the shards of a run made with --shard I/N, one folder each, "
                              "are checked to cover its plan exactly once")
-    parser.add_argument("--baseline", metavar="DIR", type=Path, default=None,
+    parser.add_argument("--baseline", metavar="DIR", type=existing("--baseline", "folder"),
+                        default=None,
                         help="evidence folder to compare against (e.g. the last nightly)")
     parser.add_argument("-o", "--output", metavar="PATH", type=Path, default=Path("report.html"),
-                        help="where to write the HTML (default: report.html)")
+                        help="where to write the HTML (default: report.html; an existing file "
+                             "is replaced only when it is a lockstep report, or with --force)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an -o file that is not a lockstep report")
     parser.add_argument("--title", default="lockstep parity report", help="report heading")
     parser.add_argument("--bench", metavar="JSON", type=Path, nargs="+", action="extend",
                         default=[], help="lockstep bench --json files to show as the speed "
@@ -47,13 +54,10 @@ def _catch_matrix(args: argparse.Namespace):
 
 
 def write_output(output: Path, html: str) -> None:
-    """Write the report atomically; a path that cannot take it is one ``LockstepError``
-    naming ``-o`` (a folder, a parent that is a file, no permission, a full disk)."""
+    """Write the report atomically (the path was checked before: ``check_output_file``); a
+    write the machine refuses (a full disk) is one ``LockstepError`` naming ``-o``."""
     from engines.errors import LockstepError
 
-    if output.is_dir():
-        raise LockstepError("-o names a folder, not a file", field="-o", value=str(output),
-                            remedy=f"name the HTML file, e.g. -o {output / 'report.html'}")
     tmp = output.with_name(f".{output.name}.tmp")
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -70,9 +74,13 @@ def write_output(output: Path, html: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engines.output_paths import check_output_file
     from harness.evidence import load_evidence_dir
     from harness.manifest import read_manifests
     from reports import render_report
+    from reports.render import MARKER
+
+    check_output_file(args.output, "-o", marker=MARKER, force=args.force, example="report.html")
 
     records, manifests, explanations = [], [], {}
     from harness.forensics import load_explanations

@@ -13,33 +13,54 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.cli.arguments import existing, integer, number
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("repro", help="write a repro pack (a cut-out subgraph, its inputs and "
                                      "a pytest file) for a failing record")
-    p.add_argument("evidence", type=Path, metavar="EVIDENCE_FILE",
+    p.add_argument("evidence", type=existing("EVIDENCE_FILE"), metavar="EVIDENCE_FILE",
                    help="an evidence record (one JSON file of an evidence folder)")
     p.add_argument("-o", "--output", type=Path, required=True, metavar="DIR",
-                   help="the folder to write the pack into (created)")
+                   help="the folder to write the pack into (created; a folder that already "
+                        "holds files is refused without --force)")
+    p.add_argument("--force", action="store_true",
+                   help="write into an -o folder that already holds files (files of the "
+                        "pack's names are replaced)")
     p.add_argument("--engine", metavar="REF",
                    help="the engine, if the record's engine name is not registered here: a "
                         "name or package.module:Class")
     p.add_argument("--package", metavar="REF",
                    help="the package (fixture name or folder), if the record's path moved")
     p.add_argument("--no-shrink", action="store_true", help="keep the record's prompt")
-    p.add_argument("--max-runs", type=int, default=64,
+    p.add_argument("--max-runs", type=integer("--max-runs"), default=64,
                    help="at most this many candidate prompts are run while shrinking")
-    p.add_argument("--factor", type=float, default=None,
+    p.add_argument("--factor", type=number("--factor", above=0), default=None,
                    help="noise floor = FACTOR x the larger correct float32 spread (default 8)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, fields={"engine": "--engine", "package": "--package"})
+
+
+def self_check_line(engine: str, check: dict) -> str:
+    """What the pack's tests did on ``engine`` (``write_repro``'s self-check): the pack's
+    outcome, then each test's; a cut that passes where the decode fails is said to miss."""
+    if check["outcome"] == "error":
+        return f"self-check on {engine}: error: {check['detail']}"
+    line = (f"self-check on {engine}: {check['outcome']} (the cut value: {check['cut']}; the "
+            f"whole decode of the shrunk prompt: {check['decode']})")
+    if check["cut"] == "passes" and check["decode"] == "fails":
+        line += (f": the cut does not reproduce the defect ({check['decode_verdict']}); "
+                 f"test_shrunk_prompt shows it")
+    return line
 
 
 def run(args: argparse.Namespace) -> int:
+    from engines.output_paths import check_output_folder
     from harness.forensics import FACTOR, write_repro
 
+    check_output_folder(args.output, "-o", force=args.force, forced="write into it")
     pack = write_repro(args.evidence, args.output, engine=args.engine, package=args.package,
                        shrink=not args.no_shrink, max_runs=args.max_runs,
-                       factor=args.factor or FACTOR)
+                       factor=FACTOR if args.factor is None else args.factor)
     m = pack.manifest
     print(m["explanation"])
     print(f"cut: {m['why']}")
@@ -51,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     p = m["prompt"]
     print(f"prompt: {p['original']} -> {p['shrunk']} ({p['runs']} run(s); {p['status']})")
     for engine, check in (m.get("self_check") or {}).items():
-        print(f"self-check on {engine}: {check['outcome']}")
+        print(self_check_line(engine, check))
     print(f"pack: {pack.folder.resolve()}")
     print(f"run it: python -m pytest {pack.folder}   (LOCKSTEP_REPRO_ENGINE=native-host: "
           f"must pass)")

@@ -11,6 +11,8 @@ from rich.table import Table
 from engines.errors import InputError
 from engines.registry import engine_names
 
+from harness.cli.arguments import integer
+from harness.cli.tables import print_table
 from harness.judge import SEVERITY
 
 STYLE = {"identical": "green", "near-tie": "yellow", "drift": "bold red", "budget": "bold red",
@@ -135,12 +137,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "planned cells (a CI matrix job, a Slurm array task, a Kubernetes "
                         "indexed job each take one); lockstep report over the N evidence "
                         "folders checks that the shards cover the plan exactly once")
-    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
+    p.add_argument("--max-new-tokens", type=integer("--max-new-tokens"), default=32, metavar="N",
                    help="tokens each decode generates after the prompt, each judged against "
                         "the oracle (default: 32)")
-    p.add_argument("--max-prompts", type=int, default=None, metavar="N",
+    p.add_argument("--max-prompts", type=integer("--max-prompts"), default=None, metavar="N",
                    help="only the first N of each package's default prompts")
-    p.add_argument("--concurrency", type=int, default=1, metavar="N",
+    p.add_argument("--concurrency", type=integer("--concurrency"), default=1, metavar="N",
                    help="also send each package's prompts N at a time to engines that serve "
                         "concurrent requests (servers: --engines http:...) and judge each "
                         "prompt's stream among them against its stream alone (claim "
@@ -164,22 +166,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run the cells on these GPUs with pytest-xdist, one worker pinned to "
                         "each (all: every visible GPU; indices as nvidia-smi numbers them); "
                         "without it the matrix runs in this process")
-    p.set_defaults(func=run)
+    # library names -> options (harness.cli.main); --engines is checked before the run
+    p.set_defaults(func=run, fields={"package": "--packages", "engine": "--oracle-engine",
+                                     "max_new_tokens": "--max-new-tokens"})
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.cli.arguments import engine_list, name_list, positive_int
+    from harness.cli.arguments import engine_list, name_list
     from harness.packages import fixture_names
     from harness.runner import run_matrix
 
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
     engines = engine_list(args.engines, "--engines") or engine_names()
-    positive_int(args.max_prompts, "--max-prompts")
-    positive_int(args.max_new_tokens, "--max-new-tokens")
     concurrency = getattr(args, "concurrency", 1)
-    from harness.plan import check_concurrency
-
-    check_concurrency(concurrency)
     if concurrency > 1 and args.mode != "greedy":
         raise InputError("--concurrency applies to greedy cells only", field="--concurrency",
                          value=concurrency, remedy="drop --mode speculative, or drop "
@@ -218,9 +217,10 @@ def run(args: argparse.Namespace) -> int:
 
         prepare_evidence_dir(evidence_dir)
 
+    from harness.cli.interrupt import counted
     from harness.cli.progress import CellProgress
 
-    with CellProgress("parity matrix") as progress:  # on stderr
+    with CellProgress("parity matrix") as progress, counted(progress):  # on stderr
         def on_cell(cell):
             progress.advance(f"{cell.package} · {cell.mode} · {cell.engine} · "
                              f"{cell.prompt_name}")
@@ -247,14 +247,18 @@ def run(args: argparse.Namespace) -> int:
                 on_plan=progress.plan, on_progress=progress.set_completed,
                 oracle_engine=oracle_engine, oracle_mode=oracle_mode, shard=shard)
 
-    console.print(matrix_table(summary, args.max_new_tokens, args.mode))
+    print_table(console, matrix_table(summary, args.max_new_tokens, args.mode))
     for package, check in summary.oracle_checks.items():
         console.print(f"oracle for {package}: {check.engine}, agreeing with {check.against}'s "
                       f"on a {check.prefix_tokens}-token prefix and {check.steps} step(s) (max "
                       f"abs {check.max_abs:.3g}, NMSE {check.nmse:.3g})")
+    from harness.cli.generated_text import generated_lines
+
+    for line in generated_lines(summary, packages):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
     if details:
-        console.print(details_table(details))
+        print_table(console, details_table(details))
     reasons = {c.engine: c.reason for c in summary.cells if c.status == "unavailable"}
     for engine, reason in reasons.items():
         asked = args.engines is not None  # every engine of an explicit --engines list

@@ -208,6 +208,7 @@ class StepAuditRecord(_Strict):
     ok: bool
     where: str | None = None  # a speculative decode's forward and row ("verify r3 row 1")
     finding: str | None = None  # a top-k audit: what failed at this step, in words
+    kl: float | None = None  # KL(oracle || engine) of the rows' softmaxes, nats
 
 
 class LogitsAuditRecord(_Strict):
@@ -245,6 +246,22 @@ class ConcurrencyRecord(_Strict):
     worst_step: int | None = None
     logprob_bound: float
     concurrent_verdict: Literal["identical", "near-tie", "defect"] | None = None
+
+
+class BandRecord(_Strict):
+    """Claim 1d: a quantized engine's stream against its scheme's calibrated band
+    (``engines/quantized_bands.json``): the bounds and where they came from, and what this
+    stream showed."""
+    scheme: str
+    bounds: dict[str, float]  # near_tie_margin, step_max_abs, step_nmse, step_kl, mean_kl, ...
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    steps: int = Field(ge=0)
+    mean_kl: float | None = None
+    p99_kl: float | None = None
+    flips: int = Field(ge=0)
+    flip_p: float  # P(at least this many flips | the band's flip rate)
+    reasons: list[str] = Field(default_factory=list)
+    within: bool
 
 
 class GreedyRef(_Strict):
@@ -336,6 +353,9 @@ class EvidenceRecord(_Strict):
     # what the engine really ran when not the package's components (Engine.provenance():
     # a builder or loader, its version, precision, the checkpoint's hash); None: the package
     engine_provenance: dict[str, Any] | None = None
+    # module:Class of an engine named by its class, not registered under its name (None for
+    # a registered one), so explain and repro load it again without --engine
+    engine_class: str | None = None
     mode: Mode
     prompt: PromptRef
     status: Status = "identical"  # the cell's verdict: worst of what was found
@@ -350,6 +370,8 @@ class EvidenceRecord(_Strict):
     logits_audit: LogitsAuditRecord | None = None
     greedy: GreedyRef | None = None
     concurrency: ConcurrencyRecord | None = None
+    numeric_scheme: str | None = None  # Engine.numeric_scheme(): a quantized engine's scheme
+    band: BandRecord | None = None  # its band and this stream's statistics
     ledger: LedgerRecord = Field(default_factory=LedgerRecord)
     memory_series: list[MemorySample] = Field(default_factory=list)
     acceptance_per_round: list[int] = Field(default_factory=list)

@@ -88,8 +88,17 @@ def prepare_evidence_dir(folder: str | os.PathLike, field: str = "--evidence-dir
     return folder
 
 
+def file_mode() -> int:
+    """The mode the umask gives a new file (0644 typically): ``mkstemp`` makes its temp file
+    0600, and evidence renamed from it would stay unreadable to anyone else."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _write_all(fd: int, payload: bytes) -> None:
     """Write every byte and make it durable (a full disk raises here, often at fsync)."""
+    os.fchmod(fd, file_mode())
     with os.fdopen(fd, "wb") as handle:
         handle.write(payload)
         handle.flush()

@@ -46,6 +46,9 @@ from .capture import Recorder
 from .compare import FACTOR, dtype_name, max_abs_error, noise_floor, scale_of
 from .layers import OUTPUT, assign_layers
 
+KIND = "lockstep-explanation"  # an explanation file's "kind": lockstep knows it as its own
+MARKER = f'"kind": "{KIND}"'
+
 
 # -- the result ----------------------------------------------------------------------------
 
@@ -179,7 +182,7 @@ class Explanation:
         return text
 
     def to_dict(self) -> dict:
-        out = asdict(self)
+        out = {"kind": KIND, **asdict(self)}
         out.pop("data", None)
         out["summary"] = self.summary
         out["key"] = self.key
@@ -346,18 +349,30 @@ def failing_step(record) -> tuple[int, str] | None:
     return None
 
 
-def resolve_engine_class(engine, record_engine: str):
+def steps_decided(record) -> int:
+    """How many steps a forward of the record's engine decided: one per token it emitted,
+    and the step whose forward raised."""
+    count = len(record.tokens)
+    if record.error is not None and record.error.step is not None:
+        count = max(count, record.error.step + 1)
+    return count
+
+
+def resolve_engine_class(engine, record_engine: str, record_class: str | None = None):
     """An engine class from a class, an instance's class, a registered name or
-    ``module:Class``; default: the record's engine by name."""
+    ``module:Class``; default: the record's engine class (``engine_class``, kept for an
+    engine named by its class), else its engine by name."""
+    from engines.errors import EngineDefinitionError, UnknownEngine
     from engines.registry import check_engine_class, get_engine_class
-    from engines.errors import UnknownEngine
 
     if engine is None:
         try:
-            return get_engine_class(record_engine)
-        except UnknownEngine as err:
-            raise InputError(f"the record's engine {record_engine!r} is not registered here",
-                             field="--engine", value=record_engine,
+            return get_engine_class(record_class or record_engine)
+        except (UnknownEngine, EngineDefinitionError) as err:
+            where = (f"its class {record_class!r} cannot be loaded here ({err.message})"
+                     if record_class else "is not registered here")
+            raise InputError(f"the record's engine {record_engine!r} {where}",
+                             field="--engine", value=record_class or record_engine,
                              remedy="name its class: --engine package.module:Class (for "
                                     "lockstep's planted bugs: suites.planted.engines:<Class>)"
                              ) from err
@@ -399,14 +414,9 @@ def resolve_record_package(record, package=None):
 def class_ref(cls) -> str:
     """How to name ``cls`` again: its registered name for a built-in or entry point, else
     ``module:Class``."""
-    from engines.registry import get_engine_class
+    from engines.registry import class_reference
 
-    try:
-        if get_engine_class(cls.name) is cls:
-            return cls.name
-    except Exception:
-        pass
-    return f"{cls.__module__}:{cls.__qualname__}"
+    return class_reference(cls) or cls.name
 
 
 def explain_record(record_or_path, *, engine=None, package=None, step: int | None = None,
@@ -441,8 +451,16 @@ def explain_record(record_or_path, *, engine=None, package=None, step: int | Non
                                                          "--step to compare a step anyway")
         step, trigger = found
     else:
+        decided = steps_decided(record)
+        if not 0 <= step < decided:
+            raise InputError(f"step {step} is not a step of the record: its engine decided "
+                             + (f"steps 0 to {decided - 1}" if decided else "none"),
+                             field="--step", value=step,
+                             remedy=f"pass --step from 0 to {decided - 1}, or leave it out "
+                                    f"for the first failing step" if decided else
+                                    "explain a record whose engine ran a forward")
         trigger = "requested"
-    cls = resolve_engine_class(engine, record.engine)
+    cls = resolve_engine_class(engine, record.engine, record.engine_class)
     pkg = resolve_record_package(record, package)
     try:
         instance = cls(pkg)

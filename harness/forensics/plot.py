@@ -16,6 +16,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 TINY = 1e-12  # zero errors are drawn here on the log axis
+# in a saved plot's metadata (SVG dc:creator, PNG Software): lockstep knows the file is its own
+PLOT_MARKER = "lockstep explain"
 _RC = {"svg.fonttype": "path", "svg.hashsalt": "lockstep", "font.size": 8}
 _ID = re.compile(r'\bid="([^"]+)"')
 _COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
@@ -107,5 +109,7 @@ def save_layer_curve(explanation, path: str | Path, title: str | None = None) ->
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig = _figure(explanation, title)
-    fig.savefig(path, format="png" if path.suffix.lower() == ".png" else "svg")
+    png = path.suffix.lower() == ".png"
+    fig.savefig(path, format="png" if png else "svg",
+                metadata={"Software" if png else "Creator": PLOT_MARKER})
     return path

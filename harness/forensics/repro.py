@@ -8,7 +8,7 @@ A repro pack is a folder:
                           record, the prompt (original and shrunk, with the shrink log), the
                           step (its phase and the engine's ledger before it), the cut value
                           (node, op, layer), what is compared and its noise floor, and the
-                          self-check (the pack's test on the buggy engine and on native-host)
+                          self-check (the pack's tests on the buggy engine and on native-host)
     package/              a lockstep package whose one component is the cut-out subgraph,
                           with the original component's interface: the same graph inputs
                           (tokens, positions, every state cell) and state cells, so an engine
@@ -407,14 +407,15 @@ def write_repro(record_or_path, out_dir, *, engine=None, package=None, shrink: b
                 ) -> ReproPack:
     """Write a repro pack for an evidence record into ``out_dir`` (created; files in it are
     overwritten). ``engine``/``package`` as for ``explain_record``; ``shrink``: shrink the
-    prompt first (at most ``max_runs`` candidate runs); ``self_check``: run the pack's test
-    in-process on the buggy engine and on native-host and record what they did."""
+    prompt first (at most ``max_runs`` candidate runs); ``self_check``: run the pack's tests
+    in-process on the buggy engine and on native-host and record what they did
+    (``_self_check``)."""
     from harness.evidence import read_evidence
     from harness.runner import run_matrix
     from harness.forensics.plot import save_layer_curve
 
     record, source = _load_record(record_or_path)
-    cls = resolve_engine_class(engine, record.engine)
+    cls = resolve_engine_class(engine, record.engine, record.engine_class)
     pkg = resolve_record_package(record, package)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -504,8 +505,8 @@ def write_repro(record_or_path, out_dir, *, engine=None, package=None, shrink: b
     (out / "README.md").write_text(_readme(manifest, test_name), encoding="utf-8")
     _write_manifest(out, manifest)
     if self_check and manifest["subgraph"] is not None:
-        manifest["self_check"] = {ref: _self_check(test_file, ref),
-                                  "native-host": _self_check(test_file, "native-host")}
+        manifest["self_check"] = {r: _self_check(test_file, r)
+                                  for r in dict.fromkeys([ref, "native-host"])}
         _write_manifest(out, manifest)
     return ReproPack(out, manifest, cut_from or explanation, test_file)
 
@@ -525,17 +526,27 @@ def _write_manifest(out: Path, manifest: dict) -> None:
 
 
 def _self_check(test_file: Path, ref: str) -> dict:
-    """Run the pack's step in-process on engine ``ref``: does it fail (out of the floor)?"""
+    """The pack's two tests run in-process on engine ``ref``, as ``python -m pytest DIR``
+    runs them: ``cut``, the cut-out value from correct inputs against its floor
+    (``test_first_bad_value``), and ``decode``, the whole decode of the shrunk prompt
+    against the oracle (``test_shrunk_prompt``). ``outcome`` is the pack's: it fails where
+    either fails. An engine whose defect lives in what it carries itself from forward to
+    forward computes the cut right (a fresh engine, correct inputs) and still fails the
+    decode: the cut does not reproduce it, and the outcome must not read "passes"."""
     spec = importlib.util.spec_from_file_location(f"_lockstep_repro_{abs(hash(ref))}",
                                                   test_file)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
         results = module.run_step(ref)
+        cell = module.decode_shrunk(ref)
     except Exception as exc:
         return {"outcome": "error", "detail": f"{type(exc).__name__}: {exc}"}
-    bad = {k: v for k, v in results.items() if not v[0] <= v[2]}
-    return {"outcome": "fails" if bad else "passes",
+    cut = "fails" if any(not v[0] <= v[2] for v in results.values()) else "passes"
+    decode = "skipped" if isinstance(cell, str) else "fails" if cell.failed else "passes"
+    return {"outcome": "fails" if "fails" in (cut, decode) else "passes", "cut": cut,
+            "decode": decode,
+            "decode_verdict": cell if isinstance(cell, str) else f"{cell.status}: {cell.reason}",
             "errors": {k: {"error": v[0], "floor": v[2], "note": v[1]}
                        for k, v in results.items()}}
 
@@ -649,27 +660,35 @@ def test_first_bad_value():
             + (f" ({{note}})" if note else ""))
 
 
-def test_shrunk_prompt():
-    """The whole decode on the shrunk prompt: no failing verdict against the oracle."""
-    ref = MANIFEST["package"]
+def decode_shrunk(ref: str | None = None):
+    """The whole decode of the shrunk prompt on the engine against the oracle: its cell
+    (``status``, ``reason``, ``failed``), or why it cannot run here (a string)."""
+    package = MANIFEST["package"]
     try:
         from harness.packages import resolve_package
         from harness.runner import run_matrix
     except ImportError as exc:
-        pytest.skip(f"lockstep's harness is not importable: {{exc}}")
+        return f"lockstep's harness is not importable: {{exc}}"
     try:
-        path = ref.get("path")
-        pkg = resolve_package(path if path and Path(path).is_dir() else ref["name"])
+        path = package.get("path")
+        pkg = resolve_package(path if path and Path(path).is_dir() else package["name"])
     except Exception as exc:
-        pytest.skip(f"the full package {{ref['name']!r}} is not here: {{exc}}")
-    if pkg.content_hash != ref["content_hash"]:
-        pytest.skip(f"package {{ref['name']!r}} here is not the one the pack was cut from")
+        return f"the full package {{package['name']!r}} is not here: {{exc}}"
+    if pkg.content_hash != package["content_hash"]:
+        return f"package {{package['name']!r}} here is not the one the pack was cut from"
     from engines.registry import get_engine_class
 
     prompt = MANIFEST["prompt"]
-    summary = run_matrix([get_engine_class(engine_ref())], [str(pkg.root)], [prompt["shrunk"]],
-                         prompt["max_new_tokens"], None)
-    cell = summary.cells[0]
-    assert not cell.failed, f"{{engine_ref()}} on prompt {{prompt['shrunk']}}: {{cell.status}}: " \\
-                            f"{{cell.reason}}"
+    summary = run_matrix([get_engine_class(ref or engine_ref())], [str(pkg.root)],
+                         [prompt["shrunk"]], prompt["max_new_tokens"], None)
+    return summary.cells[0]
+
+
+def test_shrunk_prompt():
+    """The whole decode on the shrunk prompt: no failing verdict against the oracle."""
+    cell = decode_shrunk()
+    if isinstance(cell, str):
+        pytest.skip(cell)
+    assert not cell.failed, f"{{engine_ref()}} on prompt {{MANIFEST['prompt']['shrunk']}}: " \
+                            f"{{cell.status}}: {{cell.reason}}"
 '''

@@ -36,8 +36,7 @@ TOP_K = 10
 TIMEOUT_ENV = "LOCKSTEP_HTTP_TIMEOUT"
 STARTUP_ENV = "LOCKSTEP_HTTP_STARTUP_TIMEOUT"
 SLOTS_ENV = "LOCKSTEP_HTTP_SLOTS"
-THREADS_ENV = "LOCKSTEP_LLAMA_THREADS"  # the llama-cpp engine's: both run llama.cpp alike
-DEFAULTS = {TIMEOUT_ENV: 120.0, STARTUP_ENV: 120.0, SLOTS_ENV: 4, THREADS_ENV: 2}
+DEFAULTS = {TIMEOUT_ENV: 120.0, STARTUP_ENV: 120.0, SLOTS_ENV: 4}
 
 
 def setting(env: str, kind: type = float) -> Any:
@@ -92,7 +91,7 @@ class HttpEngine(BlackBoxEngine):
         super().__init__(package)
         self.timeout = setting(TIMEOUT_ENV)
         self.server = None
-        self.build = self.source = None
+        self.build = self.source = self.scheme = None
         self.log_file: str | None = None
         try:
             url = self.url if self.url is not None else self._start()
@@ -120,6 +119,7 @@ class HttpEngine(BlackBoxEngine):
         engine's), on 127.0.0.1 and a free port, ready within its start-up time."""
         from engines.backends.checkpoint_source import find_checkpoint, read_source
         from engines.backends.http.server_build import require_server
+        from engines.backends.llama_cpp import gguf_scheme, resolve_threads
         from engines.backends.http.server_process import ServerProcess
 
         spec = self.package.spec
@@ -133,7 +133,8 @@ class HttpEngine(BlackBoxEngine):
                        "give its URL (http:openai=URL)")
         self.source = find_checkpoint(self.package.root, self.name)
         self.build = require_server()
-        threads = str(setting(THREADS_ENV, int))
+        self.scheme = gguf_scheme(self.source.path)
+        threads = str(resolve_threads(None))  # the llama-cpp engine's: LOCKSTEP_LLAMA_THREADS
         slots = setting(SLOTS_ENV, int)
         argv = [str(self.build.binary), "-m", str(self.source.path), "--host", "127.0.0.1",
                 "--port", "{port}", "-c", str(spec.max_context * slots), "-np", str(slots),
@@ -181,6 +182,13 @@ class HttpEngine(BlackBoxEngine):
         path = self.server.move_log(Path(folder) / "logs" / name)
         self.log_file = str(path.relative_to(folder))
 
+    def numeric_scheme(self) -> str | None:
+        """A server lockstep started runs the GGUF on ggml's CPU kernels, as the
+        ``llama-cpp`` engine does: ``ggml-cpu:<type>`` (judged by that scheme's band). A
+        server given by URL runs where lockstep cannot see (a GPU, another build): None, the
+        package dtype's row."""
+        return (self.scheme or {}).get("numeric_scheme")
+
     def provenance(self) -> dict[str, Any]:
         """The server (protocol, URL, who started it, its version and model as it reports
         them), the request every prompt is sent with, and for a server lockstep started the
@@ -198,6 +206,7 @@ class HttpEngine(BlackBoxEngine):
                      f"logits_audit says what it cannot see)"}
         if self.server is not None:
             out.update({"build": self.build.to_dict(), "checkpoint": self.source.to_dict(),
+                        **self.scheme,
                         "argv": self.server.argv,
                         "log": self.log_file or str(self.server.log_path)})
         return out

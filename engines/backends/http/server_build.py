@@ -31,10 +31,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.backends.llama_cpp import VERSION
 from engines.errors import EngineUnavailable, ExecutionError
 
 #: llama-cpp-python, the version the ``llama-cpp`` engine pins (pyproject's ``llama`` extra)
-LLAMA_CPP_PYTHON = "0.3.36"
+LLAMA_CPP_PYTHON = VERSION
 BINARY_ENV = "LOCKSTEP_LLAMA_SERVER"
 BUILD_FILE = "build.json"
 CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",

@@ -1,0 +1,96 @@
+"""The host executor's matmul is the reduction order it states, whatever path computes it.
+
+``NumpyArrayBackend.matmul`` promises element (i, j) = 0 + a[i,0]b[0,j] + a[i,1]b[1,j] + ...
+in index order, in the accumulation dtype (float32 for the 16-bit floats). Small outputs are
+computed with every product formed at once and one ``add.reduce`` over K; larger ones with one
+rank-1 update per k. Both must equal the stated order bit for bit, NaN bits included, over
+shapes, dtypes, batch broadcasting and the values that expose an order (negative zeros,
+infinities, NaN, large cancellations): one M-row forward takes one path and an M=1 forward
+may take the other, so batch invariance is only as good as this.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engines.native.array_backend import _WIDEN, NumpyArrayBackend, matmul_shapes
+
+BE = NumpyArrayBackend()
+DTYPES = [np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
+          np.dtype(np.int64)]
+
+
+def stated_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The specification, written out: a running sum from 0, one rank-1 update per k in
+    order (elementwise, so each element's sum is its own; NaN sign and payload as the
+    vector units propagate them in that order)."""
+    out_dtype = np.result_type(a.dtype, b.dtype)
+    acc_dtype = _WIDEN.get(out_dtype, out_dtype)
+    a2 = (a[None, :] if a.ndim == 1 else a).astype(acc_dtype)
+    b2 = (b[:, None] if b.ndim == 1 else b).astype(acc_dtype)
+    batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    out = np.zeros(batch + (a2.shape[-2], b2.shape[-1]), acc_dtype)
+    with np.errstate(all="ignore"):
+        for k in range(a2.shape[-1]):
+            out += a2[..., :, k:k + 1] * b2[..., k:k + 1, :]
+    return out.reshape(matmul_shapes(a.shape, b.shape)).astype(out_dtype)
+
+
+SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 3.0, -3.0]
+
+
+@st.composite
+def operands(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    m, k, n = draw(st.integers(1, 5)), draw(st.integers(0, 40)), draw(st.integers(1, 6))
+    batch = draw(st.sampled_from([(), (2,), (2, 3), (1, 2)]))
+    b_batch = draw(st.sampled_from([batch, batch[1:], ()]))
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 16)))
+
+    def values(shape):
+        if dtype.kind == "i":
+            return rng.integers(-50, 50, shape).astype(dtype)
+        x = rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 4, shape)
+        if x.size and draw(st.booleans()):
+            where = rng.integers(0, x.size, max(1, x.size // 4))
+            x.flat[where] = rng.choice(SPECIAL, where.size)
+        return x.astype(dtype)
+
+    a = values(batch + (m, k))
+    b = values(b_batch + (k, n))
+    if draw(st.booleans()) and k:  # vector operands: ONNX MatMul's 1-d rules
+        a = a.reshape(-1)[:k] if not batch and m == 1 else a
+    return a, b
+
+
+@given(operands())
+def test_matmul_is_its_stated_order_bit_for_bit(pair):
+    a, b = pair
+    with np.errstate(all="ignore"):
+        got = BE.matmul(a, b)
+    want = stated_order(a, b)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()
+
+
+def test_both_paths_are_taken_and_agree_on_a_decode_step_shape():
+    """A SmolLM2-sized GEMV (one row, 576 x 1536) takes the products-at-once path, the head
+    (49,152 columns) the loop; each against the other's order on the same operands."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((1, 576)).astype(np.float32)
+    for n in (1536, 49152):
+        b = rng.standard_normal((576, n)).astype(np.float32)
+        got = BE.matmul(a, b)
+        running = np.zeros((1, n), np.float32)
+        for k in range(576):
+            running += a[:, k:k + 1] * b[k:k + 1, :]
+        assert got.tobytes() == running.tobytes()
+
+
+def test_a_sum_of_negative_zeros_is_positive_zero_as_the_running_sum_gives():
+    a = -np.zeros((2, 8), np.float32)
+    b = np.ones((8, 3), np.float32)
+    got = BE.matmul(a, b)
+    assert not np.signbit(got).any()
