@@ -37,6 +37,7 @@ class ServerError(ExecutionError):
     def __init__(self, message: str, *, reason: str, endpoint: str, status: int | None = None,
                  words: str = "", remedy: str | None = None):
         self.reason, self.endpoint, self.status, self.words = reason, endpoint, status, words
+        self.what = message
         said = f"; the server said: {words}" if words else ""
         super().__init__(f"{endpoint}: {message}{said}", field="server", value=endpoint,
                          remedy=remedy)

@@ -149,7 +149,16 @@ class HttpEngine(BlackBoxEngine):
                   ignore_eos: bool, ledger: Ledger | None = None) -> DecodeResult:
         body = self.flavour.request(ids, max_new_tokens, TOP_K, ignore_eos, self.identity.model)
         start = time.perf_counter()
-        reply = self.client.post_json(self.flavour.path, body)
+        try:
+            reply = self.client.post_json(self.flavour.path, body)
+        except ServerError as err:
+            gone = (self.server.exited(within=2.0) if self.server is not None
+                    and err.reason in ("lost", "unreachable") else None)
+            if gone is None:
+                raise
+            raise ServerError(f"{err.what}, and {gone.what}", reason="exited",
+                              endpoint=err.endpoint, words=gone.words,
+                              remedy=gone.remedy) from err
         wall = time.perf_counter() - start
         done = self.flavour.parse(reply, TOP_K)
         # the server's forwards are not seen from here: the ledger stays empty

@@ -146,6 +146,23 @@ class ServerProcess:
                           f"{proc.returncode}", reason="exited", endpoint=self.url,
                           words=self.last_words(), remedy=f"see its log: {self.log_path}")
 
+    def exited(self, within: float) -> ServerError | None:
+        """The error saying the process has ended, if it ends within ``within`` seconds (a
+        dropped connection is often a server dying: its exit code and last lines say why);
+        None while it runs."""
+        proc = self.proc
+        if proc is None:
+            return None
+        try:
+            proc.wait(within)
+        except subprocess.TimeoutExpired:
+            return None
+        try:
+            self.check_alive()
+        except ServerError as err:
+            return err
+        return None
+
     def last_words(self) -> str:
         with self._lock:
             return trimmed(" | ".join(line for line in self.last if line.strip()), 600)
