@@ -176,3 +176,12 @@ def test_concurrent_without_generate_concurrent_is_refused():
     with pytest.raises(EngineDefinitionError, match="generate_concurrent") as err:
         check_engine_class(Claims)
     assert err.value.field == "concurrent"
+
+
+def test_a_server_of_another_model_is_refused_naming_both_vocabularies(packages):
+    with FakeServer(packages["hybrid_mtp"], protocols=("llama-server",)) as server:
+        summary = run_matrix([f"http:llama-server={server.url}"], ["tiny_llama"], None, 4,
+                             max_prompts=1)
+    cell = summary.cells[0]
+    assert cell.status == "error" and cell.error.stage == "constructor"
+    assert "vocabulary of 64, the package 'tiny_llama' has 96" in cell.reason
