@@ -62,9 +62,11 @@ def build_key(version: str = LLAMA_CPP_PYTHON) -> str:
 
 
 def cache_folder() -> Path:
+    """``<cache>/llama-server``, symlinks resolved: cmake's tree records absolute paths, and
+    one build reached by two spellings of its path would be rebuilt whole."""
     from fixtures.cache import cache_root
 
-    return cache_root() / "llama-server"
+    return (cache_root() / "llama-server").resolve()
 
 
 def build_folder(version: str = LLAMA_CPP_PYTHON) -> Path:
