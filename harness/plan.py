@@ -197,4 +197,5 @@ def parse_shard(text: str | None) -> Shard | None:
 
 
 __all__ = ["CellSpec", "MODES", "PackagePlan", "Shard", "check_concurrency", "check_counts",
-           "concurrent_groups", "parse_shard", "plan_cells", "plan_digest", "plan_packages", "widths_for"]
+           "concurrent_groups", "parse_shard", "plan_cells", "plan_digest", "plan_packages",
+           "widths_for"]

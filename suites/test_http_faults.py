@@ -209,3 +209,13 @@ def test_ctrl_c_stops_a_started_server(tiny, managed):
     with pytest.raises(KeyboardInterrupt):
         run_matrix(["http:llama-server"], ["tiny_llama"], None, 4, on_cell=interrupt)
     assert len(seen) == 1 and seen[0].wait(5) is not None
+
+
+def test_a_server_that_lost_its_port_is_started_again_on_another(tiny, managed, tmp_path):
+    marker = tmp_path / "tried"
+    env = f"PYTHONPATH={REPO} exec {sys.executable} -m suites.fake_server \"$@\""
+    managed(body=f'if [ ! -e {marker} ]; then touch {marker}; '
+                 f'echo "error: bind: Address already in use" >&2; exit 1; fi\n{env}')
+    summary, _ = _run("http:llama-server")
+    assert [c.status for c in summary.cells] == ["identical"] * 3
+    assert marker.exists()
