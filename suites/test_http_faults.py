@@ -5,7 +5,6 @@ retries (a refused connection, 503 while loading) back off and give up in bounde
 rest of the matrix completes and nothing waits past its timeout."""
 from __future__ import annotations
 
-import os
 import re
 import socket
 import sys
@@ -135,32 +134,27 @@ def managed(monkeypatch, tmp_path, quick):
 
 
 
+def _live_servers():
+    from engines.backends.http.server_process import _LIVE
+
+    return [s.proc for s in _LIVE]
+
+
 def test_a_started_server_is_judged_its_log_kept_with_the_evidence_and_stopped(
         tiny, managed, tmp_path):
-    from engines.backends.http.spelling import engine_class
-
     managed()
     evidence = tmp_path / "evidence"
-    started = []
-    real_close = engine_class("http:llama-server").close
-
-    def close(self):
-        started.append(self.server.proc)
-        real_close(self)
-
-    cls = engine_class("http:llama-server")
-    cls.close = close
-    try:
-        summary, _ = _run("http:llama-server", evidence_dir=evidence)
-    finally:
-        cls.close = real_close
+    seen = []
+    summary = run_matrix(["http:llama-server"], ["tiny_llama"], None, 6,
+                         evidence_dir=evidence, on_cell=lambda c: seen.extend(_live_servers()))
     assert [c.status for c in summary.cells] == ["identical"] * 3, summary.cells[0].reason
     prov = summary.cells[0].provenance
     assert prov["started_by"] == "lockstep" and prov["argv"][3:5] == ["--host", "127.0.0.1"]
-    log = evidence / prov["log"]
-    assert log.is_file() and "fake llama-server: listening" in log.read_text()
     assert prov["log"].startswith("logs/")
-    assert started and started[0].poll() is not None  # stopped at the end of the run
+    log = (evidence / prov["log"]).read_text()
+    assert "fake llama-server: listening" in log and "# lockstep: stopped" in log
+    assert len(set(seen)) == 1 and seen[0].poll() is not None  # one server, stopped at the end
+    assert not _live_servers()
 
 
 def test_a_server_killed_mid_cell_fails_that_cell_and_the_next_at_once(tiny, managed):
@@ -201,9 +195,7 @@ def test_ctrl_c_stops_a_started_server(tiny, managed):
     seen = []
 
     def interrupt(cell):
-        from engines.backends.http.server_process import _LIVE
-
-        seen.extend(s.proc for s in _LIVE)
+        seen.extend(_live_servers())
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import numpy as np
 import pytest
 
 pytestmark = pytest.mark.real_checkpoint

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from engines.backends.http.client import HttpClient, ServerError
-from engines.backends.http.flavours import FLAVOURS, Flavour, Identity, LlamaServer, detect
+from engines.backends.http.flavours import FLAVOURS, Flavour, Identity, detect
 from engines.decode_result import DecodeResult
 from engines.engine import Availability, BlackBoxEngine
 from engines.errors import EngineUnavailable, InputError
@@ -119,8 +119,8 @@ class HttpEngine(BlackBoxEngine):
         engine's), on 127.0.0.1 and a free port, ready within its start-up time."""
         from engines.backends.checkpoint_source import find_checkpoint, read_source
         from engines.backends.http.server_build import require_server
-        from engines.backends.llama_cpp import gguf_scheme, resolve_threads
         from engines.backends.http.server_process import ServerProcess
+        from engines.backends.llama_cpp import gguf_scheme, resolve_threads
 
         spec = self.package.spec
         source = read_source(self.package.root)
