@@ -95,6 +95,12 @@ class CellSpec:
     concurrent_with: tuple[tuple[int, ...], ...] = ()
     concurrent_slot: int = 0
 
+    def __post_init__(self):
+        # a spec read back from JSON (a worker's plan) carries lists: keep it hashable
+        object.__setattr__(self, "ids", tuple(int(t) for t in self.ids))
+        object.__setattr__(self, "concurrent_with",
+                           tuple(tuple(int(t) for t in p) for p in self.concurrent_with))
+
     @property
     def key(self) -> tuple[str, str, str, str]:
         return (self.package, self.engine, self.mode, self.prompt)
