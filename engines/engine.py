@@ -10,7 +10,8 @@ An engine loads one package once and either
   returns. :class:`BlackBoxEngine` is the base for engines that only generate.
 
 Everything lockstep needs to know about an engine is declared here, on the class: the
-methods below (with their defaults) and the capabilities (:class:`Capabilities`, from the
+methods below (with their defaults: ``availability`` on this machine, ``supports`` for a
+package) and the capabilities (:class:`Capabilities`, from the
 class attributes ``residency``, ``batch_invariant``, ``graph_slots``, ``speculative``,
 ``logits_audit``, ``decodes_itself``). The interpreter, the runner and the bench read these
 declarations; they never probe an engine with ``inspect`` or ``getattr``.
@@ -92,8 +93,10 @@ class Engine(abc.ABC):
     ``availability`` and ``run_component`` (or ``generate`` with ``decodes_itself``), and
     declare their capabilities as class attributes. Errors: raise
     :class:`engines.errors.EngineUnavailable` from the constructor for a package this engine
-    cannot load (the cell is then ``unavailable``); any other exception, lockstep's own or not,
-    becomes that cell's ``error`` record, and the matrix goes on.
+    cannot load (the cell is then ``unavailable``), and where the package alone decides it,
+    say so in ``supports`` too, so runs leave those cells out before they start; any other
+    exception, lockstep's own or not, becomes that cell's ``error`` record, and the matrix
+    goes on.
     """
 
     #: the name results are recorded under; every class sets its own
@@ -133,6 +136,16 @@ class Engine(abc.ABC):
     def availability(cls) -> Availability:
         """Whether this engine can run here, and if not, why (missing dependency, no device).
         Cheap and side-effect free: ``lockstep engines`` and every run call it."""
+
+    @classmethod
+    def supports(cls, package: "Package") -> Availability:
+        """Whether this engine can load ``package``, decided from the package alone (its
+        dtype, its files), never from this machine: a run plans with it, so every machine
+        plans the same cells, and leaves out (with this reason) the packages it refuses.
+        The constructor raises :class:`engines.errors.EngineUnavailable` for each of them.
+        Cheap and side-effect free. Default: every package (refusals that depend on the
+        machine, such as a kernel the GPU lacks, stay the constructor's)."""
+        return Availability(True)
 
     @classmethod
     def capabilities(cls) -> Capabilities:

@@ -102,6 +102,7 @@ class RunSummary:
     run_id: str = ""
     planned: int = 0
     oracle_checks: dict = field(default_factory=dict)  # package -> OracleAgreement (vetted)
+    left_out: list = field(default_factory=list)  # harness.plan.LeftOut: not planned, and why
 
     @property
     def failed(self) -> bool:

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harness.judge import BUDGET, DEFECT, DRIFT, NON_FINITE
+
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 
 
@@ -20,6 +22,9 @@ class Claim:
     statement: str
     unit: str
     judge: Callable[..., str]  # measurement -> pass | fail
+    # the cell status a failed verdict stands for (harness.judge.SEVERITY): a token or
+    # stream claim is a defect, a logits claim non-finite or drift, a device claim a budget
+    fails_as: str = BUDGET
 
 
 def _exact(measured: float, budget: float) -> str:
@@ -78,15 +83,16 @@ def _concurrency(check: Any) -> str:
 CLAIMS: dict[str, Claim] = {c.id: c for c in (
     Claim("token_identity",
           "every emitted token is the oracle's argmax on the engine's own prefix, or within "
-          "the dtype's near-tie tolerance of it", "steps", _no_defect),
+          "the dtype's near-tie tolerance of it", "steps", _no_defect, DEFECT),
     Claim("logits_within_tolerance",
           "each step's logits are within the dtype's logits tolerance of the oracle's on the "
-          "same prefix (max abs and NMSE)", "steps", _audit_within),
-    Claim("finite_logits", "no logits row holds NaN or an infinity", "steps", _audit_finite),
+          "same prefix (max abs and NMSE)", "steps", _audit_within, DRIFT),
+    Claim("finite_logits", "no logits row holds NaN or an infinity", "steps", _audit_finite,
+          NON_FINITE),
     Claim("quantized_band",
           "a quantized engine's stream is within its scheme's calibrated band against float32 "
           "over its own dequantized weights: per-step logits, mean and p99 KL, flips",
-          "steps", _band_within),
+          "steps", _band_within, DRIFT),
     Claim("zero_staging",
           "no value is staged to the host on a device engine (ledger and transfer guard)",
           "events", _zero),
@@ -104,15 +110,17 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in (
           "accept and never staged", "snapshots", _snapshot_budget),
     Claim("spec_equals_greedy",
           "a speculative stream equals the same engine's greedy stream token for token",
-          "tokens", _equal_streams),
+          "tokens", _equal_streams, DEFECT),
     Claim("batch_invariance",
-          "row i of an M-row forward equals the M=1 forward bit for bit", "rows", _bitwise),
+          "row i of an M-row forward equals the M=1 forward bit for bit", "rows", _bitwise,
+          DEFECT),
     Claim("tensor_ops",
           "the CUDA tensor ops equal the host tensor ops element for element", "elements",
-          _agree),
+          _agree, DEFECT),
     Claim("concurrency_invariance",
           "a prompt decoded among N concurrent requests gives the tokens it gives alone, "
-          "its log-probabilities within the dtype's logprob bound", "steps", _concurrency),
+          "its log-probabilities within the dtype's logprob bound", "steps", _concurrency,
+          DRIFT),  # parted tokens: a defect (the record's concurrency says so)
 )}
 
 CLAIM_IDS: tuple[str, ...] = tuple(CLAIMS)

@@ -417,7 +417,7 @@ def run_matrix_on_devices(engines: Sequence[str], packages: Sequence[str],
     from harness.manifest import finish, write_manifest
     from harness.package_judge import PackageJudge
     from harness.packages import REAL_CHECKPOINTS, fixture_names, resolve_package
-    from harness.plan import check_counts, plan_cells, plan_digest, plan_packages
+    from harness.plan import check_counts, plan_packages, plan_run
     from harness.runner import engine_refs, plan_manifest, resolve_engines
 
     check_counts(max_prompts, max_new_tokens)
@@ -425,7 +425,7 @@ def run_matrix_on_devices(engines: Sequence[str], packages: Sequence[str],
     if not devices:
         raise LockstepError("no GPU to run on", field="--devices",
                             remedy="name at least one GPU")
-    resolve_engines(engines)
+    classes = resolve_engines(engines)
     refs = engine_refs(engines)
     named = set(fixture_names()) | set(REAL_CHECKPOINTS)
     resolved, package_refs = [], {}
@@ -436,11 +436,8 @@ def run_matrix_on_devices(engines: Sequence[str], packages: Sequence[str],
         package_refs[package.spec.name] = text if text in named else str(
             Path(text).expanduser().resolve())
     plans = plan_packages(resolved, mode, widths, prompts, max_prompts, max_new_tokens)
-    cells = plan_cells(plans, refs, package_refs)
-    digest, total = plan_digest(cells, max_new_tokens, mode), len(cells)
-    if shard is not None:  # harness.plan.Shard: this machine's share of the plan
-        start, end = shard.bounds(total)
-        cells = cells[start:end]
+    planned_run = plan_run(plans, classes, refs, mode, max_new_tokens, shard, package_refs)
+    cells = planned_run.cells
     checks = {}
     if oracle_engine is not None:
         for pp in plans:
@@ -452,7 +449,8 @@ def run_matrix_on_devices(engines: Sequence[str], packages: Sequence[str],
             checks[pp.package.spec.name] = judge.agreement
 
     run_id = ev.new_run_id()
-    manifest = plan_manifest(run_id, cells, command, digest=digest, shard=shard, total=total)
+    manifest = plan_manifest(run_id, cells, command, digest=planned_run.digest, shard=shard,
+                             total=planned_run.total, left_out=planned_run.left_out)
     planned = manifest.planned
     scratch = Path(tempfile.mkdtemp(prefix="lockstep-devices-"))
     folder = Path(evidence_dir) if evidence_dir is not None else scratch / "evidence"
@@ -527,7 +525,8 @@ def run_matrix_on_devices(engines: Sequence[str], packages: Sequence[str],
         finish(folder, manifest, datetime.now(timezone.utc))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return RunSummary(results, evidence_dir, run_id, len(planned), checks)
+    return RunSummary(results, evidence_dir, run_id, len(planned), checks,
+                      planned_run.left_out)
 
 
 __all__ = ["CellSpec", "MatrixPlan", "cell_from_record", "parse_devices", "pin_worker_gpu",

@@ -10,6 +10,7 @@ import os
 import tempfile
 from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
@@ -29,6 +30,19 @@ class PlannedCell(BaseModel):
     @property
     def key(self) -> tuple[str, str, str, str]:
         return (self.package, self.engine, self.mode, self.prompt)
+
+
+class LeftOutCells(BaseModel):
+    """Cells a run did not plan for one engine, package and mode, and why
+    (``harness.plan.LeftOut``): by the engine's ``declaration`` (outside the plan) or because
+    this ``machine`` cannot run the engine (inside the plan, outside this run)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    engine: str
+    package: str
+    mode: str
+    reason: str
+    cells: int = Field(ge=1)
+    decided_by: Literal["declaration", "machine"]
 
 
 class ShardShare(BaseModel):
@@ -56,6 +70,7 @@ class RunManifest(BaseModel):
     finished: AwareDatetime | None = None
     plan_digest: str | None = None  # what identifies the plan (harness.plan.plan_digest)
     shard: ShardShare | None = None  # this run's share, when the plan was sharded
+    left_out: list[LeftOutCells] = Field(default_factory=list)  # what was not planned, why
 
 
 def manifest_path(folder: str | os.PathLike, run_id: str) -> Path:

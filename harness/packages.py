@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engines.errors import PackageError
+from engines.model_package import is_model_package
 from engines.package import Package, load_package
 
 
@@ -31,12 +32,20 @@ def resolve_package(ref: str | Path) -> Package:
         return load_package(smollm2_selfspec_package() if text == "smollm2-selfspec"
                             else smollm2_package())
     path = Path(text).expanduser()
+    if is_model_package(path):
+        imported = imported_model_package(path)
+        if len(imported) != 1:
+            raise PackageError("the model package has several variants; name one",
+                               field="package", value=text,
+                               remedy=f"give one of the imported folders: "
+                                      f"{', '.join(str(f) for f in imported)}")
+        return load_package(imported[0])
     if path.exists():
         return _with_reference_checked(load_package(path))
     raise PackageError("no such package", field="package", value=text,
                        remedy=f"name a built-in fixture ({', '.join(fixture_names())}), a real "
-                              f"checkpoint ({', '.join(REAL_CHECKPOINTS)}) or a folder holding a "
-                              f"package.yaml")
+                              f"checkpoint ({', '.join(REAL_CHECKPOINTS)}), a folder holding a "
+                              f"package.yaml or an onnx-genai model package (manifest.json)")
 
 
 def _with_reference_checked(package: Package) -> Package:
@@ -48,3 +57,25 @@ def _with_reference_checked(package: Package) -> Package:
 
         reference_package(package)
     return package
+
+
+def imported_model_package(folder: Path) -> list[Path]:
+    """The lockstep packages of an onnx-genai model package's runnable variants, imported
+    into the cache once per package content (``engines.model_package``)."""
+    from engines.model_package import imported_variants
+    from fixtures.cache import cache_root
+
+    return list(imported_variants(folder, cache_root() / "imported").imported.values())
+
+
+def expand_package_refs(refs: list[str]) -> list[str]:
+    """``refs`` with each onnx-genai model package folder replaced by its imported
+    variants' folders, so a run plans one package per variant."""
+    out: list[str] = []
+    for ref in refs:
+        path = Path(ref).expanduser()
+        if ref not in fixture_names() and is_model_package(path):
+            out.extend(str(folder) for folder in imported_model_package(path))
+        else:
+            out.append(ref)
+    return out

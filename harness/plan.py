@@ -5,6 +5,12 @@ package, engine, width, prompt), writes the plan into its manifest, then runs th
 by one through ``harness.cell_runner.CellRunner``: in this process (``run_matrix``), on
 pytest-xdist workers (``lockstep run --devices``) or as one shard of several machines
 (``--shard I/N``). Bad requests fail here, before any cell runs.
+
+The plan holds only the cells an engine could run, and it is the same on every machine:
+what an engine's declarations exclude (no speculation in a speculative run, a package its
+``supports`` refuses) is left out of the plan and its digest; what this machine cannot run
+(``availability``: no GPU, a library missing) is left out of this machine's share only, so
+the shards of one plan still tile it wherever they run. Both are recorded (``LeftOut``).
 """
 from __future__ import annotations
 
@@ -155,6 +161,125 @@ def plan_cells(plans: Sequence[PackagePlan], engines: dict[str, str],
     return cells
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """Cells a run did not plan for one engine, package and mode, and why. ``decided_by``:
+    ``declaration`` (the engine's capabilities or ``supports``: the same on every machine,
+    so outside the plan and its digest) or ``machine`` (``availability`` here: inside the
+    plan, left out of this machine's share)."""
+    engine: str
+    package: str
+    mode: str
+    reason: str
+    cells: int
+    decided_by: str  # declaration | machine
+
+
+def declared_refusal(cls, package, mode: str) -> str | None:
+    """Why ``cls`` cannot run ``package`` in ``mode`` by what it declares (None: it may try):
+    no speculation in a speculative run, or a package its ``supports`` refuses. A
+    declaration that raises is no refusal: the cell runs and records the error."""
+    if mode == "speculative" and not cls.capabilities().speculative:
+        return f"{cls.name} declares no speculative decoding (capabilities: speculative false)"
+    try:
+        found = cls.supports(package)
+    except Exception:  # noqa: BLE001 - the constructor raises it again, into an error cell
+        return None
+    return None if found else (found.reason or f"{cls.name} does not support this package")
+
+
+def unavailable_here(cls) -> str | None:
+    """Why ``cls`` cannot run on this machine (``availability``), else None; an availability
+    check that raises is no answer: the cells run and record the error."""
+    try:
+        found = cls.availability()
+    except Exception:  # noqa: BLE001 - the cell runner records it as each cell's error
+        return None
+    return None if found else f"not available here: {found.reason or 'no reason given'}"
+
+
+@dataclass
+class RunPlan:
+    """What one run runs: ``cells``, its share of the plan less the cells of engines that
+    cannot run on this machine; ``digest`` and ``total`` name the whole plan, which is the
+    same on every machine; ``left_out`` says what was not run and why."""
+    cells: list[CellSpec]
+    digest: str
+    total: int
+    left_out: list[LeftOut]
+
+
+def _left_out(cells: Sequence[CellSpec], reasons: dict[tuple[str, str], str], decided_by: str
+              ) -> list[LeftOut]:
+    counts: dict[tuple[str, str, str], int] = {}
+    for c in cells:
+        key = (c.engine, c.package, c.mode)
+        counts[key] = counts.get(key, 0) + 1
+    return [LeftOut(e, p, m, reasons[(e, p)], n, decided_by) for (e, p, m), n in counts.items()]
+
+
+def plan_run(plans: Sequence[PackagePlan], classes: dict[str, type], refs: dict[str, str],
+             mode: str, max_new_tokens: int, shard: "Shard | None" = None,
+             package_refs: dict[str, str] | None = None, concurrency: int = 1) -> RunPlan:
+    """The cells this run runs. The plan holds every cell an engine could run by its
+    declarations (``declared_refusal``), so it does not depend on the machine and every
+    shard of it agrees on its digest; this run takes its shard's share of it and leaves out
+    the cells of engines unavailable here (``unavailable_here``). ``classes`` and ``refs``:
+    engine name -> class and -> ref; ``concurrency``: see ``plan_cells``."""
+    every = plan_cells(plans, refs, package_refs, concurrency)
+    packages = {pp.package.spec.name: pp.package for pp in plans}
+    declared = {(e, p): why for e, cls in classes.items() for p, package in packages.items()
+                if (why := declared_refusal(cls, package, mode)) is not None}
+    cells = [c for c in every if (c.engine, c.package) not in declared]
+    left_out = _left_out([c for c in every if (c.engine, c.package) in declared], declared,
+                         "declaration")
+    digest, total = plan_digest(cells, max_new_tokens, mode), len(cells)
+    if shard is not None:
+        start, end = shard.bounds(total)
+        cells = cells[start:end]
+    here = {(e, p): why for e, cls in classes.items() if (why := unavailable_here(cls))
+            for p in packages}
+    left_out += _left_out([c for c in cells if (c.engine, c.package) in here], here, "machine")
+    return RunPlan([c for c in cells if (c.engine, c.package) not in here], digest, total,
+                   left_out)
+
+
+@dataclass
+class NotRun:
+    """One engine's cells that were not run (left out, or ``unavailable`` when tried), folded
+    into one line for ``lockstep run`` and the report."""
+    engine: str
+    cells: int = 0
+    packages: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    SHOWN = 2  # reasons a line names; a reason that names its package would repeat
+
+    @property
+    def shown_reasons(self) -> str:
+        more = len(self.reasons) - self.SHOWN
+        return "; ".join(self.reasons[:self.SHOWN]) + (
+            f" (and {more} other reason(s))" if more > 0 else "")
+
+    def line(self) -> str:
+        return (f"{self.engine}: {self.cells} cell(s) on {len(self.packages)} package(s) not "
+                f"run: {self.shown_reasons}")
+
+
+def fold_not_run(entries) -> list[NotRun]:
+    """``(engine, package, reason, cells)`` entries folded into one ``NotRun`` per engine, in
+    the order engines first appear; each reason and package listed once."""
+    folded: dict[str, NotRun] = {}
+    for engine, package, reason, cells in entries:
+        row = folded.setdefault(engine, NotRun(engine))
+        row.cells += cells
+        if package not in row.packages:
+            row.packages.append(package)
+        if reason not in row.reasons:
+            row.reasons.append(reason)
+    return list(folded.values())
+
+
 def plan_digest(cells: Sequence[CellSpec], max_new_tokens: int, mode: str) -> str:
     """What identifies a plan across machines: its cells (keys and prompt ids), in order, and
     the settings every cell shares. Shards of one plan carry the same digest."""
@@ -202,6 +327,7 @@ def parse_shard(text: str | None) -> Shard | None:
     return Shard(index, count)
 
 
-__all__ = ["CellSpec", "MODES", "PackagePlan", "Shard", "check_concurrency", "check_counts",
-           "concurrent_groups", "parse_shard", "plan_cells", "plan_digest", "plan_packages",
-           "widths_for"]
+__all__ = ["CellSpec", "LeftOut", "MODES", "NotRun", "PackagePlan", "RunPlan", "Shard",
+           "check_concurrency", "check_counts", "concurrent_groups", "declared_refusal",
+           "fold_not_run", "parse_shard", "plan_cells", "plan_digest", "plan_packages",
+           "plan_run", "unavailable_here", "widths_for"]

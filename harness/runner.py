@@ -21,8 +21,8 @@ from harness.cells import CellError, CellResult, RunSummary
 from harness.judge import first_difference
 from harness.package_judge import PackageJudge
 from harness.packages import resolve_package
-from harness.plan import (MODES, CellSpec, PackagePlan, Shard, check_counts, plan_cells,
-                          plan_digest, plan_packages, widths_for)
+from harness.plan import (MODES, CellSpec, PackagePlan, Shard, check_counts, plan_packages,
+                          plan_run, widths_for)
 
 
 def resolve_engines(engines: Sequence[str | type[Engine]]) -> dict[str, type[Engine]]:
@@ -47,10 +47,14 @@ def engine_refs(engines: Sequence[str | type[Engine]]) -> dict[str, str]:
 
 
 def plan_manifest(run_id: str, cells: Sequence[CellSpec], command: Sequence[str] | None = None,
-                  *, digest: str | None = None, shard: Shard | None = None, total: int = 0):
+                  *, digest: str | None = None, shard: Shard | None = None, total: int = 0,
+                  left_out: Sequence = ()):
     """The run manifest of ``cells`` in the order the runner runs them; a shard's names its
-    share of the whole plan (``digest``, ``total`` cells, its bounds)."""
-    from harness.manifest import PlannedCell, RunManifest, ShardShare
+    share of the whole plan (``digest``, ``total`` cells, its bounds); ``left_out``
+    (``harness.plan.LeftOut``): what was not planned, and why."""
+    from dataclasses import asdict
+
+    from harness.manifest import LeftOutCells, PlannedCell, RunManifest, ShardShare
 
     share = None
     if shard is not None:
@@ -61,7 +65,8 @@ def plan_manifest(run_id: str, cells: Sequence[CellSpec], command: Sequence[str]
                        command=list(command if command is not None else sys.argv),
                        planned=[PlannedCell(package=c.package, engine=c.engine, mode=c.mode,
                                             prompt=c.prompt) for c in cells],
-                       plan_digest=digest, shard=share)
+                       plan_digest=digest, shard=share,
+                       left_out=[LeftOutCells(**asdict(lo)) for lo in left_out])
 
 
 def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
@@ -96,12 +101,9 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
     refs = engine_refs(engines)
     resolved = [resolve_package(ref) for ref in packages]
     plans = plan_packages(resolved, mode, widths, prompts, max_prompts, max_new_tokens)
-    cells = plan_cells(plans, refs, concurrency=concurrency)
-    digest = plan_digest(cells, max_new_tokens, mode)
-    total = len(cells)
-    if shard is not None:
-        start, end = shard.bounds(total)
-        cells = cells[start:end]
+    planned = plan_run(plans, classes, refs, mode, max_new_tokens, shard,
+                       concurrency=concurrency)
+    cells = planned.cells
     judges = {pp.package.spec.name: PackageJudge(pp.package, oracle_engine, oracle_mode)
               for pp in plans}
     if oracle_engine is not None:
@@ -109,7 +111,8 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
             judges[pp.package.spec.name].choose(pp.prompts[0][1])
     run_id = ev.new_run_id()
     env = ev.collect_environment()
-    manifest = plan_manifest(run_id, cells, command, digest=digest, shard=shard, total=total)
+    manifest = plan_manifest(run_id, cells, command, digest=planned.digest, shard=shard,
+                             total=planned.total, left_out=planned.left_out)
     if evidence_dir is not None:
         write_manifest(evidence_dir, manifest)
     if on_plan:
@@ -135,7 +138,7 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
         finish(evidence_dir, manifest, datetime.now(timezone.utc))
     return RunSummary(results, evidence_dir, run_id, len(cells),
                       {name: j.agreement for name, j in judges.items()
-                       if j.agreement is not None})
+                       if j.agreement is not None}, planned.left_out)
 
 
 __all__ = ["MODES", "CellError", "CellResult", "CellRunner", "PackagePlan", "REFERENCE_ENGINE",

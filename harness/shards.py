@@ -62,10 +62,12 @@ def shard_coverage(manifests: Sequence[RunManifest]) -> list[ShardCoverage]:
             runs[m.shard.index].append(m.run_id)
             expected = (m.shard.index - 1) * cov.plan_cells // cov.count, \
                 m.shard.index * cov.plan_cells // cov.count
-            if (m.shard.start, m.shard.end) != expected or len(m.planned) != m.shard.end - \
-                    m.shard.start:
+            # cells of its share that its machine cannot run are left out, not lost
+            held = len(m.planned) + sum(lo.cells for lo in m.left_out
+                                        if lo.decided_by == "machine")
+            if (m.shard.start, m.shard.end) != expected or held != m.shard.end - m.shard.start:
                 cov.problems.append(f"shard {m.shard.label} (run {m.run_id}) holds cells "
-                                    f"{m.shard.start}..{m.shard.end - 1} ({len(m.planned)} "
+                                    f"{m.shard.start}..{m.shard.end - 1} ({held} "
                                     f"planned), not its share {expected[0]}..{expected[1] - 1}")
         cov.runs = dict(runs)
         out.append(cov)

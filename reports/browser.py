@@ -33,7 +33,7 @@ _VISIBILITY_JS = """
 (() => {
   const el = document.getElementById(%s);
   if (!el) return {found: false};
-  el.scrollIntoView({block: "center", inline: "nearest"});
+  if (%s) el.scrollIntoView({block: "center", inline: "nearest"});
   const r = el.getBoundingClientRect();
   const s = getComputedStyle(el);
   const cx = Math.min(Math.max(r.left + Math.min(r.width, 40) / 2, 0), innerWidth - 1);
@@ -188,16 +188,19 @@ class Chromium:
             self._events.append(self._read_message(deadline))
 
     # -- what a test asks ---------------------------------------------------------------------
-    def check(self, path: str | os.PathLike, element_id: str = "matrix") -> PageCheck:
+    def check(self, path: str | os.PathLike, element_id: str = "matrix", *,
+              scroll: bool = True) -> PageCheck:
         """Load ``path`` from disk and report console errors, requests, the element's
-        visibility and a PNG screenshot of the viewport with the element scrolled in."""
+        visibility and a PNG screenshot of the viewport with the element scrolled in
+        (``scroll=False``: as the page opens, to ask what its first screen shows)."""
         url = Path(path).resolve().as_uri()
         self._events.clear()
         self._call("Page.navigate", session=True, url=url)
         self._wait_event("Page.loadEventFired")
         result = PageCheck(url=url)
         visibility = self._call("Runtime.evaluate", session=True, returnByValue=True,
-                                expression=_VISIBILITY_JS % json.dumps(element_id))
+                                expression=_VISIBILITY_JS % (json.dumps(element_id),
+                                                             json.dumps(scroll)))
         result.visibility = visibility.get("result", {}).get("value") or {}
         shot = self._call("Page.captureScreenshot", session=True, format="png")
         result.screenshot_png = base64.b64decode(shot["data"])

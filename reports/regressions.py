@@ -13,47 +13,21 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.evidence import EvidenceRecord
-from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, NEAR_TIE, NON_FINITE,
-                           SEVERITY, worst)
+from harness.evidence import EvidenceRecord, found_status
+from harness.judge import BUDGET, DEFECT, FAILING, IDENTICAL, SEVERITY, worst
 
 NOISE_BAND = 0.10  # relative drop in tokens/s or mean acceptance tolerated as noise
 
 CellKey = tuple[str, str, str, str]  # package, engine, mode label, prompt name
 
-# A failed claim says which status the cell stands for even where a writer (an older
-# pytest plugin, a hand-written record) left ``status`` at its default.
-CLAIM_STATUS = {
-    "token_identity": DEFECT, "spec_equals_greedy": DEFECT, "batch_invariance": DEFECT,
-    "tensor_ops": DEFECT, "finite_logits": NON_FINITE, "logits_within_tolerance": DRIFT,
-}  # every other claim (staging, readback, memory, graph slots, snapshots): budget
-
 
 def record_status(record: EvidenceRecord) -> str:
-    """The status a record stands for: its written ``status``, made worse by anything in it
-    that fails (an error, a defect or near-tie divergence, judged defects, a non-finite or
-    out-of-tolerance logits audit, a failed budget or claim). A record that is not ``ok``
+    """The status a record stands for: its ``status``, which loading checks against what it
+    holds (``harness.evidence.found_status``), made worse by any finding it holds where a
+    record was built without that check (``model_copy``). A record that is not ``ok``
     therefore never reads as passing."""
-    found = [record.status]
-    if record.error is not None:
-        found.append(ERROR)
-    if record.divergence is not None:
-        found.append(record.divergence.verdict)
-    if record.judgement is not None:
-        if record.judgement.defects:
-            found.append(DEFECT)
-        elif record.judgement.near_ties:
-            found.append(NEAR_TIE)
-    if record.logits_audit is not None:
-        if record.logits_audit.non_finite_steps:
-            found.append(NON_FINITE)
-        if record.logits_audit.out_of_tolerance_steps:
-            found.append(DRIFT)
-    if any(b.verdict == "fail" for b in record.budgets):
-        found.append(BUDGET)
-    found.extend(CLAIM_STATUS.get(claim, BUDGET)
-                 for claim, verdict in record.verdicts.items() if verdict == "fail")
-    return worst(*found)
+    found = found_status(record)[0]
+    return record.status if found == IDENTICAL else worst(record.status, found)
 
 
 @dataclass(frozen=True)

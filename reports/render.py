@@ -6,10 +6,13 @@ string from evidence (token text, names, paths, reasons, error messages, traceba
 arrives escaped; only the SVG produced here from numbers is marked safe.
 
 What the report says, top to bottom: runs that are incomplete (a manifest not marked
-complete, or planned cells without a record) in a red banner; counts of records by status;
-engines that were unavailable and why; regressions against a baseline; the matrix (each
-cell the worst status of its records, ``missing`` where a planned cell has none); runs,
-planned against recorded; the planted-bug catch matrix; one article per record with
+complete, or planned cells without a record), records that do not match their run's plan
+and duplicate records (counted once), each in a red banner; how many cells were judged and
+how many failed, and the counts by status; one line per engine whose cells did not run
+(left out of the plan, or unavailable) and why; regressions against a baseline; the matrix
+(each cell the worst status of its records, ``missing`` where a planned cell has none); runs,
+planned against recorded; the planted-bug catch matrix (the committed
+result of the planted-bug suite, not of these runs); one article per record with
 findings or an error (the first finding with both top-5 lists, the further finding steps,
 the error with its traceback, which path of a speculative cell is wrong, the streams side
 by side); the logits audit; budgets per engine and claim; claims; graph slots; ledger;
@@ -40,6 +43,8 @@ from harness.evidence import CLAIMS, EvidenceRecord
 from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, IDENTICAL, NEAR_TIE,
                            NON_FINITE, SEVERITY, UNAVAILABLE, worst)
 from harness.manifest import PlannedCell, RunManifest
+from harness.plan import NotRun, fold_not_run
+from harness.run_coverage import Duplicate, drop_duplicates, run_coverage
 from harness.shards import shard_coverage
 
 from . import plots
@@ -398,6 +403,8 @@ class RunView:
     planned: int
     recorded: int  # planned cells with at least one record of this run
     extra: int  # records of this run that no planned cell names
+    duplicates: int  # extra copies of cells of this run recorded more than once
+    records: int  # record files of this run, copies included
     missing: list[str]  # first MISSING_SHOWN missing cells, "package · engine · mode · prompt"
     missing_total: int
 
@@ -405,18 +412,19 @@ class RunView:
     def incomplete(self) -> bool:
         return not self.complete or self.missing_total > 0
 
+    @property
+    def mismatched(self) -> bool:
+        return bool(self.extra or self.duplicates)
 
-def _completeness(records: Sequence[EvidenceRecord], manifests: Sequence[RunManifest]
+
+def _completeness(records: Sequence[EvidenceRecord], manifests: Sequence[RunManifest],
+                  duplicates: Sequence[Duplicate] = ()
                   ) -> tuple[list[RunView], dict[tuple[str, str, str], list[PlannedCell]]]:
-    have: dict[str, set[tuple[str, str, str, str]]] = defaultdict(set)
-    for r in records:
-        have[r.run_id].add((r.package.name, r.engine, r.mode.label, r.prompt.name))
-    anywhere = set().union(*have.values()) if have else set()
+    anywhere = {(r.package.name, r.engine, r.mode.label, r.prompt.name) for r in records}
     runs, missing, seen = [], defaultdict(list), set()
-    for m in manifests:
-        keys = {c.key for c in m.planned}
-        absent = [c for c in m.planned if c.key not in have[m.run_id]]
-        for c in absent:
+    for cov in run_coverage(records, manifests, duplicates):
+        m = cov.manifest
+        for c in cov.missing:
             # the matrix shows a cell missing only where no run recorded it; the banner
             # still names the run that left it out
             if c.key not in anywhere and c.key not in seen:
@@ -425,9 +433,8 @@ def _completeness(records: Sequence[EvidenceRecord], manifests: Sequence[RunMani
         runs.append(RunView(
             m.run_id, m.started.isoformat(timespec="seconds"),
             m.finished.isoformat(timespec="seconds") if m.finished else None, m.complete,
-            len(keys), len(keys) - len({c.key for c in absent}),
-            len(have[m.run_id] - keys),
-            [" · ".join(c.key) for c in absent[:MISSING_SHOWN]], len(absent)))
+            cov.planned, cov.recorded, len(cov.unplanned), cov.duplicates, cov.records,
+            [" · ".join(c.key) for c in cov.missing[:MISSING_SHOWN]], len(cov.missing)))
     return runs, dict(missing)
 
 
@@ -717,18 +724,14 @@ def gpu_differences(records: Sequence[EvidenceRecord],
     return sorted(out, key=lambda d: (d.cell[0], _mode_sort(d.cell[2]), d.cell[1], d.cell[3]))
 
 
-def _unavailable(records: Sequence[EvidenceRecord], statuses: dict[int, str]) -> list[dict]:
-    groups: dict[tuple[str, str], dict] = {}
-    for r in records:
-        if statuses[id(r)] != UNAVAILABLE:
-            continue
-        reason = r.reason or "no reason recorded"
-        g = groups.setdefault((r.engine, reason), {"engine": r.engine, "reason": reason,
-                                                   "packages": set(), "cells": 0})
-        g["packages"].add(r.package.name)
-        g["cells"] += 1
-    return [{**g, "packages": sorted(g["packages"])}
-            for _, g in sorted(groups.items())]
+def _not_run(records: Sequence[EvidenceRecord], statuses: dict[int, str],
+             manifests: Sequence[RunManifest]) -> list[NotRun]:
+    """One line per engine whose cells did not run: left out of a run's plan (its manifest's
+    ``left_out``) or recorded ``unavailable``, with the reasons and the cell count."""
+    return fold_not_run(
+        [(lo.engine, lo.package, lo.reason, lo.cells) for m in manifests for lo in m.left_out]
+        + [(r.engine, r.package.name, r.reason or "no reason recorded", 1) for r in records
+           if statuses[id(r)] == UNAVAILABLE])
 
 
 def render_report(records: Sequence[EvidenceRecord],
@@ -738,7 +741,8 @@ def render_report(records: Sequence[EvidenceRecord],
                   manifests: Sequence[RunManifest] | None = None,
                   catch_matrix: Mapping | str | os.PathLike | None = None,
                   explanations: Mapping | None = None,
-                  bench: Sequence[str | os.PathLike] = ()) -> str:
+                  bench: Sequence[str | os.PathLike] = (),
+                  duplicates: Sequence[Duplicate] | None = None) -> str:
     """The whole report as one HTML string (UTF-8 text, no external reference).
 
     ``manifests`` (``harness.manifest.read_manifests``) make completeness visible: planned
@@ -746,10 +750,18 @@ def render_report(records: Sequence[EvidenceRecord],
     ``catch_matrix`` (the parsed JSON, or a path to it) adds the planted-bug section.
     ``explanations`` (``harness.forensics.load_explanations``) put each explained finding's
     first bad node, layer curve and repro-pack link into its article. ``bench`` (paths of
-    ``lockstep bench --json`` files) adds the speed section, a table a file."""
+    ``lockstep bench --json`` files) adds the speed section, a table a file. A cell of one
+    run recorded twice counts once and is flagged: ``duplicates`` as the caller found them
+    (``harness.run_coverage.drop_duplicates`` over the files, naming them), else found here."""
     from reports.bench_tables import load_bench
 
     bench_tables = [load_bench(path) for path in bench]  # a bad file fails before rendering
+    catch_source = None
+    if catch_matrix is not None and not isinstance(catch_matrix, Mapping):
+        catch_source = str(catch_matrix)
+        catch_matrix = load_catch_matrix(catch_matrix)
+    if duplicates is None:
+        records, duplicates = drop_duplicates(records)
     records = sorted(records, key=lambda r: (r.package.name, _mode_sort(r.mode.label),
                                              r.engine, r.prompt.name, r.created))
     statuses = {id(r): record_status(r) for r in records}
@@ -768,10 +780,8 @@ def render_report(records: Sequence[EvidenceRecord],
             findings.append(view)
             anchors[id(r)] = view.anchor
     rows_anchor = {id(r): f"cell-{i}" for i, r in enumerate(records)}
-    runs, missing = _completeness(records, manifests or [])
+    runs, missing = _completeness(records, manifests or [], duplicates)
     manifest_ids = {m.run_id for m in manifests or []}
-    if catch_matrix is not None and not isinstance(catch_matrix, Mapping):
-        catch_matrix = load_catch_matrix(catch_matrix)
     regressions = find_regressions(records, baseline) if baseline is not None else None
     budget_groups, budget_checks = _budgets(records)
     svg = {
@@ -782,6 +792,7 @@ def render_report(records: Sequence[EvidenceRecord],
     counts = {s: 0 for s in SEVERITY}
     for s in statuses.values():
         counts[s] += 1
+    judged = len(records) - counts[UNAVAILABLE]
     differences = gpu_differences(records, statuses)
     differs = {d.cell[:3] for d in differences}
     context = {
@@ -790,24 +801,28 @@ def render_report(records: Sequence[EvidenceRecord],
         "cells": [(rows_anchor[id(r)], r, statuses[id(r)]) for r in records],
         "summary": {
             "records": len(records),
-            "ok": counts[IDENTICAL] + counts[NEAR_TIE],
+            "judged": judged,
+            "failed": sum(counts[s] for s in FAILING),
+            "identical": counts[IDENTICAL],
+            "near_ties": counts[NEAR_TIE],
             "boxes": [("errors", "errors", ERROR, counts[ERROR]),
                       ("non-finite", "non-finite", NON_FINITE, counts[NON_FINITE]),
                       ("defects", "defects", DEFECT, counts[DEFECT]),
                       ("budget", "budget failures", BUDGET, counts[BUDGET]),
                       ("drift", "drift", DRIFT, counts[DRIFT]),
                       ("near-ties", "near-ties (shown, not failing)", NEAR_TIE,
-                       counts[NEAR_TIE]),
-                      ("unavailable", "unavailable", UNAVAILABLE, counts[UNAVAILABLE])],
+                       counts[NEAR_TIE])],
             "missing": sum(len(v) for v in missing.values()) if manifests else None,
             "run_ids": sorted({r.run_id for r in records} | manifest_ids),
         },
         "runs": runs,
         "incomplete": [run for run in runs if run.incomplete],
+        "mismatched": [run for run in runs if run.mismatched],
+        "duplicates": duplicates,
         "shards": [c for c in shard_coverage(manifests or []) if not c.complete],
         "has_manifests": bool(manifests),
         "unmanifested": sorted({r.run_id for r in records} - manifest_ids) if manifests else [],
-        "unavailable": _unavailable(records, statuses),
+        "not_run": _not_run(records, statuses, manifests or []),
         "matrix": _matrix(records, statuses, anchors, missing, differs),
         "gpus": _gpus(records, statuses),
         "gpu_differences": differences,
@@ -827,6 +842,7 @@ def render_report(records: Sequence[EvidenceRecord],
         "prompts": _prompts(records),
         "provenances": _provenances(records),
         "catch": _catch_view(catch_matrix) if catch_matrix is not None else None,
+        "catch_source": catch_source,
         "bench": bench_tables,
         "failing": FAILING,
     }

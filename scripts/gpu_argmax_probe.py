@@ -25,6 +25,15 @@ def _ops_module(tree: str, tag: str):
     return module
 
 
+def _argmax(mod, cp):
+    """The tree's float16 row argmax and whether it takes the int64 feed."""
+    if hasattr(mod, "ARGMAX_MODULES"):  # the kernels in .cu files
+        module = mod.ARGMAX_MODULES["float16"]
+        return module.load(0)[module.instances[0]], True
+    source = mod.kernel_source("float16")
+    return cp.RawModule(code=source).get_function("lockstep_argmax_rows"), "out64" in source
+
+
 def main(old: str, new: str) -> int:
     import cupy as cp
 
@@ -36,10 +45,10 @@ def main(old: str, new: str) -> int:
     stream = cp.cuda.Stream(non_blocking=True)
     for tag, tree in (("old", old), ("new", new)):
         mod = _ops_module(tree, tag)
-        fn = cp.RawModule(code=mod.kernel_source("float16")).get_function("lockstep_argmax_rows")
+        fn, takes_feed = _argmax(mod, cp)
         out = cp.empty((1,), cp.int32)
         feed = cp.empty((1, 1), cp.int64)
-        extra = (feed,) if "out64" in mod.kernel_source("float16") else ()
+        extra = (feed,) if takes_feed else ()
         args = (x, np.int64(0), np.int32(VOCAB), out) + extra
         with stream:
             for _ in range(10):

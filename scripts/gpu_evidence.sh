@@ -112,7 +112,7 @@ convert_all() {  # every SmolLM2 package both phases use (a conversion already t
     -o "$PKG/smollm2-selfspec-float16" --cache static --dtype float16 --draft-layers 24
 }
 
-# native-cuda's two kernel modules compiled into CuPy's on-disk cache (NVRTC, a minute or
+# native-cuda's kernel modules compiled into CuPy's on-disk cache (NVRTC, a minute or
 # two on a fresh machine), beside the conversions on the CPU: the timed steps then load them
 warm_kernels() {
   timeout 300 "$PY" -c "from engines.native.cuda_kernels import get_kernels

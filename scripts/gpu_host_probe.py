@@ -80,7 +80,7 @@ def main(path: str) -> int:
         launcher, function, grid, block, args, stream, smem = launches[len(launches) // 2]
         print(f"  launch (recorded, {len(args)} args)      "
               f"{timed(lambda: launcher.launch(function, grid, block, args, stream, smem), sync):8.1f}")
-        fk = engine.backend.fused_kernels().kernels
+        fk = engine.backend.fused_kernels()
         shape = (PREFILL, 576)
         print(f"  cupy.empty {shape} float16       "
               f"{timed(lambda: cupy.empty(shape, dtype=np.float16), sync):8.1f}")

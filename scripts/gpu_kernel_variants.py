@@ -1,7 +1,7 @@
 """Kernel source variants timed side by side on one device (issue 12's bfloat16 gap): each
-variant patches the kernel templates (text substitutions that must each match), the
-modules are rendered again, and a fresh process per variant builds native-cuda on every
-package, checks its greedy tokens against the first variant's (a variant may change speed,
+variant patches the kernels' .cu files as the modules read them (text substitutions that
+must each match once in their file), and a fresh process per variant builds native-cuda on
+every package, checks its greedy tokens against the first variant's (a variant may change speed,
 never a bit), and times the PRIMARY replay with CUDA events, the packages alternating.
 
 Diagnostic only: what a change to the kernels buys before it lands; the figures issue 12 is
@@ -40,55 +40,57 @@ _INT_ROUND = """\
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);"""
 _K_WORDS = """\
                 float kf[V];
-                lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(kr + c), kf, $TO());
+                lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(kr + c), kf, TO());
 #pragma unroll
                 for (int e = 0; e < V; ++e) acc = __fmaf_rn(qs[c + e], kf[e], acc);"""
 _K_POINTER = """\
                 const lk_vec16 kv = *reinterpret_cast<const lk_vec16*>(kr + c);
-                const $TO* kp = reinterpret_cast<const $TO*>(&kv);
+                const TO* kp = reinterpret_cast<const TO*>(&kv);
 #pragma unroll
                 for (int e = 0; e < V; ++e) acc = __fmaf_rn(qs[c + e], lk_load(kp, e), acc);"""
 _V_WORDS = """\
                 float vf[V];
                 lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(vh_old + j * D + c * V),
-                                  vf, $TO());
+                                  vf, TO());
 #pragma unroll
                 for (int e = 0; e < V; ++e) o[e] = o[e] + pj * vf[e];"""
 _V_POINTER = """\
                 const lk_vec16 vv = *reinterpret_cast<const lk_vec16*>(vh_old + j * D + c * V);
-                const $TO* vp = reinterpret_cast<const $TO*>(&vv);
+                const TO* vp = reinterpret_cast<const TO*>(&vv);
 #pragma unroll
                 for (int e = 0; e < V; ++e) o[e] = o[e] + pj * lk_load(vp, e);"""
 _ROLLED = "#pragma unroll 1\n"
 _Q_LOOP = _ROLLED + "    for (long long d = tid; d < D; d += blockDim.x) {\n        qs[d] ="
 _NEW_LOOP = _ROLLED + "    for (long long i = tid; i < M * D; i += blockDim.x) {\n"
 
-# name -> [(module, template attribute, text in the tree, text instead)]
-VARIANTS: dict[str, list[tuple[str, str, str, str]]] = {
+# name -> [(file of engines/native/kernels, text in the tree, text instead)]
+VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     "base": [],
-    "intround": [("cuda_kernels", "_PRELUDE", _HW_ROUND, _INT_ROUND)],
-    "pointer": [("fused_kernels", "_ROTARY_KV_ATTENTION", _K_WORDS, _K_POINTER),
-                ("fused_kernels", "_ROTARY_KV_ATTENTION", _V_WORDS, _V_POINTER)],
-    "unrolled": [("fused_kernels", "_ROTARY_KV_ATTENTION", _Q_LOOP, _Q_LOOP[len(_ROLLED):]),
-                 ("fused_kernels", "_ROTARY_KV_ATTENTION", _NEW_LOOP,
-                  _NEW_LOOP[len(_ROLLED):])],
+    "intround": [("prelude.cuh", _HW_ROUND, _INT_ROUND)],
+    "pointer": [("attention.cu", _K_WORDS, _K_POINTER),  # rotary_kv_attention's
+                ("attention.cu", _V_WORDS, _V_POINTER)],
+    "unrolled": [("attention.cu", _Q_LOOP, _Q_LOOP[len(_ROLLED):]),
+                 ("attention.cu", _NEW_LOOP, _NEW_LOOP[len(_ROLLED):])],
 }
 VARIANTS["before"] = VARIANTS["intround"] + VARIANTS["pointer"] + VARIANTS["unrolled"]
 
 
 def apply(name: str, assign=setattr) -> None:
-    """Patch the templates of variant ``name`` and render both modules again (``assign``
-    sets each module attribute: a test passes its monkeypatch's, so the tree comes back)."""
-    from engines.native import cuda_kernels, fused_kernels
+    """Make every module read variant ``name``'s kernel files (``assign`` replaces
+    ``engines.cuda_module.read_text``: a test passes its monkeypatch's, so the tree comes
+    back)."""
+    from engines import cuda_module
+    from engines.native.kernel_source import KERNELS
 
-    modules = {"cuda_kernels": cuda_kernels, "fused_kernels": fused_kernels}
-    for module, attr, old, new in VARIANTS[name]:
-        text = getattr(modules[module], attr)
-        if old not in text:
-            raise SystemExit(f"variant {name}: {module}.{attr} lacks the text it replaces")
-        assign(modules[module], attr, text.replace(old, new))
-    assign(cuda_kernels, "KERNEL_SOURCE", cuda_kernels.kernel_source())
-    assign(fused_kernels, "FUSED_SOURCE", fused_kernels.fused_source())
+    read, patched = cuda_module.read_text, {}
+    for file, old, new in VARIANTS[name]:
+        path = KERNELS / file
+        text = patched.get(path) or read(path)
+        if text.count(old) != 1:
+            raise SystemExit(f"variant {name}: {file} does not hold the text it replaces "
+                             "exactly once")
+        patched[path] = text.replace(old, new)
+    assign(cuda_module, "read_text", lambda path: patched.get(path) or read(path))
 
 
 def child(name: str, paths: list[str]) -> dict:

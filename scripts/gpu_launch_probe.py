@@ -32,8 +32,8 @@ def per_call_us(fn, stream, calls: int = CALLS, repeats: int = 5) -> float:
 def main() -> int:
     import cupy as cp
 
-    from engines.native.cuda_kernels import (GEMV_WARPS_PER_BLOCK, CudaKernels, gemv_team,
-                                             kernel_name)
+    from engines.native.cuda_kernels import CudaKernels, kernel_name
+    from engines.native.launch.gemv import GEMV_WARPS_PER_BLOCK, gemv_team
     from engines.native.kernel_launch import KernelLauncher
 
     kernels = CudaKernels(0)

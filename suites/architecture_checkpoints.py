@@ -30,6 +30,7 @@ FAMILIES = {
     "gemma2": ("Gemma2Config", {"attn_logit_softcapping": 8.0, "final_logit_softcapping": 6.0,
                                 "query_pre_attn_scalar": 24}),
     "gemma3": ("Gemma3TextConfig", {"query_pre_attn_scalar": 24}),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
 }
 GEMMA = ("gemma2", "gemma3")
 EMBED_STD = 0.3
@@ -78,9 +79,9 @@ def hf_config(spec: TinySpec):
     if spec.bias:
         if spec.family in ("llama", "llama3", "granite"):
             cfg.update(attention_bias=True, mlp_bias=True)
-        elif spec.family not in ("qwen2", "mistral", "phi3"):
+        elif spec.family not in ("qwen2", "mistral", "phi3", "mixtral"):
             cfg["attention_bias"] = True
-    if spec.family in ("mistral", "phi3", *GEMMA):
+    if spec.family in ("mistral", "phi3", "mixtral", *GEMMA):
         cfg["sliding_window"] = spec.window
     if spec.family in GEMMA:
         cfg["hidden_activation"] = "gelu_pytorch_tanh"

@@ -41,7 +41,7 @@ from suites.architecture_checkpoints import (FAMILIES, GEMMA, TinySpec,  # noqa:
 warnings.filterwarnings("ignore", module="transformers")
 TOKENS = 6
 PROMPT = [1, 5, 9, 17, 33, 60, 2, 44, 7, 11]  # 10 + 6 positions: past every sampled window
-WINDOWED = ("mistral", "phi3", *GEMMA)
+WINDOWED = ("mistral", "phi3", "mixtral", *GEMMA)
 # the RoPE variants sampled per family (Gemma3: linear scaling on its full-attention layers)
 ROPE_VARIANTS = {"llama": ["default", "linear", "llama3"],
                  "granite": ["default", "linear", "llama3"], "gemma3": ["default", "linear"]}
@@ -220,6 +220,7 @@ KNOCKOUTS = [
     ("gemma2", {}, {"activation": "silu"}),
     ("gemma3", {"window": 3}, {"rope_local_base": None}),
     ("gemma3", {}, {"qk_norm": "none"}),
+    ("mixtral", {}, {"experts_per_token": 1}),
 ]
 
 
@@ -259,6 +260,52 @@ def test_sliding_window_is_a_mask_that_only_matters_past_the_window(tmp_path):
     assert compare_tensors(ours[:3], hf_logits[:3], "float32").ok
     for position in range(3, len(PROMPT)):
         assert not compare_tensors(ours[position], hf_logits[position], "float32").ok, position
+
+
+# -- the mixture of experts' router ties ---------------------------------------------------
+
+def _tied_router_checkpoint(tmp_path, name: str, copy_expert: int | None):
+    """Mixtral, 4 experts, top 1, whose router rows for experts 1 and 2 are equal and
+    dominant in every layer: every token's choice is an exact tie between them. With
+    ``copy_expert`` the two experts' SwiGLU weights are both that expert's, so which one
+    a tie picks cannot matter: transformers' result is the rule's reference."""
+    import torch
+
+    spec = TinySpec("mixtral", layers=2, extra={"num_experts_per_tok": 1})
+    model = build_model(spec, 13)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            router = layer.mlp.gate.weight
+            router[2] = router[1] = router[1] * 8.0
+            if copy_expert is not None:
+                for weights in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj):
+                    weights[1] = weights[2] = weights[copy_expert].clone()
+    folder = tmp_path / name
+    model.save_pretrained(str(folder))
+    return folder, model
+
+
+@pytest.mark.claim("token_identity", "logits_within_tolerance")
+def test_router_ties_go_to_the_lowest_expert_index(tmp_path):
+    """The stated rule: among experts of exactly equal router probability the lower index
+    is chosen (ONNX TopK's order, the one lockstep's greedy argmax keeps). transformers
+    routes with ``torch.topk``, which leaves the order of equal values unspecified (on the
+    CPU it falls where its selection's partition puts them: [0.25] * 4 with k=2 gives
+    experts 2 and 3, [0.1, 0.3, 0.3, 0.3, 0.0] gives 1 and 3), so the rule is checked
+    against transformers on twins where the choice cannot matter: the package converted
+    from the tied checkpoint computes what transformers computes when both tied experts
+    hold expert 1's weights, and not what it computes when both hold expert 2's."""
+    folder, _ = _tied_router_checkpoint(tmp_path, "tied", None)
+    pkg = load_package(convert(folder, tmp_path / "pkg", max_context=32).folder)
+    ours = logits_of(pkg, PROMPT)
+    _, lowest = _tied_router_checkpoint(tmp_path, "as-expert-1", 1)
+    _, highest = _tied_router_checkpoint(tmp_path, "as-expert-2", 2)
+    _, want = transformers_greedy(lowest, PROMPT, 1)
+    _, other = transformers_greedy(highest, PROMPT, 1)
+    assert compare_tensors(ours, want, "float32").ok
+    assert not compare_tensors(ours, other, "float32").ok  # the tie decides something
+    native = greedy_decode(get_engine_class("native-host")(pkg), PROMPT, TOKENS).tokens
+    assert native == transformers_greedy(lowest, PROMPT, TOKENS)[0]
 
 
 # -- mixed precision over the new features -------------------------------------------------

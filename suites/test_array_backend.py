@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engines.native.array_backend import _WIDEN, NumpyArrayBackend, matmul_shapes
@@ -35,7 +35,7 @@ def stated_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     with np.errstate(all="ignore"):
         for k in range(a2.shape[-1]):
             out += a2[..., :, k:k + 1] * b2[..., k:k + 1, :]
-    return out.reshape(matmul_shapes(a.shape, b.shape)).astype(out_dtype)
+        return out.reshape(matmul_shapes(a.shape, b.shape)).astype(out_dtype)
 
 
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 3.0, -3.0]
@@ -45,8 +45,11 @@ SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 3.0, -3.0]
 def operands(draw):
     dtype = draw(st.sampled_from(DTYPES))
     m, k, n = draw(st.integers(1, 5)), draw(st.integers(0, 40)), draw(st.integers(1, 6))
-    batch = draw(st.sampled_from([(), (2,), (2, 3), (1, 2)]))
-    b_batch = draw(st.sampled_from([batch, batch[1:], ()]))
+    batch = tuple(draw(st.lists(st.integers(1, 3), max_size=3)))
+    # b's batch: a's, a suffix of it, or a's with some axes broadcast (size 1): a broadcast
+    # operand changes the products' memory layout, which must not change the order
+    b_batch = draw(st.sampled_from([batch, batch[1:], (),
+                                    tuple(1 if draw(st.booleans()) else d for d in batch)]))
     rng = np.random.default_rng(draw(st.integers(0, 2 ** 16)))
 
     def values(shape):
@@ -56,15 +59,20 @@ def operands(draw):
         if x.size and draw(st.booleans()):
             where = rng.integers(0, x.size, max(1, x.size // 4))
             x.flat[where] = rng.choice(SPECIAL, where.size)
-        return x.astype(dtype)
+        with np.errstate(over="ignore"):  # 1e30 is an infinity in the 16-bit floats
+            return x.astype(dtype)
 
     a = values(batch + (m, k))
     b = values(b_batch + (k, n))
+    # operands as the executor meets them: often views of another layout (a transposed q, k)
+    a, b = (np.ascontiguousarray(np.moveaxis(x, -2, 0)).swapaxes(0, -2)
+            if x.ndim > 1 and draw(st.booleans()) else x for x in (a, b))
     if draw(st.booleans()) and k:  # vector operands: ONNX MatMul's 1-d rules
         a = a.reshape(-1)[:k] if not batch and m == 1 else a
     return a, b
 
 
+@settings(max_examples=150)  # cheap: thorough in CI too
 @given(operands())
 def test_matmul_is_its_stated_order_bit_for_bit(pair):
     a, b = pair
@@ -94,3 +102,50 @@ def test_a_sum_of_negative_zeros_is_positive_zero_as_the_running_sum_gives():
     b = np.ones((8, 3), np.float32)
     got = BE.matmul(a, b)
     assert not np.signbit(got).any()
+
+
+def stated_sum(x: np.ndarray, axis: int) -> np.ndarray:
+    """The specification of ``sum``: from +0, one slice of the axis at a time, in order."""
+    acc_dtype = _WIDEN.get(x.dtype, x.dtype)
+    shape = list(x.shape)
+    shape[axis] = 1
+    acc = np.zeros(shape, acc_dtype)
+    with np.errstate(all="ignore"):
+        for k in range(x.shape[axis]):
+            acc += np.take(x, [k], axis=axis).astype(acc_dtype)
+        return acc.reshape([s for i, s in enumerate(x.shape) if i != axis]).astype(x.dtype)
+
+
+@st.composite
+def summed(draw):
+    dtype = draw(st.sampled_from(DTYPES[:3]))
+    shape = tuple(draw(st.lists(st.integers(1, 9), min_size=1, max_size=4)))
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 16)))
+    x = rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 4, shape)
+    if draw(st.booleans()):
+        where = rng.integers(0, x.size, max(1, x.size // 3))
+        x.flat[where] = rng.choice(SPECIAL, where.size)
+    with np.errstate(over="ignore"):
+        return x.astype(dtype), draw(st.integers(0, len(shape) - 1))
+
+
+@settings(max_examples=150)
+@given(summed())
+def test_sum_is_its_stated_order_bit_for_bit(case):
+    x, axis = case
+    with np.errstate(all="ignore"):
+        got = BE.sum(x, axis)
+    want = stated_sum(x, axis)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()
+
+
+def test_an_attention_shaped_product_of_transposed_views_keeps_the_order():
+    """Seen on a fixture: scores = q @ k^T with q a [B, S, H, G, D] buffer viewed as
+    [B, H, G, S, D] and k^T a transposed view broadcast over the query groups; numpy laid the
+    products out with K innermost, where add.reduce sums pairwise (logits moved by 1e-5)."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((1, 5, 2, 2, 16)).astype(np.float32).transpose(0, 2, 3, 1, 4)
+    b = rng.standard_normal((1, 2, 1, 5, 16)).astype(np.float32).swapaxes(-1, -2)
+    assert a.strides[1:] == (128, 64, 256, 4) and b.strides[1:] == (320, 320, 4, 64)
+    assert BE.matmul(a, b).tobytes() == stated_order(a, b).tobytes()

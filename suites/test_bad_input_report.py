@@ -7,18 +7,13 @@ from reports import render_report
 from suites.test_report import make_record, parse
 
 
-def _summary_box(dom, key):
-    return next(div for div in dom.by_id("summary").children
-                if getattr(div, "attrs", {}).get("data-key") == key)
-
-
-def test_the_ok_box_names_the_statuses_it_counts():
+def test_the_headline_counts_judged_cells_not_unavailable_ones():
     records = [make_record(prompt="p0"), make_record(prompt="p1", status="unavailable",
                                                      reason="no GPU", timings=False)]
-    box = _summary_box(parse(render_report(records)), "ok")
-    assert box.find_all("b")[0].text() == "1 / 2"
-    label = box.text()
-    assert "identical or near-tie" in label and "records ok" not in label
+    headline = parse(render_report(records)).by_id("headline")
+    assert (headline.attrs["data-judged"], headline.attrs["data-failed"]) == ("1", "0")
+    text = " ".join(headline.text().split())
+    assert text.startswith("1 cell(s) judged: 0 failed") and "1 / 2" not in text
 
 
 def test_budgets_table_rows_are_bounded_by_engines_times_claims_not_by_checks():

@@ -18,10 +18,12 @@ from onnx import TensorProto, helper
 from engines.errors import ExecutionError
 from engines.native import bf16, cuda_kernels
 from engines.native.array_backend import NumpyArrayBackend
+from engines.native.cuda_kernels import CudaKernels
+from engines.native.cupy_array_backend import CASTS, TO_BF16, TO_FLOAT32
 from engines.native.plan import Plan
 from fixtures.llama_config import LlamaConfig
 from fixtures.llama_graph import llama_model
-from suites.nvcc_check import NVCC, compile_ptx
+from suites.nvcc_check import NVCC, compile_module, entry_instances
 
 BF = np.dtype(ml_dtypes.bfloat16)
 ALL_BITS = np.arange(1 << 16, dtype=np.uint16)
@@ -87,19 +89,22 @@ def test_rounding_is_to_nearest_even_at_the_ties():
                                              ("casts", "sm_75")])
 def test_cuda_sources_compile_with_the_bfloat16_type(tmp_path, which, arch):
     """From sm_80 the rounding to bfloat16 is the hardware's cvt; before, integers."""
-    source = cuda_kernels.KERNEL_SOURCE if which == "executor" else bf16.cast_source()
-    names = (("gemv_rows_bf16", "bmm_bf16", "sum_axis_bf16") if which == "executor"
-             else bf16.CAST_KERNEL_NAMES)
-    text = compile_ptx(source, arch, tmp_path)
-    for name in names:
-        assert f".entry {name}(" in text, name
-    assert ("cvt.rn.bf16.f32" in text) == (arch != "sm_75")
+    modules = CudaKernels.modules() if which == "executor" else (CASTS,)
+    wanted = ({"gemv_rows<lk_bf16>", "bmm<lk_bf16>", "sum_axis<lk_bf16>"}
+              if which == "executor" else {TO_FLOAT32, TO_BF16})
+    found = set()
+    for module in modules:
+        text = compile_module(module, arch, tmp_path)
+        found |= set(entry_instances(text, module))
+        assert ("cvt.rn.bf16.f32" in text) == (arch != "sm_75"), module.file
+    assert wanted <= found
 
 
 def test_the_executor_kernels_cover_bfloat16():
-    assert {"gemv_rows_bf16", "bmm_bf16", "sum_axis_bf16"} <= set(cuda_kernels.KERNEL_NAMES)
+    instances = {i for module in CudaKernels.modules() for i in module.instances}
     for family in ("gemv_rows", "bmm", "sum_axis"):
-        assert cuda_kernels.kernel_name(family, BF) == f"{family}_bf16"
+        name = cuda_kernels.kernel_name(family, BF)
+        assert name == f"{family}<lk_bf16>" and name in instances
 
 
 # -- the plan's bfloat16 dispatch, on a host stand-in for the device -------------------------------

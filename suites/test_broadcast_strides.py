@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engines.native.fused_kernels import broadcast_element_strides
+from engines.native.launch.rotary import broadcast_element_strides
 
 dims = st.integers(min_value=1, max_value=5)
 

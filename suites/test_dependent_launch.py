@@ -12,12 +12,15 @@ from __future__ import annotations
 import ctypes
 import re
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from engines.native import cuda_kernels, dependent_launch, fused_kernels
+from engines.native import dependent_launch
+from engines.native.cuda_kernels import CudaKernels
 from engines.native.dependent_launch import DependentLaunch, dependent_launch_for, requested
+from engines.native.fused_kernels import FusedKernels
 from engines.native.kernel_launch import KernelLauncher
 
 
@@ -152,16 +155,22 @@ def test_a_dependent_launcher_sends_every_packed_launch_through_the_entry(depend
 
 # -- every kernel launched dependent waits before it touches memory --------------------------
 
-_BEFORE_WAIT = re.compile(r"^\s*(extern __shared__|__shared__|constexpr |\$?\w+\* xs = "
+_BEFORE_WAIT = re.compile(r"^\s*(extern __shared__|__shared__|constexpr |\w+\* xs = "
                           r"reinterpret_cast<[^>]+>\(lk_\w+_smem\);|"
-                          r"(if \([\w &=!]+\) )?lk_(gemv3?|glu)_prefetch_\w+\()")
+                          r"(if \([\w &=!]+\) )?lk_(gemv3?|glu)_prefetch(<\w+>)?\()")
+PLANTED = Path(__file__).resolve().parent / "kernels" / "planted_waits.cu"
 
 
-def kernels_waiting_late(source: str) -> list[str]:
-    """The kernels of ``source`` whose body does something before ``lk_grid_wait();`` other
-    than declaring shared memory or asking L2 for weights, or never calls it."""
+def kernels_waiting_late(source: str, kernels) -> list[str]:
+    """The kernels named (defined in ``source`` as ``void NAME(``) whose body does something
+    before ``lk_grid_wait();`` other than declaring shared memory or asking L2 for weights,
+    never calls it, or is not there."""
     late = []
-    for match in re.finditer(r'extern "C" __global__ void (\w+)\(', source):
+    for name in kernels:
+        match = re.search(rf"\bvoid {name}\(", source)
+        if match is None:
+            late.append(name)
+            continue
         depth, j = 0, match.end() - 1
         while True:  # the parameter list's closing parenthesis
             depth += {"(": 1, ")": -1}.get(source[j], 0)
@@ -174,31 +183,22 @@ def kernels_waiting_late(source: str) -> list[str]:
         statements = [s for s in head.split(";") if s.strip() and "}" not in s]
         if not found or "}" in head or not all(_BEFORE_WAIT.match(s.strip() + ";")
                                                for s in statements):
-            late.append(match.group(1))
+            late.append(name)
     return late
 
 
-def test_every_kernel_of_the_dependent_modules_waits_first():
-    for source in (cuda_kernels.KERNEL_SOURCE, fused_kernels.FUSED_SOURCE):
-        names = re.findall(r'extern "C" __global__ void (\w+)\(', source)
-        assert len(names) > 20
-        assert kernels_waiting_late(source) == []
+@pytest.mark.parametrize("module", CudaKernels.modules() + FusedKernels.modules(),
+                         ids=lambda m: m.file)
+def test_every_kernel_of_the_dependent_modules_waits_first(module):
+    kernels = {name.split("<")[0] for name in module.instances}
+    assert kernels and kernels_waiting_late(module.text(), sorted(kernels)) == []
 
 
-@pytest.mark.parametrize("planted", [
-    # reads its input before the wait: the planted bug
-    "extern \"C\" __global__ void early(const float* x, float* y) {\n"
-    "    const float v = x[threadIdx.x];\n    lk_grid_wait();\n    y[threadIdx.x] = v;\n}\n",
-    # never waits
-    "extern \"C\" __global__ void never(const float* x, float* y) {\n"
-    "    y[threadIdx.x] = x[threadIdx.x];\n}\n",
-])
+@pytest.mark.parametrize("planted", ["early", "never", "absent"])
 def test_a_kernel_that_touches_memory_before_waiting_is_named(planted):
-    control = ("extern \"C\" __global__ void fine(const float* w, float* y) {\n"
-               "    __shared__ float part[32];\n    lk_gemv_prefetch_f16(w, K, N, team, b);\n"
-               "    lk_grid_wait();\n    y[threadIdx.x] = part[0];\n}\n")
-    assert kernels_waiting_late(control) == []
-    assert kernels_waiting_late(control + planted) == [re.search(r"void (\w+)", planted)[1]]
+    source = PLANTED.read_text()
+    assert kernels_waiting_late(source, ["fine"]) == []
+    assert kernels_waiting_late(source, ["fine", planted]) == [planted]
 
 
 def test_plain_launches_inside_the_context_and_dependent_again_after(dependent):

@@ -228,7 +228,12 @@ def test_a_distributed_greedy_run_records_what_the_in_process_run_records(
     assert "devices: 2 GPU(s) (0,1), one pytest-xdist worker pinned to each" in out2
     records = _same_records(one, two)
     statuses = {r.status for r in records.values()}
-    assert statuses == {"identical", "error", "defect", "unavailable"}
+    assert statuses == {"identical", "error", "defect"}
+    # the engine that cannot run here is left out of both runs alike, and said so
+    (m1,), (m2,) = read_manifests(one), read_manifests(two)
+    assert m1.left_out == m2.left_out and {lo.engine for lo in m1.left_out} == \
+        {"distributed-not-here"}
+    assert "distributed-not-here: 6 cell(s) on 2 package(s) not run: not available here" in out2
     # every record names the GPU its worker was pinned to; each worker took one package
     gpus = {r.package.name: {r2.environment.gpu_index for r2 in records.values()
                              if r2.package.name == r.package.name} for r in records.values()}

@@ -187,11 +187,14 @@ def test_a_black_box_runs_no_component_and_does_not_speculate(packages):
         speculative_decode(engine, list(packages["tiny_llama_pair"].spec.prompts[0]), 4, 1)
 
 
-def test_the_runner_marks_speculation_unavailable_for_an_engine_that_declares_none():
+def test_the_runner_leaves_speculation_out_for_an_engine_that_declares_none():
     summary = run_matrix([Scripted], ["tiny_llama_pair"], None, 4, mode="speculative",
                          widths=[1], max_prompts=1)
-    assert [c.status for c in summary.cells] == ["unavailable"]
-    assert "declares no speculative decoding" in summary.cells[0].reason
+    assert summary.cells == []
+    (left,) = summary.left_out
+    assert (left.engine, left.package, left.cells, left.decided_by) == \
+        (Scripted.name, "tiny_llama_pair", 1, "declaration")
+    assert "declares no speculative decoding" in left.reason
 
 
 def test_hf_decodes_through_generate_and_keeps_its_former_name():
@@ -226,7 +229,9 @@ def _imports(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "engines" / "workflow").glob("*.py"))
-                         + [REPO / "harness" / "runner.py"], ids=lambda p: p.name)
+                         + [REPO / "harness" / n for n in ("runner.py", "plan.py",
+                                                           "cell_runner.py")],
+                         ids=lambda p: p.name)
 def test_the_interpreter_and_the_runner_do_not_probe_engines(path):
     source = path.read_text()
     assert "inspect" not in _imports(path)
@@ -296,3 +301,26 @@ def test_other_session_failures_are_not_taken_for_a_missing_kernel(message):
 
     assert missing_kernel(RuntimeError(message)) is None
     assert kernel_gap_unavailable(RuntimeError(message), "ort-cuda", "m.onnx", "float16") is None
+
+
+def test_supports_defaults_to_every_package(packages):
+    assert all(Scripted.supports(p) for p in packages.values())
+
+
+@pytest.mark.parametrize("name", ["hf", "hf-cuda", "ort-genai", "ort-genai-cuda", "llama-cpp"])
+def test_what_supports_refuses_the_constructor_refuses_too(name, packages):
+    """``supports`` decides from the package alone, before a run plans it; the constructor
+    must refuse the same packages (as ``EngineUnavailable``: an unavailable cell, never an
+    error), with the same reason where the engine can run on this machine."""
+    from engines.errors import EngineUnavailable
+    from engines.registry import get_engine_class
+
+    cls = get_engine_class(name)
+    refused = {n: cls.supports(p) for n, p in packages.items()}
+    assert not any(refused.values())  # built from seeds (no checkpoint.json), float32
+    for fixture, found in refused.items():
+        assert found.reason
+        with pytest.raises(EngineUnavailable) as err:
+            cls(packages[fixture])
+        if cls.availability():
+            assert err.value.message == found.reason

@@ -264,6 +264,8 @@ def test_corrupted_bytes_name_the_file(tmp_path):
     (lambda d: d.update(surprise=1), "surprise"),
     (lambda d: d["budgets"][0].update(verdict="maybe"), "budgets.0.verdict"),
     (lambda d: d.update(created="2026-01-01T00:00:00+02:00"), "created"),
+    (lambda d: d.update(created="2999-01-01T00:00:00Z"), "created"),
+    (lambda d: d.update(status="identical"), "status"),
     (lambda d: d["verdicts"].update(made_up_claim="pass"), "verdicts.made_up_claim"),
 ])
 def test_wrong_schema_names_file_and_field(tmp_path, edit, field):
@@ -299,6 +301,86 @@ def test_load_dir_missing_or_empty_folder_is_a_clear_error(tmp_path):
     with pytest.raises(ev.EvidenceError, match="no evidence files"):
         ev.load_evidence_dir(tmp_path)
     assert ev.load_evidence_dir(tmp_path, allow_empty=True) == []
+
+
+def judged_record(defects: int, near_ties: int = 0, **kw) -> ev.EvidenceRecord:
+    """A record whose judgement lists ``defects`` defect and ``near_ties`` near-tie steps."""
+    findings = [ev.StepFinding(step=i, engine_token=7, oracle_token=8, rank=3, gap=0.9,
+                               verdict="defect" if i < defects else "near-tie", reason="planted")
+                for i in range(defects + near_ties)]
+    judgement = ev.Judgement(oracle="oracle:ort-cpu", near_tie_margin=0.01, steps_judged=6,
+                             defects=defects, near_ties=near_ties, findings=findings)
+    return make_record().model_copy(update={"judgement": judgement, **kw})
+
+
+def _refusal(tmp_path, edit) -> ev.EvidenceError:
+    path, text = _written(tmp_path)
+    data = json.loads(text)
+    edit(data)
+    data.pop("ok")  # an editor who knows ``ok`` is recomputed
+    path.write_text(json.dumps(data))
+    return _error_for(path)
+
+
+def test_a_status_that_contradicts_the_judgement_is_refused_naming_both_values(tmp_path):
+    held = json.loads(judged_record(29).model_dump_json())["judgement"]
+    err = _refusal(tmp_path, lambda d: d.update(judgement=held, status="identical",
+                                                 budgets=[], verdicts={}, divergence=None))
+    assert err.field == "status"
+    assert "'identical'" in err.message and "'defect'" in err.message
+    assert "29 defect step(s)" in err.message
+    assert len(err.render().splitlines()) == 1
+
+
+@pytest.mark.parametrize("written", ["error", "defect", "budget", "near-tie"])
+def test_a_status_worse_than_what_the_record_holds_is_refused_too(tmp_path, written):
+    err = _refusal(tmp_path, lambda d: d.update(status=written, budgets=[], verdicts={},
+                                                 divergence=None))
+    assert err.field == "status" and repr(written) in err.message and "'identical'" in err.message
+
+
+def test_status_is_derived_where_a_writer_leaves_it_out_and_kept_where_it_agrees(tmp_path):
+    assert rich_record().status == "budget"  # a failed budget over a near-tie divergence
+    for defects, near_ties, status in ((3, 1, "defect"), (0, 2, "near-tie")):
+        data = judged_record(defects, near_ties).model_dump(exclude={"status", "ok"})
+        assert ev.EvidenceRecord.model_validate(data).status == status
+    unavailable = make_record().model_dump(exclude={"status"}) | {"status": "unavailable"}
+    assert ev.EvidenceRecord.model_validate(unavailable).status == "unavailable"
+    path = ev.write_evidence(judged_record(2, status="defect"), tmp_path)
+    assert ev.read_evidence(path).status == "defect"
+
+
+def test_derived_status_follows_the_judges_severity_order():
+    from harness.judge import worst
+
+    audit = ev.LogitsAuditRecord(dtype="float32", tolerance={}, decode="same", steps=[],
+                                 non_finite_steps=1, out_of_tolerance_steps=2)
+    error = ev.ErrorInfo(stage="decode", type="NonFiniteLogits", message="all NaN")
+    record = judged_record(4).model_copy(update={"logits_audit": audit})
+    assert ev.found_status(record)[0] == worst("defect", "non-finite", "drift") == "non-finite"
+    assert ev.found_status(record.model_copy(update={"error": error}))[0] == "non-finite"
+    other = error.model_copy(update={"type": "ExecutionError"})
+    assert ev.found_status(record.model_copy(update={"error": other}))[0] == "error"
+    assert ev.found_status(make_record(verdicts={"finite_logits": "fail"}))[0] == "non-finite"
+    assert ev.found_status(make_record(verdicts={"graph_replay": "fail"}))[0] == "budget"
+
+
+def test_judgement_counts_must_match_its_findings(tmp_path):
+    held = json.loads(judged_record(2).model_dump_json())["judgement"]
+    held["defects"] = 29
+    err = _refusal(tmp_path, lambda d: d.update(judgement=held, status="defect"))
+    assert err.field == "judgement.defects" and "29" in err.message and "2 defect" in err.message
+
+
+def test_a_record_dated_in_the_future_is_refused_but_clock_skew_is_not(tmp_path):
+    from datetime import timedelta
+
+    err = _refusal(tmp_path, lambda d: d.update(created="2999-01-01T00:00:00Z"))
+    assert err.field == "created" and "2999" in err.message and "future" in err.message
+    soon = (ev.schema.utc_now() + timedelta(minutes=2)).isoformat()
+    path, text = _written(tmp_path / "skew")
+    path.write_text(text.replace(json.loads(text)["created"], soon))
+    assert ev.read_evidence(path).created.isoformat() == soon
 
 
 # -- atomic, collision-free writing --------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The fused nodes' CUDA kernels (``engines/native/fused_kernels.py``) on the device.
+"""The fused nodes' CUDA kernels (``engines/native/fused_kernels.py``, the families of
+``engines/native/launch``) on the device.
 
 Each kernel is fed the inputs its node really gets in a llama forward (recorded from a
 native-host run) and checked against the host implementation within the tolerance table
@@ -18,6 +19,7 @@ from engines.ledger import Ledger
 from engines.native import plan as plan_module
 from engines.native.array_backend import NumpyArrayBackend
 from engines.native.fusion import FUSED_DOMAIN
+from engines.native.kernel_source import instance
 from engines.native.ops.fused import KVWrite, Rotary
 from fixtures.llama_config import LlamaConfig
 from fixtures.llama_graph import llama_model
@@ -255,7 +257,7 @@ def test_one_launch_pair_has_the_two_launches_bits(cp, stream, backend, name, ki
     ran."""
     kernel, args = recorded_calls(name)[kind]
     dev = _device(args, backend)
-    device = backend.fused_kernels().kernels
+    device = backend.fused_kernels()
     launcher = LAUNCHERS[kind]
     for m in (1, 2, ROWS):
         rows = _rows(kind, dev, 0, m, kernel)
@@ -300,7 +302,7 @@ def test_prefill_attention_rows_equal_each_row_alone(cp, stream, backend, dtype,
     load) gives every row bit for bit what the row alone gives (the decode kernel, M = 1),
     at positions in order, out of order, repeated, past the cache (clamped) and negative
     (no key); and the rows kernel really ran."""
-    fk = backend.fused_kernels().kernels
+    fk = backend.fused_kernels()
     heads, kv_heads, m = 6, 2, 21
     rng = np.random.default_rng(d + t)
     with stream:
@@ -323,8 +325,7 @@ def test_prefill_attention_rows_equal_each_row_alone(cp, stream, backend, dtype,
         mp.setattr(fk._launcher, "launch", spy)
         rows = to_host(fk.attention(q, k, v, pos, kv_heads, heads // kv_heads, scale,
                                     np.dtype(score), stream=stream), stream)
-    name = f"attention_rows_{'f16' if dtype == 'float16' else 'f32'}_" \
-           f"{'f16' if score == 'float16' else 'f32'}"
+    name = instance("attention_rows", dtype, score)
     assert launched == [fk._functions[name]]
     for i in range(m):
         one = to_host(fk.attention(q[:, :, i:i + 1], k, v, pos[:, i:i + 1], kv_heads,

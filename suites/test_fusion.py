@@ -16,15 +16,18 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from engines.errors import ExecutionError
-from engines.native import cuda_kernels, fused_kernels
+from engines.native.cuda_kernels import CudaKernels
+from engines.native.fused_kernels import FusedKernels
 from engines.native.array_backend import NumpyArrayBackend
 from engines.native.fusion import FUSED_DOMAIN
+from engines.native.kernel_source import instance
+from engines.native.launch.fused_dtypes import FUSED_DTYPES
 from engines.native.plan import Plan, unsupported_ops
 from fixtures.llama_config import LlamaConfig
 from fixtures.llama_config import llama_weights
 from fixtures.llama_graph import llama_graph, llama_model
 from fixtures.strategies import decoder_configs
-from suites.nvcc_check import NVCC, compile_ptx
+from suites.nvcc_check import NVCC, compile_module, entry_instances
 from suites.support import fixture_names
 
 PRECISIONS = [("float32", "uniform"), ("float16", "uniform"), ("float16", "mixed"),
@@ -337,23 +340,25 @@ def test_a_fused_node_given_a_shape_it_cannot_take_names_the_field():
 # -- the device source compiles ----------------------------------------------------------------
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("source", ["fused", "base"])
-def test_kernel_sources_compile_with_nvcc(tmp_path, source):
-    text = fused_kernels.FUSED_SOURCE if source == "fused" else cuda_kernels.KERNEL_SOURCE
-    ptx = compile_ptx(text, "sm_90", tmp_path)
-    names = fused_kernels.FUSED_NAMES if source == "fused" else cuda_kernels.KERNEL_NAMES
-    assert all(f".entry {name}(" in ptx for name in names)
+@pytest.mark.parametrize("module", FusedKernels.modules() + CudaKernels.modules(),
+                         ids=lambda m: m.file)
+def test_kernel_sources_compile_with_nvcc(tmp_path, module):
+    """Each module's .cu file compiles, and every instance its launcher calls is an entry."""
+    ptx = compile_module(module, "sm_90", tmp_path)
+    assert set(entry_instances(ptx, module)) == set(module.instances)
 
 
 def test_fused_source_has_every_kernel_for_every_dtype():
-    names = set(fused_kernels.FUSED_NAMES) | set(cuda_kernels.KERNEL_NAMES)
-    for dtype in fused_kernels.FUSED_DTYPES:
-        s = cuda_kernels._TYPES[dtype][0]
-        assert {f"kv_write_{s}", f"rms_norm_{s}_{s}", f"attention_{s}_{s}",
-                f"add_rms_norm_{s}_{s}_{s}", f"kv_write2_{s}", f"rotary2_{s}_{s}_{s}",
-                f"gemv_vec_{s}", f"gemv_vec3_{s}",
-                f"rotary_{s}_{s}_{s}", f"swiglu_{s}_{s}_{s}", f"norm_gemv_{s}_{s}_{s}",
-                f"swiglu_gemv_{s}_{s}_{s}", f"norm_glu_{s}_{s}_{s}"} <= names
+    names = {i for m in FusedKernels.modules() + CudaKernels.modules() for i in m.instances}
+    for dtype in FUSED_DTYPES:
+        assert {instance("kv_write", dtype), instance("rms_norm", dtype, dtype),
+                instance("attention", dtype, dtype), instance("add_rms_norm", *[dtype] * 3),
+                instance("kv_write2", dtype), instance("rotary2", *[dtype] * 3),
+                instance("gemv_vec", dtype), instance("gemv_vec3", dtype),
+                instance("rotary", *[dtype] * 3), instance("swiglu", *[dtype] * 3),
+                instance("norm_gemv", *[dtype] * 3), instance("swiglu_gemv", *[dtype] * 3),
+                instance("norm_glu", *[dtype] * 3)} <= names
         if dtype != "float32":  # a mixed graph: residual stream and SwiGLU in float32
-            assert {f"norm_gemv_f32_{s}_{s}", f"swiglu_gemv_{s}_f32_{s}",
-                    f"norm_glu_f32_{s}_f32"} <= names
+            assert {instance("norm_gemv", "float32", dtype, dtype),
+                    instance("swiglu_gemv", dtype, "float32", dtype),
+                    instance("norm_glu", "float32", dtype, "float32")} <= names

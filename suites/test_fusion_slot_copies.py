@@ -6,14 +6,12 @@ source compiles. The device's copies themselves: ``suites/test_fused_kernels_cud
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 
 from engines.native import batched_copy
 from engines.native.graph_slots import GraphSlot
+from suites.nvcc_check import NVCC, compile_module, entry_instances
 from suites.test_graph_slots_host import (FakeDevice, Harness, replay_fed_its_static_input,
                                          toy, toy_feeds, zeros_state)
 
@@ -125,17 +123,12 @@ def test_the_launch_table_holds_each_copy_and_splits_at_the_argument_limit():
     assert wide[0][2] == batched_copy.MAX_BLOCKS_PER_COPY
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_the_batched_copy_kernel_compiles_with_nvcc(tmp_path):
-    path = tmp_path / "copy.cu"
-    path.write_text(batched_copy.SOURCE)
-    done = subprocess.run(["nvcc", "-arch=sm_90", "-ptx", str(path), "-o",
-                           str(tmp_path / "copy.ptx")], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    ptx = (tmp_path / "copy.ptx").read_text()
-    assert f".entry {batched_copy.KERNEL_NAME}(" in ptx
-    assert f"{batched_copy.KERNEL_NAME}_param_0[{3 * 8 * batched_copy.MAX_ENTRIES}]" in ptx
+    """The kernel is there, and its table argument is MAX_ENTRIES copies wide."""
+    ptx = compile_module(batched_copy.MODULE, "sm_90", tmp_path)
+    entry = entry_instances(ptx, batched_copy.MODULE)[batched_copy.KERNEL_NAME]
+    assert f"{entry}_param_0[{3 * 8 * batched_copy.MAX_ENTRIES}]" in ptx
 
 
 def test_overlapping_copies_are_not_batched():

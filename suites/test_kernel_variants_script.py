@@ -1,5 +1,6 @@
-"""``scripts/gpu_kernel_variants.py`` times kernel changes by undoing them in the templates;
-its substitutions must still find their text, or the A/B it exists for cannot run."""
+"""``scripts/gpu_kernel_variants.py`` times kernel changes by undoing them in the .cu files
+as the modules read them; its substitutions must still find their text, or the A/B it exists
+for cannot run."""
 from __future__ import annotations
 
 import sys
@@ -7,30 +8,36 @@ from pathlib import Path
 
 import pytest
 
-from engines.native import cuda_kernels, fused_kernels
+from engines.native.kernel_catalog import cuda_modules
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import gpu_kernel_variants as variants  # noqa: E402
 
 
+def texts() -> dict[str, str]:
+    """What every module compiles, by module."""
+    return {name: module.text() for name, module in cuda_modules().items()}
+
+
 @pytest.mark.parametrize("name", sorted(variants.VARIANTS))
 def test_every_variant_applies_to_the_tree_and_base_is_the_tree(monkeypatch, name):
-    before = (cuda_kernels.KERNEL_SOURCE, fused_kernels.FUSED_SOURCE)
+    before = texts()
     variants.apply(name, monkeypatch.setattr)
-    after = (cuda_kernels.KERNEL_SOURCE, fused_kernels.FUSED_SOURCE)
+    after = texts()
     assert (after == before) == (name == "base")
 
 
 def test_before_undoes_the_hardware_rounding_and_the_rolled_staging(monkeypatch):
-    assert "cvt.rn.bf16.f32" in cuda_kernels.KERNEL_SOURCE
-    rolled = fused_kernels.FUSED_SOURCE.count("#pragma unroll 1\n")
+    attention = cuda_modules()["attention"]
+    assert "cvt.rn.bf16.f32" in attention.text()
+    rolled = attention.text().count("#pragma unroll 1\n")
     variants.apply("before", monkeypatch.setattr)
-    assert "cvt.rn.bf16.f32" not in cuda_kernels.KERNEL_SOURCE
-    assert fused_kernels.FUSED_SOURCE.count("#pragma unroll 1\n") < rolled
+    assert "cvt.rn.bf16.f32" not in attention.text()
+    assert "cvt.rn.bf16.f32" not in cuda_modules()["gemv"].text()  # the prelude: every module
+    assert attention.text().count("#pragma unroll 1\n") < rolled
 
 
 def test_a_variant_whose_text_is_gone_stops_with_its_name(monkeypatch):
-    monkeypatch.setitem(variants.VARIANTS, "stale",
-                        [("cuda_kernels", "_PRELUDE", "no such text", "x")])
+    monkeypatch.setitem(variants.VARIANTS, "stale", [("prelude.cuh", "no such text", "x")])
     with pytest.raises(SystemExit, match="stale"):
         variants.apply("stale", monkeypatch.setattr)

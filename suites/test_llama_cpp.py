@@ -68,7 +68,8 @@ def without_llama(monkeypatch):
 
 # -- without llama-cpp-python, and what needs no checkpoint ----------------------------------
 
-def test_without_llama_cpp_python_it_is_unavailable_with_the_install(without_llama, tmp_path):
+def test_without_llama_cpp_python_it_is_unavailable_with_the_install(without_llama, tiny_gguf,
+                                                                    tmp_path):
     from harness.cli.engines import engine_rows
     from harness.runner import run_matrix
 
@@ -80,10 +81,13 @@ def test_without_llama_cpp_python_it_is_unavailable_with_the_install(without_lla
     assert row["source"] == "built-in" and not row["problem"]
     assert (row["available"], row["reason"]) == (False, found.reason)
     assert row["capabilities"]["decodes_itself"] and row["capabilities"]["logits_audit"]
-    summary = run_matrix(["llama-cpp"], ["tiny_llama"], [[1, 2, 3]], 2,
+    # a package it supports (converted from a GGUF): left out of this machine's run, saying
+    # how to install it
+    summary = run_matrix(["llama-cpp"], [str(tiny_gguf[1].root)], [[1, 2, 3]], 2,
                          evidence_dir=tmp_path)
-    (cell,) = summary.cells
-    assert cell.status == "unavailable" and "pip install" in cell.reason
+    (left,) = summary.left_out
+    assert summary.cells == [] and left.decided_by == "machine"
+    assert "pip install" in left.reason
 
 
 def test_without_gguf_it_is_unavailable_with_the_install(monkeypatch):

@@ -124,7 +124,8 @@ def test_gpu_bf16_prefill_rows_through_the_tile_kernel_equal_single_rows(backend
                                                                          shape):
     """A bfloat16 prefill's 45 rows through ``gemv_tile`` (teams of 1, 2 and 4 warps, a
     partial last tile and block): each row is the M = 1 GEMV's bits."""
-    from engines.native.cuda_kernels import get_kernels, gemv_tile_rows, kernel_name
+    from engines.native.cuda_kernels import get_kernels, kernel_name
+    from engines.native.launch.gemv import gemv_tile_rows
 
     kernels = get_kernels(0)
     n, k = shape

@@ -8,6 +8,7 @@ are shared with ``test_ops_cuda.py``, which runs the same cases on native-cuda.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,8 @@ class OpCase:
     outputs: list[str]
     label: str = ""
     host_inputs: frozenset = field(default_factory=frozenset)
+    # environment onnxruntime's kernel reads when the session is made (a path switch)
+    ort_env: dict = field(default_factory=dict)
 
 
 def one_node(op: str, domain: str, inputs: dict, outputs: list[str], label: str = "",
@@ -62,8 +65,17 @@ def one_node(op: str, domain: str, inputs: dict, outputs: list[str], label: str 
 def run_ort(case: OpCase) -> dict[str, np.ndarray]:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(case.model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    saved = {key: os.environ.get(key) for key in case.ort_env}
+    os.environ.update(case.ort_env)
+    try:
+        session = ort.InferenceSession(case.model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     return dict(zip(case.outputs, session.run(case.outputs, case.feeds)))
 
 
@@ -144,18 +156,26 @@ def gqa_cases(draw) -> OpCase:
     if past_len is not None:
         past_k = _normal(draw, (batch, kv_heads, past_len, head))
         past_v = _normal(draw, (batch, kv_heads, past_len, head))
-    cos = sin = None
+    cos = sin = positions = None
     if rotary:
         half = draw(st.sampled_from([h for h in (8, 16) if h <= head // 2]))
         cos, sin = _rope_caches(total + draw(st.integers(0, 3)), half)
+        if draw(st.booleans()):  # explicit rotary positions, anywhere in the tables
+            rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+            start = rng.integers(0, len(cos) - seq + 1, size=(batch, 1))
+            # a first prompt rotates from position_ids[0, 0] on: keep that run in the table
+            contiguous = mode == "prompt" or draw(st.booleans())
+            positions = start + (np.arange(seq) if contiguous
+                                 else rng.integers(0, len(cos) - start, size=(batch, seq)))
+            positions = positions.astype(np.int64)
     inputs = {"query": q, "key": k, "value": v, "past_key": past_k, "past_value": past_v,
               "seqlens_k": np.array(totals, np.int32) - 1,
               "total_sequence_length": np.array(total, np.int32),
-              "cos_cache": cos, "sin_cache": sin}
+              "cos_cache": cos, "sin_cache": sin, "position_ids": positions}
     dtype = draw(FLOAT_DTYPES)
     inputs = _in_dtype(inputs, dtype)
     label = (f"GQA {np.dtype(dtype).name} {mode} B{batch} S{seq} T{total} P{past_len} "
-             f"packed={packed} {attrs}")
+             f"packed={packed} position_ids={positions is not None} {attrs}")
     return one_node("GroupQueryAttention", MS, inputs, ["out", "present_key", "present_value"],
                     label, **attrs)
 
@@ -286,8 +306,211 @@ def gather_block_quantized_cases(draw) -> OpCase:
                     block_size=block, gather_axis=0, quantize_axis=1)
 
 
+@st.composite
+def gelu_family_cases(draw) -> OpCase:
+    """FastGelu (tanh form, optional bias), BiasGelu (erf form of A + B), QuickGelu
+    (x * sigmoid(alpha x)) over values wide enough to reach both tails."""
+    op = draw(st.sampled_from(["FastGelu", "BiasGelu", "QuickGelu"]))
+    shape = (draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.sampled_from([8, 24])))
+    inputs = {"X" if op != "BiasGelu" else "A": _normal(draw, shape, 4.0)}
+    attrs = {}
+    if op == "BiasGelu" or (op == "FastGelu" and draw(st.booleans())):
+        inputs["bias"] = _normal(draw, shape[-1:])
+    if op == "QuickGelu":
+        attrs["alpha"] = draw(st.sampled_from([1.702, 1.0, 0.5]))
+    inputs = _in_dtype(inputs, draw(FLOAT_DTYPES))
+    return one_node(op, MS, inputs, ["Y"], f"{op} {attrs} bias={'bias' in inputs}", **attrs)
+
+
+def _router_logits(draw, rows: int, experts: int) -> np.ndarray:
+    """Router logits, sometimes with planted ties (a row's values drawn from two levels)."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    if draw(st.booleans()):
+        return rng.choice(np.array([0.5, -1.0], np.float32), size=(rows, experts))
+    return rng.standard_normal((rows, experts)).astype(np.float32)
+
+
+@st.composite
+def moe_shape(draw) -> dict:
+    experts = draw(st.integers(2, 5))
+    return dict(experts=experts, k=draw(st.integers(1, min(experts, 3))),
+                hidden=draw(st.sampled_from([8, 16])),
+                lead=draw(st.sampled_from([(1,), (3,), (2, 2)])),
+                activation=draw(st.sampled_from(["relu", "gelu", "silu", "identity", "swiglu"])),
+                normalize=int(draw(st.booleans())))
+
+
+def _swiglu_attrs(draw, p: dict) -> dict:
+    if p["activation"] != "swiglu":
+        return {}
+    attrs = dict(swiglu_fusion=1)  # onnxruntime's CPU kernels take the interleaved form only
+    if draw(st.booleans()):  # gpt-oss's clamped form
+        attrs.update(activation_alpha=1.702, activation_beta=1.0, swiglu_limit=0.7)
+    return attrs
+
+
+@st.composite
+def moe_cases(draw) -> OpCase:
+    """com.microsoft MoE as onnxruntime's CPU kernel takes it: fc1/fc2 (fc1 gate and up
+    interleaved for swiglu), optional biases, 2-D or 3-D tokens, router ties planted."""
+    p = draw(moe_shape())
+    e, h = p["experts"], p["hidden"]
+    inter = draw(st.integers(2, 12))
+    fused = 2 if p["activation"] == "swiglu" else 1
+    rows = int(np.prod(p["lead"]))
+    inputs = {"input": _normal(draw, p["lead"] + (h,)),
+              "router_probs": _router_logits(draw, rows, e),
+              "fc1_experts_weights": _normal(draw, (e, fused * inter, h), 0.3),
+              "fc1_experts_bias": (_normal(draw, (e, fused * inter)) if draw(st.booleans())
+                                   else None),
+              "fc2_experts_weights": _normal(draw, (e, h, inter), 0.3),
+              "fc2_experts_bias": _normal(draw, (e, h)) if draw(st.booleans()) else None}
+    attrs = dict(k=p["k"], activation_type=p["activation"],
+                 normalize_routing_weights=p["normalize"], **_swiglu_attrs(draw, p))
+    inputs = _in_dtype(inputs, draw(FLOAT_DTYPES))
+    return one_node("MoE", MS, inputs, ["output"], f"MoE {p} inter={inter} {attrs}", **attrs)
+
+
+@st.composite
+def qmoe_cases(draw) -> OpCase:
+    """com.microsoft QMoE with integer experts: 4 or 8 bits, a scale per row or per block,
+    optional packed zero points, optional router_weights, onnxruntime's CPU types."""
+    p = draw(moe_shape())
+    e, h = p["experts"], p["hidden"] * 2
+    bits = draw(st.sampled_from([4, 8]))
+    block = draw(st.sampled_from([0, 16]))
+    inter = draw(st.sampled_from([16, 32]))
+    fused = 2 if p["activation"] == "swiglu" else 1
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    dtype = draw(FLOAT_DTYPES)
+    inputs = {"input": _normal(draw, p["lead"] + (h,)),
+              "router_probs": _router_logits(draw, int(np.prod(p["lead"])), e)}
+
+    def projection(name, n, k):
+        blocks = k // block if block else 1
+        q = pack_bits(rng.integers(0, 1 << bits, size=(e, n, k)), bits)
+        scales = (rng.random((e, n, blocks) if block else (e, n)) * 0.05 + 0.01)
+        zp = None
+        if draw(st.booleans()):
+            per = 8 // bits
+            if not block:  # a zero point a row, packed along the rows
+                zp = pack_bits(rng.integers(0, 1 << bits, size=(e, -(-n // per) * per)), bits)
+            else:
+                zp = pack_bits(rng.integers(0, 1 << bits, size=(e, n, -(-blocks // per) * per)),
+                               bits)
+        inputs[f"{name}_experts_weights"] = q
+        inputs[f"{name}_scales"] = scales.astype(np.float32)
+        inputs[f"{name}_experts_bias"] = _normal(draw, (e, n)) if draw(st.booleans()) else None
+        return zp
+
+    zp1 = projection("fc1", fused * inter, h)
+    zp2 = projection("fc2", h, inter)
+    inputs.update({"fc3_experts_weights": None, "fc3_scales": None, "fc3_experts_bias": None,
+                   "fc1_zero_points": zp1, "fc2_zero_points": zp2, "fc3_zero_points": None,
+                   "router_weights": (rng.random((int(np.prod(p["lead"])), e)).astype(np.float32)
+                                      if draw(st.booleans()) else None)})
+    attrs = dict(k=p["k"], activation_type=p["activation"], expert_weight_bits=bits,
+                 normalize_routing_weights=p["normalize"], **_swiglu_attrs(draw, p))
+    if block:
+        attrs["block_size"] = block
+    inputs = _in_dtype(inputs, dtype)
+    label = (f"QMoE {p} bits={bits} block={block} zp={zp1 is not None}/{zp2 is not None} "
+             f"router_weights={inputs['router_weights'] is not None} {attrs}")
+    case = one_node("QMoE", MS, inputs, ["output"], label, **attrs)
+    # onnxruntime's default 4-bit CPU path (MLAS Q4 GEMM) requantises weights with zero
+    # points to its own symmetric blocks; this switch keeps its exact dequantising path
+    case.ort_env = {"ORT_USE_MLAS_Q4_GEMM_MOE": "0"}
+    return case
+
+
+def _padding_mask(draw, batch: int, seq: int, total: int):
+    """None, key lengths [B], or a 0/1 mask [B, T] or [B, S, T], key 0 always visible (a
+    row that sees no key is a rounding contest at -10000, not a semantic check)."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    kind = draw(st.sampled_from(["none", "lengths", "2d", "3d"]))
+    if kind == "lengths":
+        return rng.integers(1, total + 1, size=batch).astype(np.int32)
+    if kind == "none":
+        return None
+    mask = (rng.random((batch, total) if kind == "2d" else (batch, seq, total)) < 0.7)
+    mask[..., 0] = True
+    return mask.astype(np.int32)
+
+
+@st.composite
+def mha_cases(draw) -> OpCase:
+    """com.microsoft MultiHeadAttention: self attention over [B, S, D] with an optional
+    bias, padding mask, attention bias, past key/value and the causal rule, or cross
+    attention on keys and values already split by head."""
+    batch, seq, heads = draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    head = draw(st.sampled_from([8, 16]))
+    d = heads * head
+    cross = draw(st.booleans())
+    past = 0 if cross else draw(st.sampled_from([0, 0, 3]))
+    kv_len = draw(st.integers(1, 5)) if cross else seq
+    total = past + kv_len
+    inputs = {"query": _normal(draw, (batch, seq, d))}
+    if cross:
+        inputs.update(key=_normal(draw, (batch, heads, kv_len, head)),
+                      value=_normal(draw, (batch, heads, kv_len, head)), bias=None)
+    else:
+        inputs.update(key=_normal(draw, (batch, seq, d)), value=_normal(draw, (batch, seq, d)),
+                      bias=_normal(draw, (3 * d,)) if draw(st.booleans()) else None)
+    inputs.update(key_padding_mask=_padding_mask(draw, batch, seq, total),
+                  attention_bias=(_normal(draw, (1, heads, seq, total))
+                                  if draw(st.booleans()) else None),
+                  past_key=_normal(draw, (batch, heads, past, head)) if past else None,
+                  past_value=_normal(draw, (batch, heads, past, head)) if past else None)
+    attrs = dict(num_heads=heads, unidirectional=int(not cross and draw(st.booleans())))
+    if draw(st.booleans()):
+        attrs["scale"] = 0.2
+    if draw(st.booleans()):
+        attrs["mask_filter_value"] = -3.0  # finite enough to matter in every masked row
+    outputs = ["out"] + (["present_key", "present_value"] if past else [])
+    mask = inputs["key_padding_mask"]
+    return one_node("MultiHeadAttention", MS, inputs, outputs,
+                    f"MHA B{batch} S{seq} L{kv_len} P{past} cross={cross} {attrs} "
+                    f"mask={None if mask is None else mask.shape}", **attrs)
+
+
+@st.composite
+def contrib_attention_cases(draw) -> OpCase:
+    """com.microsoft Attention: its own Q/K/V projection (equal or qkv_hidden_sizes), a
+    key-length or 0/1 mask, a past [2, B, N, P, H] or an attention bias (onnxruntime takes
+    one or the other), the causal rule."""
+    batch, seq, heads = draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    head = draw(st.sampled_from([8, 16]))
+    d, d_in = heads * head, draw(st.sampled_from([8, 24]))
+    v_head = draw(st.sampled_from([head, 8]))
+    past = draw(st.sampled_from([0, 0, 2]))
+    if past:
+        v_head = head  # with a past, K and V share a width
+    sizes = [d, d, heads * v_head]
+    total = past + seq
+    inputs = {"input": _normal(draw, (batch, seq, d_in)),
+              "weights": _normal(draw, (d_in, sum(sizes)), 0.5),
+              "bias": _normal(draw, (sum(sizes),)),
+              "mask_index": _padding_mask(draw, batch, seq, total),
+              "past": _normal(draw, (2, batch, heads, past, head)) if past else None,
+              "attention_bias": (_normal(draw, (1, heads, seq, total))
+                                 if not past and draw(st.booleans()) else None)}
+    attrs = dict(num_heads=heads, unidirectional=int(draw(st.booleans())))
+    if sizes[2] != d:
+        attrs["qkv_hidden_sizes"] = sizes
+    if draw(st.booleans()):
+        attrs["mask_filter_value"] = -3.0
+    outputs = ["out"] + (["present"] if past else [])
+    return one_node("Attention", MS, inputs, outputs,
+                    f"Attention(ms) B{batch} S{seq} P{past} sizes={sizes} {attrs}", **attrs)
+
+
 CASES = {
+    "Attention(ms)": contrib_attention_cases,
     "GatherBlockQuantized": gather_block_quantized_cases,
+    "MultiHeadAttention": mha_cases,
+    "MoE": moe_cases,
+    "QMoE": qmoe_cases,
+    "GeluFamily": gelu_family_cases,
     "GroupQueryAttention": gqa_cases,
     "SkipNormalization": skip_norm_cases,
     "SimplifiedLayerNormalization": simplified_norm_cases,
@@ -350,6 +573,29 @@ def test_gqa_refuses_inputs_it_does_not_implement():
     assert info.value.value == "attention_bias" and "ort-cpu" in info.value.remedy
 
 
+def _gqa_rotary_prompt(positions: np.ndarray) -> OpCase:
+    rng = np.random.default_rng(7)
+    batch, seq = positions.shape
+    cos, sin = _rope_caches(16, 8)
+    return one_node("GroupQueryAttention", MS, {
+        "query": rng.standard_normal((batch, seq, 64)).astype(np.float32), "key": None,
+        "value": None, "past_key": None, "past_value": None,
+        "seqlens_k": np.full(batch, seq - 1, np.int32),
+        "total_sequence_length": np.array(seq, np.int32), "cos_cache": cos, "sin_cache": sin,
+        "position_ids": positions}, ["out", "present_key", "present_value"], num_heads=2,
+        kv_num_heads=1, do_rotary=1)
+
+
+def test_gqa_first_prompt_rotates_every_row_from_the_first_position_id():
+    """onnxruntime reads only position_ids[0, 0] on a first prompt: row 1's own start (7)
+    is ignored, so its keys equal those of a batch whose rows both start at 2."""
+    own = run_native_host(_gqa_rotary_prompt(np.array([[2, 3, 4], [7, 8, 9]], np.int64)))
+    want = run_ort(_gqa_rotary_prompt(np.array([[2, 3, 4], [7, 8, 9]], np.int64)))
+    assert_agree(own, want, "first prompt with position_ids")
+    same = run_native_host(_gqa_rotary_prompt(np.array([[2, 3, 4], [2, 3, 4]], np.int64)))
+    assert own["present_key"].tobytes() == same["present_key"].tobytes()
+
+
 def test_matmul_nbits_names_a_weight_of_the_wrong_shape():
     case = one_node("MatMulNBits", MS, {
         "A": np.zeros((1, 32), np.float32), "B": np.zeros((4, 1, 8), np.uint8),
@@ -410,6 +656,94 @@ def test_gqa_verify_block_rows_equal_decode_steps_bitwise(params):
     for j, out in enumerate(steps):
         assert block[:, j:j + 1].tobytes() == out.tobytes(), f"row {j} differs: {params}"
     assert block_k.tobytes() == step_k.tobytes()
+
+
+def _swiglu_moe(fusion: int, w_gate, w_up, rows=slice(None)) -> OpCase:
+    """MoE with swiglu's gate and up projections laid out as ``fusion`` says, over four
+    tokens (or the ``rows`` of them)."""
+    rng = np.random.default_rng(8)
+    experts, inter, hidden = w_gate.shape
+    fc1 = {1: np.stack([w_gate, w_up], axis=2).reshape(experts, 2 * inter, hidden),
+           2: np.concatenate([w_gate, w_up], axis=1), 0: w_gate}[fusion]
+    inputs = {"input": rng.standard_normal((4, hidden)).astype(np.float32)[rows],
+              "router_probs": rng.standard_normal((4, experts)).astype(np.float32)[rows],
+              "fc1_experts_weights": fc1, "fc1_experts_bias": None,
+              "fc2_experts_weights": (rng.standard_normal((experts, hidden, inter))
+                                      .astype(np.float32)),
+              "fc2_experts_bias": None,
+              "fc3_experts_weights": w_up if fusion == 0 else None}
+    return one_node("MoE", MS, inputs, ["output"], k=2, activation_type="swiglu",
+                    swiglu_fusion=fusion, swiglu_limit=1.5, activation_alpha=1.702)
+
+
+def test_moe_swiglu_layouts_onnxruntime_cpu_lacks_compute_the_interleaved_result():
+    """onnxruntime's CPU kernel takes swiglu_fusion=1 only: fusion 2 ([gate | up]) and 0
+    (fc3 the up projection) hold the same weights laid out otherwise, so they must give its
+    bits exactly; the interleaved form is the one checked against onnxruntime."""
+    rng = np.random.default_rng(9)
+    gate, up = (rng.standard_normal((3, 5, 8)).astype(np.float32) for _ in range(2))
+    interleaved = _swiglu_moe(1, gate, up)
+    want = run_native_host(interleaved)["output"]
+    assert_agree({"output": want}, run_ort(interleaved), "swiglu fusion 1")
+    for fusion in (0, 2):
+        got = run_native_host(_swiglu_moe(fusion, gate, up))["output"]
+        assert got.tobytes() == want.tobytes(), f"fusion {fusion}"
+
+
+@pytest.mark.parametrize("op, attrs, field, value", [
+    ("MoE", dict(activation_type="geglu"), "activation_type", "geglu"),
+    ("MoE", dict(use_sparse_mixer=1), "use_sparse_mixer", 1),
+    ("QMoE", dict(quant_type="fp4"), "quant_type", "fp4"),
+    ("QMoE", dict(expert_weight_bits=3), "expert_weight_bits", 3),
+    ("QMoE", dict(weights_prepacked=1), "weights_prepacked", 1),
+])
+def test_moe_refuses_what_it_does_not_implement_by_name(op, attrs, field, value):
+    model = one_node(op, MS, {"input": np.zeros((1, 8), np.float32),
+                              "router_probs": np.zeros((1, 2), np.float32)},
+                     ["output"], k=1, **attrs).model
+    with pytest.raises(ExecutionError) as info:
+        Plan(model, NumpyArrayBackend())
+    assert info.value.field == field and info.value.value == value
+    assert info.value.remedy
+
+
+def test_moe_rows_of_a_block_are_the_rows_computed_alone_bitwise():
+    """Claim 2 for MoE: every expert runs over every row, so a row's bits do not depend on
+    the other rows of the call (nor on which experts they chose)."""
+    gate, up = np.random.default_rng(10).standard_normal((2, 4, 3, 8)).astype(np.float32)
+    block = run_native_host(_swiglu_moe(1, gate, up))["output"]
+    for row in range(block.shape[0]):
+        alone = run_native_host(_swiglu_moe(1, gate, up, slice(row, row + 1)))["output"]
+        assert alone.tobytes() == block[row:row + 1].tobytes(), f"row {row}"
+
+
+@pytest.mark.parametrize("op, inputs, attrs, field, value", [
+    ("MultiHeadAttention", ["query", "key", "value", "", "", "", "", "", "", "beams"], {},
+     "MultiHeadAttention.input[9]", "cache_indirection"),
+    ("Attention", ["input", "weights"], dict(do_rotary=1), "do_rotary", 1),
+    ("Attention", ["input", "weights"], dict(past_present_share_buffer=1),
+     "past_present_share_buffer", 1),
+])
+def test_contrib_attention_refuses_what_it_does_not_implement_by_name(op, inputs, attrs,
+                                                                       field, value):
+    node = helper.make_node(op, inputs, ["y"], domain=MS, num_heads=2, **attrs)
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                      for n in inputs if n], [helper.make_empty_tensor_value_info("y")]))
+    with pytest.raises(ExecutionError) as info:
+        Plan(model, NumpyArrayBackend())
+    assert info.value.field == field and info.value.value == value
+
+
+def test_multihead_attention_names_a_mask_form_it_does_not_take():
+    q = np.zeros((2, 3, 16), np.float32)
+    case = one_node("MultiHeadAttention", MS, {
+        "query": q, "key": q, "value": q, "bias": None,
+        "key_padding_mask": np.array([3, 3, 0, 0, 0, 0, 0, 0], np.int32)}, ["out"],
+        num_heads=2)
+    with pytest.raises(ExecutionError) as info:
+        run_native_host(case)
+    assert info.value.field == "mask.shape" and info.value.value == (8,)
 
 
 def test_matmul_nbits_dequantises_a_weight_once():
@@ -497,7 +831,49 @@ def _plant_nibble_order(monkeypatch):
     monkeypatch.setattr(quantized, "unpack", high_nibble_first)
 
 
+def _moe_tie_case() -> OpCase:
+    """Four experts, every router logit equal: onnxruntime takes the two highest indices."""
+    rng = np.random.default_rng(6)
+    return one_node("MoE", MS, {
+        "input": rng.standard_normal((3, 8)).astype(np.float32),
+        "router_probs": np.zeros((3, 4), np.float32),
+        "fc1_experts_weights": rng.standard_normal((4, 6, 8)).astype(np.float32),
+        "fc1_experts_bias": None,
+        "fc2_experts_weights": rng.standard_normal((4, 8, 6)).astype(np.float32)},
+        ["output"], k=2, activation_type="identity")
+
+
+def _plant_moe_ties_to_lower_index(monkeypatch):
+    from engines.native.ops import moe
+
+    def lower_index_first(self, be, scores):
+        order = np.argsort(-scores, axis=-1, kind="stable")[:, : self.k]
+        chosen = np.zeros(scores.shape, bool)
+        np.put_along_axis(chosen, order, True, axis=-1)
+        return chosen
+
+    monkeypatch.setattr(moe.MoE, "chosen", lower_index_first)
+
+
+def _mha_causal_case() -> OpCase:
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 2, 4, 16)).astype(np.float32)
+    return one_node("MultiHeadAttention", MS, {
+        "query": x[0], "key": x[1], "value": x[2], "bias": None,
+        "key_padding_mask": np.array([[1, 0, 1, 1], [0, 1, 1, 0]], np.int32)[:, :4]},
+        ["out"], num_heads=2, unidirectional=1, mask_filter_value=-3.0)
+
+
+def _plant_causal_uses_the_mask_filter(monkeypatch):
+    from engines.native.ops import contrib_attention
+
+    monkeypatch.setattr(contrib_attention, "CAUSAL_FILTER", -3.0)
+
+
 PLANTED = {"gqa-window-off-by-one": (_window_case, _plant_window_off_by_one),
+           "mha-causal-filter-is-mask-filter": (_mha_causal_case,
+                                                _plant_causal_uses_the_mask_filter),
+           "moe-ties-to-lower-index": (_moe_tie_case, _plant_moe_ties_to_lower_index),
            "rotary-pairs-swapped": (_rotary_case, _plant_rotary_pairing),
            "nbits-nibble-order": (_nbits_case, _plant_nibble_order)}
 

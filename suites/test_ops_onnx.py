@@ -26,7 +26,15 @@ Attention ArgMax ArgMin Clip CumSum Erf GatherElements GatherND Gelu IsInf IsNaN
 LayerNormalization Pow RMSNormalization RotaryEmbedding ScatterElements ScatterND Trilu
 """.split())
 
-EXPORT_CASES = [c for c in CASES if main_op(c) in EXPORT_OPS and "_expanded" not in c.name]
+# The ONNX-domain ops the seed engine's graphs use that native-host lacked (issue #38):
+# TensorScatter's static caches and what a mixture-of-experts or vision graph adds.
+SEED_OPS = frozenset("""
+BitShift BitwiseOr BitwiseXor Gemm GroupNormalization Mod NonZero OneHot PRelu ReduceProd
+Round Softplus TensorScatter TopK
+""".split())
+
+EXPORT_CASES = [c for c in CASES
+                if main_op(c) in EXPORT_OPS | SEED_OPS and "_expanded" not in c.name]
 
 
 def _host(value):
@@ -37,7 +45,7 @@ def _host(value):
 
 def test_every_export_op_case_is_selected_and_none_is_a_gap():
     names = {c.name for c in EXPORT_CASES}
-    assert {main_op(c) for c in EXPORT_CASES} == EXPORT_OPS
+    assert {main_op(c) for c in EXPORT_CASES} == EXPORT_OPS | SEED_OPS
     assert names <= SELECTED_NAMES, sorted(names - SELECTED_NAMES)
     assert not names & set(KNOWN_GAPS), sorted(names & set(KNOWN_GAPS))
 
@@ -53,6 +61,12 @@ def test_export_op_case_within_the_tolerance_table(case):
             if want.dtype.kind in "biu":
                 np.testing.assert_array_equal(got, want, err_msg=f"output {i}")
                 continue
+            special = ~np.isfinite(want.astype(np.float64))
+            if special.any():  # NaN and infinities where the case puts them, exactly
+                np.testing.assert_array_equal(got[special].astype(np.float64),
+                                              want[special].astype(np.float64),
+                                              err_msg=f"output {i}")
+                got, want = got[~special], want[~special]
             result = compare_tensors(got, want, dtype=want.dtype)
             assert result.ok, f"output {i}: {result.reason}"
 

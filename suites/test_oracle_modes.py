@@ -126,14 +126,18 @@ def test_an_unknown_oracle_mode_is_refused_by_name():
 
 
 @pytest.mark.real_checkpoint
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_both_modes_agree_on_smollm2(dtype):
-    """SmolLM2 in float32, and the float32 twin that judges its float16 conversion, over a
-    text and a chat prompt: real near-ties, 30 layers of rounding."""
+def test_both_modes_agree_on_smollm2_and_its_reduced_conversions_are_judged_by_it():
+    """SmolLM2 in float32 over a text and a chat prompt: real near-ties, 30 layers of
+    rounding. Its float16 and bfloat16 conversions declare this very package as the float32
+    twin their oracle runs, so the agreement holds for them too."""
+    from engines.oracle import reference_package
     from harness.convert.smollm2 import smollm2_package
     from harness.prompts import chat_prompt, resolve_all, text_prompt
 
-    package = resolve_package(smollm2_package(dtype=dtype))
+    package = resolve_package(smollm2_package(dtype="float32"))
+    for dtype in ("float16", "bfloat16"):
+        twin = reference_package(resolve_package(smollm2_package(dtype=dtype)))
+        assert twin.content_hash == package.content_hash, dtype
     prompts = [list(r.ids) for _, r in resolve_all(
         [text_prompt("Once upon a time, there was a little"),
          chat_prompt([{"role": "user", "content": "What is the capital of France?"}])],

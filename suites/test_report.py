@@ -100,13 +100,14 @@ SAME = object()  # reference=SAME: the oracle's stream equals the engine's
 
 def make_record(*, package="tiny_llama", engine="native-host", mode=("greedy", None),
                 prompt="p0", tokens=(5, 9, 12, 7, 30, 2), reference=SAME, margins=None,
-                status="identical", reason=None, error=None, divergence=None, findings=(),
+                status=None, reason=None, error=None, divergence=None, findings=(),
                 audit=None, greedy=None, budgets=(), verdicts=None, tokens_text=None,
                 reference_text=None, tokens_per_s=100.0, timings=True, acceptance=(),
                 memory=(), ledger=None, run_id="run-1") -> ev.EvidenceRecord:
     """A valid schema-v2 record with the digests computed; tests override what they plant.
     ``reference=None``: the oracle failed (no reference stream); ``findings``: the judged
-    steps (``ev.StepFinding``), which make the judgement."""
+    steps (``ev.StepFinding``), which make the judgement; ``status`` None: derived from what
+    the record holds (a written one must agree with it)."""
     tokens = list(tokens)
     ref = None
     if reference is not None:
@@ -125,6 +126,7 @@ def make_record(*, package="tiny_llama", engine="native-host", mode=("greedy", N
             near_ties=sum(f.verdict == "near-tie" for f in findings), findings=findings)
     if verdicts is None:
         verdicts = {} if status in ("unavailable", "error") else {"token_identity": "pass"}
+    written = {} if status is None else {"status": status}
     return ev.EvidenceRecord(
         run_id=run_id,
         environment=ev.Environment(host="ci-host", platform="Linux", python="3.11.7",
@@ -132,7 +134,7 @@ def make_record(*, package="tiny_llama", engine="native-host", mode=("greedy", N
         package=ev.PackageRef(name=package, content_hash="ab" * 32, path=f"/pk/{package}"),
         engine=engine, mode=ev.Mode(kind=mode[0], width=mode[1]),
         prompt=ev.PromptRef(name=prompt, ids=[1, 17, 42]),
-        status=status, reason=reason, error=error,
+        **written, reason=reason, error=error,
         tokens=tokens, tokens_text=tokens_text, token_digest=ev.token_digest(tokens),
         reference=ref, divergence=divergence, judgement=judgement, logits_audit=audit,
         greedy=greedy, ledger=ledger if ledger is not None else Ledger(),
@@ -298,10 +300,20 @@ def test_matrix_cells_carry_the_worst_status_of_their_records(planted_dom):
     assert cells[MISSING_CELL].attrs["data-missing"] == "1"
 
 
+def holding(status: str) -> ev.EvidenceRecord:
+    """A record whose content stands for ``status`` (its status derived from it)."""
+    fail = ev.BudgetCheck(claim="zero_staging", budget=0, measured=1, verdict="fail")
+    content = {"error": dict(error=ERROR), "non-finite": dict(audit=audit(non_finite=1)),
+               "defect": dict(findings=[finding(1, 9, 10)]), "budget": dict(budgets=[fail]),
+               "drift": dict(audit=audit(out=1)),
+               "near-tie": dict(findings=[finding(1, 9, 10, verdict="near-tie")]),
+               "identical": {}, "unavailable": dict(status="unavailable")}[status]
+    return make_record(verdicts={}, **content)
+
+
 def test_cell_verdict_follows_harness_severity():
-    records = {s: make_record(status=s, verdicts={}, error=ERROR if s == "error" else None,
-                              findings=[finding(1, 9, 10)] if s == "defect" else ())
-               for s in SEVERITY}
+    records = {s: holding(s) for s in SEVERITY}
+    assert {s: r.status for s, r in records.items()} == {s: s for s in SEVERITY}
     for i, a in enumerate(SEVERITY):
         for b in SEVERITY[i:]:
             assert render_module.cell_verdict([records[b], records[a]]) == a
@@ -309,8 +321,8 @@ def test_cell_verdict_follows_harness_severity():
     # a planned prompt without a record: a passing cell is not shown as passing
     assert render_module.cell_verdict([records["identical"]], missing=1) == "missing"
     assert render_module.cell_verdict([records["defect"]], missing=1) == "defect"
-    # a record a writer left at the default status still reads as what it holds
-    stale = make_record(findings=[finding(2, 13, 12)], verdicts={"token_identity": "fail"})
+    # a record built without the check (model_copy) still reads as what it holds
+    stale = holding("defect").model_copy(update={"status": "identical"})
     assert render_module.cell_verdict([stale]) == "defect"
 
 
@@ -318,20 +330,65 @@ def test_summary_counts_records_by_status(planted_dom):
     summary = {div.attrs["data-key"]: div.find_all("b")[0].text()
                for div in planted_dom.by_id("summary").children
                if isinstance(div, Node) and "data-key" in div.attrs}
-    n = len(planted_cells()) - 1
-    assert summary == {"ok": f"{n - 4 - 3} / {n}",  # 4 unavailable, 3 failing
-                       "errors": "1", "non-finite": "0", "defects": "1", "budget": "1",
-                       "drift": "0", "near-ties": "1", "unavailable": "4", "missing": "1"}
+    assert summary == {"errors": "1", "non-finite": "0", "defects": "1", "budget": "1",
+                       "drift": "0", "near-ties": "1", "missing": "1"}
 
 
-def test_unavailable_engines_are_listed_with_their_reason(planted_dom):
-    box = planted_dom.by_id("unavailable")
-    rows = [tr for tr in box.find_all("tr") if "data-engine" in tr.attrs]
-    assert [tr.attrs["data-engine"] for tr in rows] == [UNAVAILABLE_ENGINE]
-    cells = [td.text().strip() for td in rows[0].find_all("td")]
-    assert cells == [UNAVAILABLE_ENGINE, UNAVAILABLE_REASON, "tiny_llama, tiny_mamba", "4"]
-    # in the header, before any section
-    assert box.parent.tag == "header"
+def test_the_first_screen_says_how_many_cells_were_judged_and_failed_then_the_matrix(
+        planted_dom):
+    headline = planted_dom.by_id("headline")
+    n = len(planted_cells()) - 1  # one planned cell has no record
+    judged = n - 4  # 4 unavailable records are not judged
+    assert (headline.attrs["data-judged"], headline.attrs["data-failed"]) == (str(judged), "3")
+    text = " ".join(headline.text().split())
+    assert text.startswith(f"{judged} cell(s) judged: 3 failed, 1 near-tie")
+    assert "1 planned cell(s) without a record" in text
+    assert f"/ {n}" not in text  # no "ok / records" ratio that reads like a pass rate
+    # the header holds the headline, the counts and one line per unavailable engine; the
+    # matrix is the first section after it
+    header = headline.parent
+    assert header.tag == "header" and planted_dom.by_id("unavailable").parent is header
+    body = next(n for n in planted_dom.iter() if n.tag == "body")
+    after = [c for c in body.children if isinstance(c, Node)]
+    assert after[after.index(header) + 1].find_all(id="matrix")
+
+
+def test_unavailable_engines_fold_into_one_line_each(planted_dom):
+    lines = planted_dom.by_id("unavailable").find_all("li")
+    assert [li.attrs["data-engine"] for li in lines] == [UNAVAILABLE_ENGINE]
+    text = " ".join(lines[0].text().split())
+    assert text == f"{UNAVAILABLE_ENGINE}: {UNAVAILABLE_REASON}, 4 cell(s) not run"
+    assert lines[0].attrs["title"] == f"tiny_llama, tiny_mamba\n{UNAVAILABLE_REASON}"
+
+
+def test_cells_left_out_of_a_plan_fold_with_unavailable_records_per_engine():
+    from harness.manifest import LeftOutCells
+
+    manifest = planted_manifest()
+    manifest.left_out = [
+        LeftOutCells(engine=e, package=p, mode="greedy", reason=why, cells=3, decided_by=by)
+        for e, why, by in (("ort-genai", "no checkpoint.json", "declaration"),
+                           ("native-cuda", "not available here: no CuPy", "machine"))
+        for p in ("tiny_llama", "tiny_mamba", "tied_llama")]
+    dom = parse(render_report(planted_records(), manifests=[manifest]))
+    lines = {li.attrs["data-engine"]: " ".join(li.text().split())
+             for li in dom.by_id("unavailable").find_all("li")}
+    assert lines == {
+        "ort-genai": "ort-genai: no checkpoint.json, 9 cell(s) not run",
+        "native-cuda": "native-cuda: not available here: no CuPy, 9 cell(s) not run",
+        UNAVAILABLE_ENGINE: f"{UNAVAILABLE_ENGINE}: {UNAVAILABLE_REASON}, 4 cell(s) not run"}
+    # a line names two reasons at most; every reason is in its title
+    many = [make_record(engine="picky", package=f"pk{i}", status="unavailable", verdicts={},
+                        reason=f"pk{i} is not for picky") for i in range(4)]
+    (line,) = [li for li in parse(render_report(many)).by_id("unavailable").find_all("li")]
+    assert " ".join(line.text().split()) == ("picky: pk0 is not for picky; pk1 is not for "
+                                             "picky (and 2 other reason(s)), 4 cell(s) not run")
+    assert line.attrs["title"].splitlines() == ["pk0, pk1, pk2, pk3"] + [
+        f"pk{i} is not for picky" for i in range(4)]
+    # left-out cells were never planned: they are neither judged nor missing
+    headline = dom.by_id("headline")
+    assert headline.attrs["data-judged"] == str(len(planted_cells()) - 1 - 4)
+    assert "1 planned cell(s) without a record" in " ".join(headline.text().split())
 
 
 def test_error_record_shows_stage_type_message_step_and_traceback(planted_dom):
@@ -625,6 +682,12 @@ def test_catch_matrix_renders_caught_and_not_caught_rows():
     assert [tr.attrs["data-bug"] for tr in section.by_class("tr", "control")] == ["control"]
     assert dom.by_id("catch-count").text() == "2 / 3"
     assert "kv_drop_append · tiny_mamba" in section.text()
+    # it is the planted-bug suite's result, not this run's, and says so before its count
+    source = dom.by_id("catch-source")
+    assert section.children.index(source) < section.children.index(
+        dom.by_id("catch-count").parent)
+    assert "Not from the runs in this report" in source.text()
+    assert "suites/test_planted_bugs.py" in source.text()
     # a control that is not identical is red
     noisy = json.loads(json.dumps(CATCH))
     noisy["control"][0]["observed"] = {"status": "near-tie", "step": 4}
@@ -837,6 +900,8 @@ def test_cli_catch_matrix_default_explicit_and_off(tmp_path, capsys, monkeypatch
                    for n in parse(out.read_text(encoding="utf-8")).iter())
 
     assert has_section()  # the default file exists: rendered
+    source = parse(out.read_text(encoding="utf-8")).by_id("catch-source").text()
+    assert str(default) in source and "Not from the runs in this report" in source
     assert not has_section("--no-catch-matrix")
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"rows": CATCH["rows"][:1]}))

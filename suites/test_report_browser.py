@@ -82,3 +82,34 @@ def test_the_browser_checks_can_fail(browser, report_html, tmp_path):
     assert page.external_requests == ["http://192.0.2.1/pixel.png"]
     assert any("planted" in e for e in page.console_errors)
     assert any("pixel.png" in e for e in page.console_errors)
+
+
+def test_the_first_screen_shows_judged_and_failed_then_the_matrix(browser, tmp_path):
+    """As the report opens (1280x900, no scrolling), a demo-sized one: seven engines that did
+    not run on seven packages, with long reasons that name the package, must leave the
+    headline and the top of the matrix on screen (one line per engine)."""
+    from harness.manifest import LeftOutCells
+    from suites.test_report import make_record, planted_manifest
+
+    reason = ("builds its model from the package's source checkpoint; {p} has no "
+              "checkpoint.json (a fixture built from a seed has no transformers counterpart)")
+    manifest = planted_manifest()
+    manifest.left_out = [LeftOutCells(engine=f"left-out-{e}", package=f"fixture_{p}",
+                                      mode="greedy", reason=reason.format(p=p), cells=3,
+                                      decided_by="declaration")
+                         for e in range(4) for p in range(7)]
+    unavailable = [make_record(engine=f"unavailable-{e}", package=f"fixture_{p}",
+                               status="unavailable", reason=reason.format(p=p), verdicts={})
+                   for e in range(3) for p in range(7)]
+    path = tmp_path / "report.html"
+    path.write_text(render_report(planted_records() + unavailable, manifests=[manifest]),
+                    encoding="utf-8")
+    for element in ("headline", "matrix"):
+        page = browser.check(path, element, scroll=False)
+        assert page.visible, (element, page.visibility)
+    # and the check can fail: a page whose header grew below the fold
+    tall = tmp_path / "tall.html"
+    tall.write_text(path.read_text().replace('<ul class="not-run"',
+                                             '<ul class="not-run" style="height:2000px"'),
+                    encoding="utf-8")
+    assert not browser.check(tall, "matrix", scroll=False).visible

@@ -102,17 +102,58 @@ def test_no_evidence_passes_an_honest_device_engine(capsys):
     assert status == 0
 
 
-def test_an_unavailable_engine_is_recorded_shown_and_fails_only_under_strict(tmp_path, capsys):
+def test_an_engine_unavailable_here_is_left_out_shown_in_one_line_and_fails_only_under_strict(
+        tmp_path, capsys):
     args = ["--engines", "native-host,suites.test_run_cli:NeverHere", "--packages",
             "lookup_chained", "--max-new-tokens", "4", "--evidence-dir", str(tmp_path)]
     status, out = _run(args, capsys)
     assert status == 0
-    assert "never-here: UNAVAILABLE here (asked for by name)" in out
-    records = [r for r in load_evidence_dir(tmp_path) if r.engine == "never-here"]
-    assert len(records) == 3 and all(r.status == "unavailable" and "libfoo" in r.reason
-                                     for r in records)
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("never-here:")]
+    assert line == ("never-here: 3 cell(s) on 1 package(s) not run: not available here: needs "
+                    "the imaginary libfoo; pip install foo (asked for by name, and it ran no "
+                    "cell)")
+    table = out.split("lockstep parity")[1].split("never-here:")[0]
+    assert "never-here" not in table  # no column of its own
+    assert {r.engine for r in load_evidence_dir(tmp_path)} == {"native-host"}
+    (manifest,) = read_manifests(tmp_path)
+    assert manifest.complete and len(manifest.planned) == 3
+    assert [(lo.engine, lo.package, lo.mode, lo.cells, lo.decided_by)
+            for lo in manifest.left_out] == [("never-here", "lookup_chained", "greedy", 3,
+                                              "machine")]
+    assert "libfoo" in manifest.left_out[0].reason
     status, _ = _run(args[:-2] + ["--evidence-dir", str(tmp_path / "strict"), "--strict"], capsys)
     assert status == 1
+
+
+class LookupOnly(Planted):
+    """Declares it loads lookup_chained and nothing else."""
+    name = "lookup-only"
+
+    @classmethod
+    def supports(cls, package):
+        if package.spec.name != "lookup_chained":
+            return Availability(False, "loads lookup tables only")
+        return Availability(True)
+
+
+def test_an_engine_named_explicitly_that_can_run_nothing_is_still_visible(tmp_path, capsys):
+    args = ["--engines", "native-host,suites.test_run_cli:LookupOnly", "--packages",
+            "tiny_llama,tied_llama", "--max-new-tokens", "4", "--max-prompts", "1"]
+    status, out = _run(args + ["--evidence-dir", str(tmp_path)], capsys)
+    assert status == 0
+    assert ("lookup-only: 2 cell(s) on 2 package(s) not run: loads lookup tables only (asked "
+            "for by name, and it ran no cell)") in out
+    (manifest,) = read_manifests(tmp_path)
+    assert [c.engine for c in manifest.planned] == ["native-host"] * 2
+    assert {(lo.engine, lo.package, lo.decided_by) for lo in manifest.left_out} == \
+        {("lookup-only", "tiny_llama", "declaration"), ("lookup-only", "tied_llama", "declaration")}
+    assert _run(args + ["--no-evidence", "--strict"], capsys)[0] == 1
+    # where it runs some cells, what its declaration leaves out is said, and does not fail
+    # --strict: it was never this engine's to run
+    args[3] = "tiny_llama,lookup_chained"
+    status, out = _run(args + ["--no-evidence", "--strict"], capsys)
+    assert status == 0
+    assert "lookup-only: 1 cell(s) on 1 package(s) not run: loads lookup tables only\n" in out
 
 
 def test_an_engine_without_its_own_name_is_refused_before_anything_runs(tmp_path, capsys):

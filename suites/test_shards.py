@@ -3,18 +3,21 @@ plan, and ``lockstep report`` over the N folders checks the shards cover it exac
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engines.engine import Availability
 from engines.errors import InputError
 from harness import evidence as ev
 from harness.cli import main
 from harness.manifest import read_manifests
 from harness.plan import Shard, parse_shard
 from harness.shards import shard_coverage
+from suites.planted.engines import Planted
 
 ARGS = ["--engines", "native-host,ort-cpu", "--packages", "tiny_llama,lookup_chained",
         "--max-new-tokens", "6"]
@@ -104,3 +107,41 @@ def test_a_shard_of_a_different_plan_does_not_complete_this_one(tmp_path, capsys
     covs = shard_coverage(read_manifests(a) + read_manifests(b))
     assert len(covs) == 2 and not any(c.complete for c in covs)
     assert {tuple(c.missing) for c in covs} == {(1,), (2,)}
+
+
+class OnSomeMachines(Planted):
+    """Runs only where its (imaginary) library is: LOCKSTEP_TEST_HAS_FOO is set."""
+    name = "some-machines"
+
+    @classmethod
+    def availability(cls):
+        if os.environ.get("LOCKSTEP_TEST_HAS_FOO"):
+            return Availability(True, "foo found")
+        return Availability(False, "needs the imaginary libfoo")
+
+
+def test_every_machine_plans_the_same_cells_and_leaves_out_only_its_own_share(
+        tmp_path, capsys, monkeypatch):
+    """The plan does not depend on the machine: a shard on a machine without an engine's
+    library keeps the plan's digest and bounds and leaves that engine's cells of its share
+    out (recorded in its manifest); the shards still cover the plan exactly once."""
+    args = ["--engines", "native-host,suites.test_shards:OnSomeMachines", "--packages",
+            "tiny_llama,lookup_chained", "--max-new-tokens", "4", "--max-prompts", "1"]
+    monkeypatch.setenv("LOCKSTEP_TEST_HAS_FOO", "1")
+    assert main(["run", *args, "--shard", "1/2", "--evidence-dir", str(tmp_path / "a")]) == 0
+    monkeypatch.delenv("LOCKSTEP_TEST_HAS_FOO")
+    assert main(["run", *args, "--shard", "2/2", "--evidence-dir", str(tmp_path / "b")]) == 0
+    (a,), (b,) = read_manifests(tmp_path / "a"), read_manifests(tmp_path / "b")
+    assert a.plan_digest == b.plan_digest and a.shard.plan_cells == b.shard.plan_cells == 4
+    assert [c.engine for c in a.planned] == ["native-host", "some-machines"] and not a.left_out
+    assert [c.engine for c in b.planned] == ["native-host"]
+    assert [(lo.engine, lo.package, lo.cells, lo.decided_by) for lo in b.left_out] == \
+        [("some-machines", "lookup_chained", 1, "machine")]
+    (cov,) = shard_coverage([a, b])
+    assert cov.complete, cov.describe()
+    capsys.readouterr()
+    report = tmp_path / "report.html"
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "INCOMPLETE" not in out and "report of 3 record(s)" in out
+    assert "some-machines" in report.read_text().split('id="unavailable"')[1].split("</ul>")[0]

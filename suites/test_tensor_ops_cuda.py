@@ -8,6 +8,7 @@ agrees with the transfer guard; no other op moves a byte to the host; the view-o
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -15,11 +16,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engines.cuda_module import CudaModule
 from engines.errors import InputError, ResidencyError
 from engines.ledger import Ledger
 from engines.tensor_ops import SUPPORTED_DTYPES, HostTensorOps
-from engines.tensor_ops.cuda import _BITS_AS, _KERNEL_TYPES, kernel_layout, kernel_source
+from engines.tensor_ops.cuda import _BITS_AS, ARGMAX_MODULES, kernel_layout
 from harness.transfer_guard import transfer_guard
+from suites.nvcc_check import NVCC, compile_module, entry_instances
 from suites.test_tensor_ops import (
     CASES,
     ERROR_CASES,
@@ -34,13 +37,20 @@ pytestmark = pytest.mark.claim("tensor_ops")
 
 # -- host-side pieces of the CUDA backend (run in CI) ----------------------------------------
 def test_every_supported_dtype_has_a_kernel_type():
-    assert set(_KERNEL_TYPES) == set(SUPPORTED_DTYPES)
-    for name in SUPPORTED_DTYPES:
-        src = kernel_source(name)
-        assert "__VALUE__" not in src and "__LOAD__" not in src and "__BLOCK__" not in src
-        assert 'extern "C" __global__ void lockstep_argmax_rows' in src
+    assert set(ARGMAX_MODULES) == set(SUPPORTED_DTYPES)
+    for name, module in ARGMAX_MODULES.items():  # the module defines the tag it instantiates
+        assert f"LK_ARGMAX_TAG(lk_argmax_{name}," in module.text()
+        assert module.instances[0] == f"lockstep_argmax_rows<lk_argmax_{name}>"
     for name, as_ in _BITS_AS.items():
         assert np.dtype(as_).itemsize == SUPPORTED_DTYPES[name].itemsize
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("name", sorted(ARGMAX_MODULES))
+def test_the_argmax_kernels_compile_with_nvcc(tmp_path, name):
+    module = ARGMAX_MODULES[name]
+    ptx = compile_module(module, "sm_90", tmp_path)
+    assert set(entry_instances(ptx, module)) == set(module.instances)
 
 
 @pytest.mark.parametrize("shape,strides,itemsize,expected", [
@@ -155,13 +165,8 @@ def test_gpu_no_op_but_argmax_moves_a_byte_to_the_host(cp, stream):
     assert ops.ledger.h2d_bytes == 96 + 24 and ops.ledger.h2d_count == 2  # x, then host ids
 
 
-_SLOW_FILL = r"""
-extern "C" __global__ void slow_fill(float* x, long long n, float v, long long cycles) {
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-    for (long long i = threadIdx.x; i < n; i += blockDim.x) x[i] = (i % 64 == 37) ? 2.0f * v : v;
-}
-"""
+# spins, then writes x: suites/kernels/slow_fill.cu
+SLOW_FILL = CudaModule(Path(__file__).resolve().parent / "kernels", "slow_fill.cu", ("slow_fill",))
 
 
 @pytest.mark.gpu
@@ -173,7 +178,7 @@ def test_gpu_ops_are_ordered_on_the_engine_stream(cp, stream):
     x = ops.zeros((4, 64), "float32")
     dst = ops.zeros((4, 8), "float32")
     dev_ids = ops.zeros((2,), "int64")  # device ids [0, 0]: no host-to-device sync on gather
-    slow = cp.RawKernel(_SLOW_FILL, "slow_fill")
+    slow = SLOW_FILL.load(0)["slow_fill"]
 
     def run(cycles):
         with cp.cuda.Device(0), stream:
@@ -201,11 +206,9 @@ def test_gpu_ops_are_ordered_on_the_engine_stream(cp, stream):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 def test_gpu_kernel_decodes_every_half_and_bfloat16_pattern(cp, stream, name):
-    from engines.tensor_ops.cuda import _module
-
     bits = np.arange(1 << 16, dtype=np.uint16)
     expected = bits.view(SUPPORTED_DTYPES[name]).astype(np.float32)
-    fn = _module(name).get_function("lockstep_keys")
+    fn = ARGMAX_MODULES[name].load(0)[f"lockstep_keys<lk_argmax_{name}>"]
     with cp.cuda.Device(0), stream:
         src = cp.asarray(bits)
         out = cp.empty(bits.size, dtype=cp.float32)

@@ -93,6 +93,16 @@ class HfEngine(Engine):
                                   f"torch {torch.__version__}")
 
     @classmethod
+    def supports(cls, package) -> Availability:
+        """Packages converted from a checkpoint (their ``checkpoint.json``): transformers builds
+        its model from that checkpoint; a fixture built from a seed has none."""
+        if not (package.root / SIDECAR).is_file():
+            return Availability(False, f"{cls.name} builds its model from the package's source "
+                                       f"checkpoint; this package has no {SIDECAR} (a fixture "
+                                       f"built from a seed has no transformers counterpart)")
+        return Availability(True)
+
+    @classmethod
     def default_dtype(cls, package_dtype: str) -> str:
         """The dtype transformers computes in when the constructor is given none: the
         package's own."""
@@ -122,14 +132,13 @@ class HfEngine(Engine):
             # One intra-op thread, as ort-cpu: on a shared 2-core runner (pytest -n 2) torch's
             # OpenMP threads otherwise spin against each other, ten times slower. Process-wide.
             torch.set_num_threads(1)
-        sidecar_path = package.root / SIDECAR
-        if not sidecar_path.is_file():
+        found = self.supports(package)
+        if not found:
             raise EngineUnavailable(
-                f"{self.name} runs packages converted from a checkpoint; {package.spec.name!r} "
-                f"has no {SIDECAR}", field="package", value=str(package.root),
+                found.reason, field="package", value=str(package.root),
                 remedy="convert a checkpoint with lockstep convert (fixtures built from seeds "
                        "have no transformers counterpart)")
-        self.sidecar = json.loads(sidecar_path.read_text())
+        self.sidecar = json.loads((package.root / SIDECAR).read_text())
         chosen = dtype if dtype is not None else self.default_dtype(package.spec.dtype)
         if chosen not in DTYPES:
             raise (InputError if dtype is not None else EngineUnavailable)(

@@ -163,6 +163,22 @@ class LlamaCppEngine(BlackBoxEngine):
         return Availability(True, f"llama-cpp-python {build.version}{ggml}, CPU features: "
                                   f"{features}")
 
+    @classmethod
+    def supports(cls, package) -> Availability:
+        """Packages converted from a GGUF file (their ``checkpoint.json`` names it): llama.cpp
+        runs that file; a fixture built from a seed has none."""
+        from engines.backends.checkpoint_source import SIDECAR, read_source
+
+        source = read_source(package.root) or {}
+        if not source.get("content_hash"):
+            return Availability(False, f"{cls.name} runs the package's source GGUF; this "
+                                       f"package has no {SIDECAR} naming one (a fixture built "
+                                       f"from a seed)")
+        if source.get("kind", "gguf") != "gguf":
+            return Availability(False, f"{cls.name} runs GGUF files; this package was "
+                                       f"converted from a {source.get('kind')!r} checkpoint")
+        return Availability(True)
+
     def __init__(self, package, *, threads: int | None = None, n_batch: int = 512,
                  checkpoint=None):
         """``threads``: llama.cpp's threads for the prompt and for each step (default
@@ -186,6 +202,12 @@ class LlamaCppEngine(BlackBoxEngine):
                 value=source.get("file"),
                 remedy="convert the checkpoint to GGUF (llama.cpp's convert_hf_to_gguf.py) "
                        "and run lockstep convert on that file")
+        if checkpoint is None:
+            named = self.supports(package)  # the package must name its source GGUF
+            if not named:
+                raise EngineUnavailable(named.reason, field="package", value=str(package.root),
+                                        remedy="run a package made by lockstep convert from a "
+                                               "GGUF file")
         self.source = checkpoint or find_checkpoint(package.root, self.name)
         self.scheme = gguf_scheme(self.source.path)
         from llama_cpp import Llama

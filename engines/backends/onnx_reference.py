@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from engines.engine import Availability, Engine
+from engines.errors import EngineUnavailable
 
 
 class OnnxReferenceEngine(Engine):
@@ -23,6 +24,15 @@ class OnnxReferenceEngine(Engine):
     def __init__(self, package):
         super().__init__(package)
         from onnx.reference import ReferenceEvaluator
+
+        foreign = sorted({f"{n.domain}:{n.op_type}" for name in package.spec.components
+                          for n in package.component_model(name).graph.node
+                          if n.domain and not n.domain.startswith("ai.onnx")})
+        if foreign:  # onnxruntime's contrib ops, say: a package this engine cannot load
+            raise EngineUnavailable(
+                f"onnx.reference implements ONNX's own ops only, and package "
+                f"{package.spec.name!r} uses {', '.join(foreign)}", field="package",
+                value=package.spec.name, remedy="judge it on ort-cpu or native-host")
 
         self._evaluators = {name: ReferenceEvaluator(package.component_model(name))
                             for name in package.spec.components}

@@ -19,14 +19,21 @@ class OrtCpuEngine(Engine):
             return Availability(False, f"onnxruntime is not importable ({exc}); pip install onnxruntime")
         return Availability(True, f"onnxruntime {onnxruntime.__version__}")
 
-    def __init__(self, package):
+    @classmethod
+    def supports(cls, package) -> Availability:
         if package.spec.dtype == "bfloat16":
+            return Availability(False, "onnxruntime's CPU provider runs no bfloat16 MatMul "
+                                       "(NOT_IMPLEMENTED at session creation) and its Python "
+                                       "binding takes no bfloat16 arrays")
+        return Availability(True)
+
+    def __init__(self, package):
+        found = self.supports(package)
+        if not found:
             from engines.errors import EngineUnavailable
 
             raise EngineUnavailable(
-                "onnxruntime's CPU provider runs no bfloat16 MatMul (NOT_IMPLEMENTED at "
-                "session creation) and its Python binding takes no bfloat16 arrays",
-                field="package.dtype", value="bfloat16",
+                found.reason, field="package.dtype", value=package.spec.dtype,
                 remedy="run bfloat16 packages on native-host, onnx-reference or a device "
                        "engine; ort-cpu judges them through their float32 twin")
         super().__init__(package)

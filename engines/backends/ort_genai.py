@@ -74,15 +74,19 @@ class OrtGenaiEngine(BlackBoxEngine):
         precision = self.precisions.get(dtype)
         if precision is None:
             raise EngineUnavailable(
-                f"{self.name} builds {', '.join(self.precisions.values())} models (from "
-                f"{', '.join(self.precisions)} packages), not for a {dtype} package"
-                + self._dtype_note(dtype), field="dtype", value=dtype,
+                self._precision_refusal(dtype), field="dtype", value=dtype,
                 remedy=f"run a {' or '.join(self.precisions)} conversion "
                        f"(lockstep convert CHECKPOINT --dtype {next(iter(self.precisions))})")
         found = self.availability()
         if not found.ok:
             raise EngineUnavailable(found.reason, field="engine", value=self.name,
                                     remedy=genai_build.INSTALL)
+        if checkpoint is None:
+            named = self.supports(package)  # the package must name its source checkpoint
+            if not named:
+                raise EngineUnavailable(named.reason, field="package", value=str(package.root),
+                                        remedy="run a package made by lockstep convert from a "
+                                               "GGUF file or a Hugging Face folder")
         self.checkpoint = checkpoint or find_checkpoint(package.root, self.name)
         self.build = genai_build.ensure_build(self.checkpoint, precision, self.provider)
         import onnxruntime_genai as og
@@ -101,6 +105,26 @@ class OrtGenaiEngine(BlackBoxEngine):
                 f"{package.spec.vocab_size}: they were not made from one checkpoint",
                 field="vocab_size", value=vocab,
                 remedy="run the package converted from the same checkpoint")
+
+    @classmethod
+    def supports(cls, package) -> Availability:
+        """Packages of a dtype its builder makes, converted from a checkpoint (the builder
+        builds from that checkpoint; a fixture built from a seed has none)."""
+        from engines.backends.checkpoint_source import SIDECAR, read_source
+
+        if package.spec.dtype not in cls.precisions:
+            return Availability(False, cls._precision_refusal(package.spec.dtype))
+        if not (read_source(package.root) or {}).get("content_hash"):
+            return Availability(False, f"{cls.name} builds its model from the package's source "
+                                       f"checkpoint; this package has no {SIDECAR} naming one "
+                                       f"(a fixture built from a seed)")
+        return Availability(True)
+
+    @classmethod
+    def _precision_refusal(cls, dtype: str) -> str:
+        return (f"{cls.name} builds {', '.join(cls.precisions.values())} models (from "
+                f"{', '.join(cls.precisions)} packages), not for a {dtype} package"
+                + cls._dtype_note(dtype))
 
     @classmethod
     def _dtype_note(cls, dtype: str) -> str:

@@ -29,6 +29,8 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 # that, a loop over K costs more in dispatch than in arithmetic)
 _SMALL_OUTPUT = 1 << 14
 _PRODUCTS = 1 << 22
+# elements of the output block the loop over K updates at a time (256 KiB of float32)
+_BLOCK = 1 << 16
 
 
 @runtime_checkable
@@ -98,7 +100,8 @@ class NumpyArrayBackend:
         m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
         outputs = int(np.prod(batch, dtype=np.int64)) * m * n
         acc = None
-        if 2 <= n and outputs <= _SMALL_OUTPUT and outputs * k <= _PRODUCTS:
+        if 2 <= n and outputs <= _SMALL_OUTPUT and outputs * k <= _PRODUCTS \
+                and _plain(a2, b2):
             # Small outputs (a decode step's GEMVs): every product at once, then summed over K
             # by add.reduce along a non-innermost axis, which numpy does in index order
             # (0 + p0 + p1 + ...; pairwise summation is only used along the innermost axis,
@@ -107,16 +110,28 @@ class NumpyArrayBackend:
             # below (suites/test_array_backend.py), without its dispatch per k. Where two NaNs
             # meet, which one's sign and payload survives depends on the operand order of the
             # vector instructions, so a result holding a NaN is made again by the loop.
-            products = a2[..., :, :, None] * b2[..., None, :, :]
-            acc = xp.add.reduce(products, axis=-2) + acc_dtype.type(0)
+            # (C order: a broadcast operand could otherwise lay the products out with K
+            # innermost, where the reduction would be pairwise)
+            products = np.multiply(a2[..., :, :, None], b2[..., None, :, :], order="C")
+            acc = np.add.reduce(products, axis=-2) + acc_dtype.type(0)
             if acc.dtype.kind == "f" and xp.isnan(acc).any():
                 acc = None
         if acc is None:
             acc = xp.zeros(batch + (m, n), dtype=acc_dtype)
             # One rank-1 update per k, in order: element (i, j) sees exactly
-            # 0 + a[i,0]b[0,j] + a[i,1]b[1,j] + ... whatever the other rows are.
-            for kk in range(k):
-                acc += a2[..., :, kk:kk + 1] * b2[..., kk:kk + 1, :]
+            # 0 + a[i,0]b[0,j] + a[i,1]b[1,j] + ... whatever the other rows are. Over a block
+            # of columns at a time, small enough to stay in cache (a logits head's 49,152
+            # columns would otherwise stream through memory once per k).
+            rows = max(outputs // max(n, 1), 1)
+            width = max(1, min(n, _BLOCK // rows))
+            scratch = xp.empty(batch + (m, width), dtype=acc_dtype)
+            for j in range(0, n, width):
+                block = acc[..., :, j:j + width]
+                product = scratch[..., :, :block.shape[-1]]
+                for kk in range(k):
+                    xp.multiply(a2[..., :, kk:kk + 1], b2[..., kk:kk + 1, j:j + width],
+                                out=product)
+                    xp.add(block, product, out=block)
         return acc.reshape(out_shape).astype(out_dtype, copy=False)
 
     def sum(self, x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
@@ -127,14 +142,35 @@ class NumpyArrayBackend:
             acc_dtype = np.dtype(np.int64)
         shape = list(x.shape)
         shape[axis] = 1
-        acc = xp.zeros(tuple(shape), dtype=acc_dtype)
-        for k in range(x.shape[axis]):
-            idx = (slice(None),) * axis + (slice(k, k + 1),)
-            acc += x[idx].astype(acc_dtype, copy=False)
+        acc = None
+        if acc_dtype.kind == "f" and 0 < x.size <= _PRODUCTS and _plain(x):
+            # The summed axis made the outermost of a contiguous copy with two or more
+            # columns (a zero column added where there is one), so add.reduce adds in index
+            # order (its pairwise summation only runs along the innermost axis); the leading
+            # +0 added last, and a result holding a NaN made again by the loop below, as in
+            # matmul.
+            moved = xp.moveaxis(x.astype(acc_dtype, copy=False), axis, 0)
+            columns = moved.reshape(moved.shape[0], -1)
+            if columns.shape[1] < 2:
+                columns = xp.concatenate([columns, xp.zeros_like(columns)], axis=1)
+            total = np.add.reduce(xp.ascontiguousarray(columns), axis=0) + acc_dtype.type(0)
+            if not xp.isnan(total).any():
+                acc = total[:int(np.prod(moved.shape[1:], dtype=np.int64))].reshape(shape)
+        if acc is None:
+            acc = xp.zeros(tuple(shape), dtype=acc_dtype)
+            for k in range(x.shape[axis]):
+                idx = (slice(None),) * axis + (slice(k, k + 1),)
+                acc += x[idx].astype(acc_dtype, copy=False)
         if not keepdims:
             acc = acc.reshape(tuple(s for i, s in enumerate(x.shape) if i != axis))
         out_dtype = acc_dtype if x.dtype == np.bool_ else x.dtype
         return acc.astype(out_dtype, copy=False)
+
+
+def _plain(*arrays) -> bool:
+    """Plain host arrays: the order-fixed fast paths read back whether a NaN appeared, which
+    only a host value may be asked (an array standing in for a device value takes the loop)."""
+    return all(type(a) is np.ndarray for a in arrays)
 
 
 def _norm_axis(axis: int, ndim: int) -> int:

@@ -13,41 +13,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from engines.cuda_module import CudaModule
 from engines.errors import ExecutionError
+from engines.native.kernel_source import KERNELS
 
 MAX_ENTRIES = 128  # copies per launch: 3 * 8 * 128 bytes of kernel argument
 THREADS = 256
 MAX_BLOCKS_PER_COPY = 64
 
-SOURCE = r"""
-// table.dst[e], table.src[e], table.nbytes[e]: copy e of `count`; blockIdx.y picks the copy.
-struct alignas(16) lk_word16 { unsigned int w[4]; };
-struct lk_copy_table {
-    unsigned long long dst[%(n)d];
-    unsigned long long src[%(n)d];
-    unsigned long long nbytes[%(n)d];
-};
-
-extern "C" __global__ void lk_copy_many(const lk_copy_table table, int count) {
-    const int e = blockIdx.y;
-    if (e >= count) return;
-    unsigned char* dst = reinterpret_cast<unsigned char*>(table.dst[e]);
-    const unsigned char* src = reinterpret_cast<const unsigned char*>(table.src[e]);
-    const unsigned long long nbytes = table.nbytes[e];
-    const unsigned long long start = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    unsigned long long head = 0;  // bytes moved as 16-byte words
-    if (((table.dst[e] | table.src[e]) & 15ull) == 0) {
-        head = nbytes & ~15ull;
-        const lk_word16* s = reinterpret_cast<const lk_word16*>(src);
-        lk_word16* d = reinterpret_cast<lk_word16*>(dst);
-        for (unsigned long long i = start; i < head / 16; i += stride) d[i] = s[i];
-    }
-    for (unsigned long long i = head + start; i < nbytes; i += stride) dst[i] = src[i];
-}
-""" % {"n": MAX_ENTRIES}
-
 KERNEL_NAME = "lk_copy_many"
+# kernels/batched_copy.cu, its table sized by MAX_ENTRIES (no float arithmetic: no options)
+MODULE = CudaModule(KERNELS, "batched_copy.cu", (KERNEL_NAME,),
+                    (("LK_COPY_ENTRIES", MAX_ENTRIES),))
 
 
 class BatchedCopy:
@@ -61,7 +38,7 @@ class BatchedCopy:
 
         self._cupy = import_cupy()
         self.device_id = int(device_id)
-        self._function = _kernel_pointer(self._cupy, self.device_id)
+        self._function = _kernel_pointer(self.device_id)
         self._tables: dict[tuple, list[tuple]] = {}  # key -> [(params, keep, blocks, count)]
         self.launches = 0  # kernel launches made (what a test counts)
         self.builds = 0  # argument tables built (a changed pointer builds one)
@@ -128,17 +105,8 @@ def disjoint(entries: list[tuple[int, int, int]]) -> bool:
     return True
 
 
-_FUNCTIONS: dict[int, tuple] = {}
-
-
-def _kernel_pointer(cupy, device_id: int) -> int:
+def _kernel_pointer(device_id: int) -> int:
     """The loaded kernel's CUfunction on ``device_id``, compiled once per process (when a
-    launcher is made, never inside a capture). The module is kept alive here."""
-    held = _FUNCTIONS.get(device_id)
-    if held is None:
-        with cupy.cuda.Device(device_id):
-            module = cupy.RawModule(code=SOURCE)
-            kernel = module.get_function(KERNEL_NAME)
-            function = getattr(kernel, "kernel", kernel)  # RawKernel -> its loaded Function
-            held = _FUNCTIONS[device_id] = (module, kernel, int(function.ptr))
-    return held[2]
+    launcher is made, never inside a capture)."""
+    kernel = MODULE.load(device_id)[KERNEL_NAME]
+    return int(getattr(kernel, "kernel", kernel).ptr)  # RawKernel -> its loaded Function

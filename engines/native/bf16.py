@@ -19,7 +19,8 @@ CuPy routine ever computes on such an array. A plan step that touches one goes t
   they are.
 
 Any other op on a bfloat16 value is an ``ExecutionError`` naming the op and the remedy.
-The host helpers here are the reference the CUDA conversions are tested against.
+The host helpers here are the reference the CUDA conversions (``kernels/cast.cu``, the
+prelude's ``lk_load``/``lk_store`` for ``lk_bf16``) are tested against.
 """
 from __future__ import annotations
 
@@ -65,31 +66,6 @@ def float32_to_bits(x: np.ndarray) -> np.ndarray:
     rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
     quiet = ((u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)
     return np.where(nan, quiet, rounded).astype(np.uint16)
-
-
-# -- the CUDA conversions (the prelude's lk_load / lk_store for lk_bf16) -----------------------
-CAST_KERNELS = r"""
-extern "C" __global__ void lk_bf16_to_f32(const lk_bf16* __restrict__ x,
-                                          float* __restrict__ out, long long n) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = lk_load(x, i);
-}
-
-extern "C" __global__ void lk_f32_to_bf16(const float* __restrict__ x,
-                                          lk_bf16* __restrict__ out, long long n) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) lk_store(out, i, x[i]);
-}
-"""
-CAST_KERNEL_NAMES = ("lk_bf16_to_f32", "lk_f32_to_bf16")
-
-
-def cast_source() -> str:
-    """The conversion kernels with the executor's prelude (the same lk_load / lk_store as the
-    matmul kernels)."""
-    from engines.native.cuda_kernels import prelude
-
-    return prelude() + CAST_KERNELS
 
 
 # -- the plan step -----------------------------------------------------------------------------
@@ -186,5 +162,4 @@ def model_uses_bf16(model) -> bool:
 
 
 __all__ = ["BF16", "BITS_OPS", "Bf16Plan", "FUSED_DOMAINS", "NATIVE_OPS", "WIDENED_OPS",
-           "bf16_call", "bits_to_float32", "cast_source", "float32_to_bits", "is_bf16",
-           "model_uses_bf16"]
+           "bf16_call", "bits_to_float32", "float32_to_bits", "is_bf16", "model_uses_bf16"]

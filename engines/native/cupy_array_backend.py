@@ -27,9 +27,13 @@ import numpy as np
 
 from engines.errors import ExecutionError, ResidencyError
 from engines.native.array_backend import _norm_axis, matmul_shapes
-from engines.native.bf16 import BF16, CAST_KERNEL_NAMES, cast_source
-from engines.native.cuda_kernels import GEMV_DTYPES, MATMUL_DTYPES, MAX_BATCH_AXES, SUM_DTYPES, get_kernels
+from engines.native.bf16 import BF16
+from engines.native.cuda_kernels import get_kernels
 from engines.native.dtype_names import dtype_name
+from engines.native.kernel_source import instance, module
+from engines.native.launch.bmm import MATMUL_DTYPES, MAX_BATCH_AXES
+from engines.native.launch.gemv import GEMV_DTYPES, gemv_vectorised
+from engines.native.launch.sum_axis import SUM_DTYPES
 
 
 class CupyArrayBackend:
@@ -46,7 +50,7 @@ class CupyArrayBackend:
         self.residency = f"cuda:{self.device_id}"
         self._device = cupy.cuda.Device(self.device_id)
         self.kernels = get_kernels(self.device_id)  # compiled and loaded now, never mid-forward
-        self._casts = _bf16_casts(self.device_id)
+        self._casts = CASTS.load(self.device_id)  # the bfloat16 conversions, loaded now
         # id(adopted weight) -> (the weight, its C-contiguous [N, K] transpose); the entry
         # holds the weight so its id cannot be reused while cached.
         self._transposed: dict[int, tuple[Any, Any]] = {}
@@ -120,11 +124,11 @@ class CupyArrayBackend:
 
     def bf16_to_float32(self, x):
         """float32 values of a bfloat16 array (exact: the bits become the high half)."""
-        return self._convert(x, BF16, np.float32, "lk_bf16_to_f32")
+        return self._convert(x, BF16, np.float32, TO_FLOAT32)
 
     def float32_to_bf16(self, x):
         """bfloat16 of a float32 array: round to nearest even, NaN kept (as ml_dtypes)."""
-        return self._convert(x, np.float32, BF16, "lk_f32_to_bf16")
+        return self._convert(x, np.float32, BF16, TO_BF16)
 
     def _convert(self, x, src, dst, kernel: str):
         self._check(x, "x")
@@ -234,8 +238,6 @@ class CupyArrayBackend:
         """``[matmul(a, w) for w in weights]`` with one launch when every ``w`` is an
         adopted 2-D weight of ``a``'s dtype with a cached transpose (the fusion pass's
         sibling MatMuls: q/k/v, gate/up); each result is bit for bit its own ``matmul``."""
-        from engines.native.cuda_kernels import gemv_vectorised
-
         cached = [self._transposed.get(id(w)) for w in weights]
         if a.ndim >= 2 and dtype_name(a.dtype) in GEMV_DTYPES and all(
                 c is not None and c[0] is w and w.dtype == a.dtype
@@ -260,15 +262,15 @@ class CupyArrayBackend:
         return None
 
     def fused_kernels(self):
-        """The ``lockstep.fused`` nodes' kernels, bound to this backend's stream; compiled
-        once per device, the first time a plan with fused nodes builds (never mid-forward:
-        a module cannot load inside a capture)."""
-        bound = getattr(self, "_fused_bound", None)
-        if bound is None:
+        """The ``lockstep.fused`` nodes' kernels of this backend's device (each launch names
+        ``self.stream``); compiled once per device, the first time a plan with fused nodes
+        builds (never mid-forward: a module cannot load inside a capture)."""
+        fused = getattr(self, "_fused", None)
+        if fused is None:
             from engines.native.fused_kernels import get_fused_kernels
 
-            bound = self._fused_bound = get_fused_kernels(self.device_id).on(self.stream)
-        return bound
+            fused = self._fused = get_fused_kernels(self.device_id)
+        return fused
 
     # -- introspection -----------------------------------------------------------------------
     @property
@@ -282,20 +284,7 @@ class CupyArrayBackend:
 
 
 _CAST_BLOCK = 256
-_CAST_MODULES: dict[int, dict[str, Any]] = {}
-
-
-def _bf16_casts(device_id: int) -> dict[str, Any]:
-    """The bfloat16 conversion kernels for a device, compiled and loaded once per process
-    (never inside a capture)."""
-    functions = _CAST_MODULES.get(device_id)
-    if functions is None:
-        from engines.cuda_support import import_cupy
-        from engines.native.cuda_kernels import COMPILE_OPTIONS
-
-        cupy = import_cupy()
-        with cupy.cuda.Device(device_id):
-            module = cupy.RawModule(code=cast_source(), options=COMPILE_OPTIONS)
-            functions = {name: module.get_function(name) for name in CAST_KERNEL_NAMES}
-        _CAST_MODULES[device_id] = functions
-    return functions
+# the bfloat16 conversions (kernels/cast.cu): the bits shifted up, and round to nearest even
+TO_FLOAT32 = instance("lk_cast", "bfloat16", "float32")
+TO_BF16 = instance("lk_cast", "float32", "bfloat16")
+CASTS = module("cast.cu", [TO_FLOAT32, TO_BF16])

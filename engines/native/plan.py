@@ -14,6 +14,10 @@ device (keyed by dtype, shape and bytes), so for a fixed set of feed shapes a fo
 nothing from the host: no per-step copy, and nothing a CUDA graph capture would record
 from a temporary host buffer.
 
+An op whose output shape is read from its input's values (``NonZero``) runs wherever its
+inputs are on the host backend; on a device backend only over host-resolved inputs, and a
+plan that would run it over device values is refused when built.
+
 Before binding, the fusion pass (``engines.native.fusion``) replaces the converter's
 standard subgraphs by one ``lockstep.fused`` node each; ``fuse=False`` keeps the graph node
 for node.
@@ -229,6 +233,18 @@ class Plan:
                         field=f"{node.op_type}.input[{slot}]", value=name,
                         remedy="derive it from Shape, Constant or integer initializers only "
                                "(shape arithmetic), or feed it as a declared host input")
+
+        # ---- an output shape read from values: on a device only over host values ----
+        if backend.residency != "host":
+            for ((index, node), kernel, is_host) in zip(order, kernels, on_host):
+                if kernel.value_dependent_shape and not is_host:
+                    raise ExecutionError(
+                        f"{node.op_type}'s output shape is read from its input's values, "
+                        "which live on the device here", where=_node_label(node, index),
+                        field=f"{node.op_type}.input[0]", value=node.input[0],
+                        remedy="compute its input from shape arithmetic (Shape, Constant, "
+                               "integer initializers) so it runs on the host, or run this "
+                               "model on native-host or ort-cpu")
 
         # ---- fold what depends on no input once: shape arithmetic on the host, weight-only
         # device ops (a transposed tied embedding, say) on the backend ----

@@ -9,10 +9,11 @@ arguments), each device pointer re-based on this call's operands and allocations
 
 What makes a replay the call's exact work (else the step is never memoised for that key):
 - Every device action of the recorded call went through ``KernelLauncher.launch`` (a
-  compiled kernel, arguments it packs itself) or an allocation of the kernel families'
-  own (``CudaKernels._out``, ``FusedKernels._empty``). An allocation from anything else (a
-  CuPy operation: a contiguous copy, a cast, a fallback path) refuses the memo; so does a
-  launch CuPy makes for us (a spy, an argument the launcher does not pack).
+  compiled kernel, arguments it packs itself) or an allocation of the kernel families' own
+  (``KernelFamily._empty``, ``engines/native/launch/family.py``). An allocation from
+  anything else (a CuPy operation: a contiguous copy, a cast, a fallback path) refuses the
+  memo; so does a launch CuPy makes for us (a spy, an argument the launcher does not
+  pack).
 - The key holds every operand's shape, strides, dtype, 256-byte alignment and device, and
   the identity of constant operands (weights: what a kernel family caches by identity).
   Nothing a step decides may depend on the operands' values: the device steps never read

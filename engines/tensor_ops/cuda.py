@@ -20,11 +20,12 @@ Only the memory-touching primitives are here; the rules are in ``base.py``. Choi
 from __future__ import annotations
 
 import contextlib
-import functools
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from engines.cuda_module import CudaModule
 from engines.cuda_support import import_cupy, sanctioned_readback
 from engines.errors import EngineUnavailable, InputError
 from engines.ledger import Ledger
@@ -34,123 +35,23 @@ from engines.tensor_ops.pending import DeviceToken
 ARGMAX_BLOCK = 1024  # threads a row: a vocabulary of 49152 is 48 columns a thread
 ARGMAX_UNROLL = 8  # columns whose loads a thread issues together
 
-# dtype -> (C type of a stored element, C type of its ordering key, key expression of p[j])
-_KERNEL_TYPES: dict[str, tuple[str, str, str]] = {
-    "float32": ("float", "float", "p[j]"),
-    "float16": ("unsigned short", "float", "lockstep_f16_to_f32(p[j])"),
-    "bfloat16": ("unsigned short", "float", "__uint_as_float(((unsigned int)p[j]) << 16)"),
-    "int32": ("int", "int", "p[j]"),
-    "int64": ("long long", "long long", "p[j]"),
-    "bool": ("unsigned char", "int", "(int)p[j]"),
-}
+KERNELS = Path(__file__).resolve().parent / "kernels"
+ARGMAX_SIZES = (("LK_ARGMAX_BLOCK", ARGMAX_BLOCK), ("LK_ARGMAX_UNROLL", ARGMAX_UNROLL))
+
+
+def argmax_module(name: str) -> CudaModule:
+    """``kernels/argmax.cu`` for one dtype name: its row argmax and test hook (instantiated
+    for the dtype's tag ``lk_argmax_<name>``) and the acceptance kernel."""
+    tag = f"lk_argmax_{name}"
+    return CudaModule(KERNELS, "argmax.cu", (f"lockstep_argmax_rows<{tag}>", "lockstep_accept",
+                                             f"lockstep_keys<{tag}>"), ARGMAX_SIZES)
+
+
+ARGMAX_MODULES = {name: argmax_module(name)
+                  for name in ("float32", "float16", "bfloat16", "int32", "int64", "bool")}
 
 # dtypes whose bits the kernels and the movers see as another dtype of the same width
 _BITS_AS = {"float16": np.uint16, "bfloat16": np.uint16, "bool": np.uint8}
-
-_SOURCE = r"""
-typedef __VALUE__ lk_value;
-typedef __KEY__ lk_key;
-
-// IEEE half -> float from the bits, exact (every half is a float); no cuda_fp16.h needed.
-__device__ __forceinline__ float lockstep_f16_to_f32(unsigned short h) {
-    unsigned int sign = ((unsigned int)h & 0x8000u) << 16;
-    unsigned int e = ((unsigned int)h >> 10) & 0x1fu;
-    unsigned int m = (unsigned int)h & 0x3ffu;
-    unsigned int bits;
-    if (e == 0u) {
-        float mag = (float)m * 5.9604644775390625e-08f;  // zero or subnormal: m * 2^-24
-        bits = __float_as_uint(mag);
-    } else if (e == 31u) {
-        bits = 0x7f800000u | (m << 13);                  // inf (m == 0) or NaN
-    } else {
-        bits = ((e + 112u) << 23) | (m << 13);           // normal: rebias 15 -> 127
-    }
-    return __uint_as_float(bits | sign);
-}
-
-__device__ __forceinline__ lk_key lockstep_key(const lk_value* p, long long j) {
-    return __LOAD__;
-}
-
-// One block of __BLOCK__ threads per row. Thread t scans columns j = t, t + __BLOCK__, ...
-// ascending, __UNROLL__ at a time (every load of a group issued before its compares, so a
-// row of a vocabulary's width is read in a few round trips, not one per column), keeping the
-// first maximum it sees; a tree then keeps (larger value, else lower index). NaN (v != v) is
-// skipped; a row with no non-NaN value yields -1. Every scan order and tree gives the same
-// answer: the lowest index of the row's largest value. out64, when given, gets the same ids
-// as int64 (a next forward's tokens feed, with no cast launched after this kernel).
-extern "C" __global__ void lockstep_argmax_rows(const lk_value* __restrict__ x,
-                                                long long row_stride, int cols,
-                                                int* __restrict__ out,
-                                                long long* __restrict__ out64) {
-    __shared__ lk_key best_v[__BLOCK__];
-    __shared__ int best_i[__BLOCK__];
-    const lk_value* p = x + (long long)blockIdx.x * row_stride;
-    lk_key bv = (lk_key)0;
-    int bi = -1;
-    for (long long base = threadIdx.x; base < cols; base += (long long)__BLOCK__ * __UNROLL__) {
-        lk_key v[__UNROLL__];
-#pragma unroll
-        for (int u = 0; u < __UNROLL__; ++u) {
-            const long long j = base + (long long)u * __BLOCK__;
-            if (j < cols) v[u] = lockstep_key(p, j);
-        }
-#pragma unroll
-        for (int u = 0; u < __UNROLL__; ++u) {
-            const long long j = base + (long long)u * __BLOCK__;
-            if (j < cols && !(v[u] != v[u]) && (bi < 0 || v[u] > bv)) { bv = v[u]; bi = (int)j; }
-        }
-    }
-    best_v[threadIdx.x] = bv;
-    best_i[threadIdx.x] = bi;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            lk_key ov = best_v[threadIdx.x + s];
-            int oi = best_i[threadIdx.x + s];
-            lk_key cv = best_v[threadIdx.x];
-            int ci = best_i[threadIdx.x];
-            if (oi >= 0 && (ci < 0 || ov > cv || (ov == cv && oi < ci))) {
-                best_v[threadIdx.x] = ov;
-                best_i[threadIdx.x] = oi;
-            }
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        out[blockIdx.x] = best_i[0];
-        if (out64) out64[blockIdx.x] = best_i[0];
-    }
-}
-
-// Verification: the length of the prefix where the row argmaxes equal the drafts, and the
-// argmax of the first row after it (the bonus token), into out[0] and out[1].
-extern "C" __global__ void lockstep_accept(const int* __restrict__ best,
-                                           const long long* __restrict__ drafts, int width,
-                                           int* __restrict__ out) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    int n = 0;
-    while (n < width && (long long)best[n] == drafts[n]) n++;
-    out[0] = n;
-    out[1] = best[n];
-}
-
-// Test hook: the ordering key of every element, so the bit decoding can be checked
-// against numpy for all 65536 half and bfloat16 patterns.
-extern "C" __global__ void lockstep_keys(const lk_value* __restrict__ x, long long n,
-                                         lk_key* __restrict__ out) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = lockstep_key(x, i);
-}
-"""
-
-
-def kernel_source(name: str) -> str:
-    """The CUDA source of the argmax module for a dtype name (host-inspectable)."""
-    value, key, load = _KERNEL_TYPES[name]
-    return (_SOURCE.replace("__VALUE__", value).replace("__KEY__", key)
-            .replace("__LOAD__", load).replace("__BLOCK__", str(ARGMAX_BLOCK))
-            .replace("__UNROLL__", str(ARGMAX_UNROLL)))
 
 
 def kernel_layout(shape: tuple[int, int], strides: tuple[int, int], itemsize: int
@@ -162,12 +63,6 @@ def kernel_layout(shape: tuple[int, int], strides: tuple[int, int], itemsize: in
     row_ok = rows <= 1 or strides[0] % itemsize == 0
     row_stride = strides[0] // itemsize if rows > 1 else 0
     return row_stride, col_ok and row_ok
-
-
-@functools.lru_cache(maxsize=None)
-def _module(name: str):
-    cp = import_cupy()
-    return cp.RawModule(code=kernel_source(name))
 
 
 class CudaTensorOps(TensorOps):
@@ -269,7 +164,8 @@ class CudaTensorOps(TensorOps):
         if cols >= 2 ** 31:
             raise InputError("rows wider than 2**31 - 1 are not supported", field="logits2d",
                              value=tuple(logits2d.shape))
-        fn = _module(name).get_function("lockstep_argmax_rows")
+        module = ARGMAX_MODULES[name]
+        fn = module.load(self.device_id)[module.instances[0]]
         with self.on_stream():
             x = self._bits(logits2d[:rows])
             row_stride, usable = kernel_layout(x.shape, x.strides, x.itemsize)
@@ -284,7 +180,7 @@ class CudaTensorOps(TensorOps):
     def _accept(self, logits2d: Any, drafts: np.ndarray) -> tuple[int, int]:
         width = int(drafts.size)
         best = self._row_argmax_on_device(logits2d, width + 1)
-        fn = _module(dtype_name(logits2d.dtype)).get_function("lockstep_accept")
+        fn = ARGMAX_MODULES[dtype_name(logits2d.dtype)].load(self.device_id)["lockstep_accept"]
         with self.on_stream():
             dev_drafts = (self._adopt(drafts) if width else
                           self.cp.zeros((1,), dtype=self.cp.int64))

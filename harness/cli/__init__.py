@@ -20,7 +20,7 @@ from pathlib import Path
 
 from engines.errors import LockstepError
 
-SUBCOMMANDS = ("run", "report", "claims", "engines", "bench", "bench_forward", "bench_judge", "fixtures", "convert", "import_genai", "cache", "explain", "repro")
+SUBCOMMANDS = ("run", "report", "claims", "engines", "bench", "bench_forward", "bench_judge", "fixtures", "convert", "import_genai", "import_package", "cache", "explain", "repro")
 
 
 def build_parser() -> argparse.ArgumentParser:

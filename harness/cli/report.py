@@ -41,16 +41,15 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _catch_matrix(args: argparse.Namespace):
-    from reports.render import DEFAULT_CATCH_MATRIX, load_catch_matrix
+def _catch_matrix(args: argparse.Namespace) -> Path | None:
+    """The catch matrix file to render (its path: the report names where it came from)."""
+    from reports.render import DEFAULT_CATCH_MATRIX
 
     if args.no_catch_matrix:
         return None
     if args.catch_matrix is not None:
-        return load_catch_matrix(args.catch_matrix)  # given explicitly: it must be readable
-    if DEFAULT_CATCH_MATRIX.exists():
-        return load_catch_matrix(DEFAULT_CATCH_MATRIX)
-    return None
+        return args.catch_matrix  # given explicitly: it must be readable
+    return DEFAULT_CATCH_MATRIX if DEFAULT_CATCH_MATRIX.exists() else None
 
 
 def write_output(output: Path, html: str) -> None:
@@ -75,41 +74,41 @@ def write_output(output: Path, html: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engines.output_paths import check_output_file
-    from harness.evidence import load_evidence_dir
+    from harness.evidence import load_evidence_dir, load_evidence_files
+    from harness.forensics import load_explanations
     from harness.manifest import read_manifests
+    from harness.run_coverage import drop_duplicates, run_coverage
+    from harness.shards import shard_coverage
     from reports import render_report
     from reports.render import MARKER
 
     check_output_file(args.output, "-o", marker=MARKER, force=args.force, example="report.html")
 
-    records, manifests, explanations = [], [], {}
-    from harness.forensics import load_explanations
-
+    found, manifests, explanations = [], [], {}
     for folder in args.evidence_dirs:
-        records += load_evidence_dir(folder)
-        manifests += read_manifests(folder)
+        planned_here = read_manifests(folder)
+        # a run killed after its manifest and before its first record is an incomplete
+        # run, not an empty folder
+        found += load_evidence_files(folder, allow_empty=bool(planned_here))
+        manifests += planned_here
         explanations.update(load_explanations(folder))
     manifests.sort(key=lambda m: m.started)
+    records, duplicates = drop_duplicates([r for _, r in found], [p for p, _ in found])
     baseline = load_evidence_dir(args.baseline) if args.baseline is not None else None
-    catch_matrix = _catch_matrix(args)
 
     html = render_report(records, baseline, title=args.title, manifests=manifests,
-                         catch_matrix=catch_matrix, explanations=explanations,
-                         bench=args.bench)
+                         catch_matrix=_catch_matrix(args), explanations=explanations,
+                         bench=args.bench, duplicates=duplicates)
     output: Path = args.output
     write_output(output, html)
     failing = sum(not r.ok for r in records)
     print(f"lockstep: report of {len(records)} record(s) ({failing} not ok) written to "
           f"{output.resolve()}")
-    have = {(r.run_id, r.package.name, r.engine, r.mode.label, r.prompt.name) for r in records}
-    for m in manifests:
-        missing = sum((m.run_id, *c.key) not in have for c in m.planned)
-        if not m.complete or missing:
-            print(f"lockstep: run {m.run_id} is INCOMPLETE: {len(m.planned) - missing} of "
-                  f"{len(m.planned)} planned cell(s) recorded"
-                  + ("" if m.complete else "; its manifest was never marked complete"))
-    from harness.shards import shard_coverage
-
+    for dup in duplicates:
+        print(f"lockstep: DUPLICATE record: {dup.describe()}")
+    for cov in run_coverage(records, manifests, duplicates):
+        if cov.incomplete or cov.mismatched:
+            print(f"lockstep: run {cov.manifest.run_id} {cov.describe()}")
     for cov in shard_coverage(manifests):
         if not cov.complete:
             print(f"lockstep: sharded plan {cov.plan_digest} ({cov.count} shards, "

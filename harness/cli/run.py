@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from engines.errors import InputError
@@ -109,8 +110,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run the parity matrix (engines x packages x prompts)")
     p.add_argument("--engines", help="comma list of engine names or module:Class "
                                      "(default: every registered engine)")
-    p.add_argument("--packages", help="comma list of fixture names or package folders "
-                                      "(default: every built-in fixture)")
+    p.add_argument("--packages", help="comma list of fixture names or package folders; an "
+                                      "onnx-genai model package (manifest.json) runs every "
+                                      "variant this machine can (default: every built-in "
+                                      "fixture)")
     p.add_argument("--prompt", action="append", dest="prompts", metavar="IDS",
                    help='a prompt as token ids, "1 5 7"; repeatable (default: the package\'s prompts)')
     p.add_argument("--text", action="append", dest="texts", metavar="TEXT",
@@ -157,7 +160,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-evidence", action="store_true",
                    help="write no evidence (verdicts and budgets are judged all the same)")
     p.add_argument("--strict", action="store_true",
-                   help="an unavailable engine fails the run instead of being reported")
+                   help="an engine that cannot run here (or a cell found unavailable), or "
+                        "an engine named in --engines that runs no cell, fails the run "
+                        "instead of being reported (cells an engine's declarations leave out, "
+                        "such as hf on a fixture without a checkpoint, do not)")
     p.add_argument("--explain", action="store_true",
                    help="explain every failing greedy cell: the first node whose error leaves "
                         "the noise floor and a repro pack, written to <evidence dir>/forensics/ "
@@ -174,7 +180,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from harness.cli.arguments import engine_list, name_list
     from harness.packages import fixture_names
-    from harness.runner import run_matrix
+    from harness.runner import resolve_engines, run_matrix
 
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
     engines = engine_list(args.engines, "--engines") or engine_names()
@@ -192,7 +198,9 @@ def run(args: argparse.Namespace) -> int:
 
         packages = list(speculative_fixtures())
     else:
-        packages = name_list(args.packages, "--packages") or fixture_names()
+        from harness.packages import expand_package_refs
+
+        packages = expand_package_refs(name_list(args.packages, "--packages") or fixture_names())
     prompts = _prompts(args)
     oracle_engine = getattr(args, "oracle_engine", None)
     devices = None
@@ -259,12 +267,13 @@ def run(args: argparse.Namespace) -> int:
     details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
     if details:
         print_table(console, details_table(details))
-    reasons = {c.engine: c.reason for c in summary.cells if c.status == "unavailable"}
-    for engine, reason in reasons.items():
-        asked = args.engines is not None  # every engine of an explicit --engines list
-        style = "bold yellow" if asked else "yellow"
-        console.print(f"[{style}]{engine}: UNAVAILABLE here{' (asked for by name)' if asked else ''}"
-                      f": {reason}[/]")
+    asked = set(resolve_engines(engines)) if args.engines is not None else set()
+    ran = {c.engine for c in summary.cells if c.status != "unavailable"}
+    for row in not_run(summary):
+        idle = row.engine in asked and row.engine not in ran
+        note = " (asked for by name, and it ran no cell)" if idle else ""
+        console.print(f"[{'bold yellow' if idle else 'yellow'}]{escape(row.line())}{note}[/]",
+                      highlight=False)
     counts = {}
     for c in summary.cells:
         counts[c.status] = counts.get(c.status, 0) + 1
@@ -280,5 +289,19 @@ def run(args: argparse.Namespace) -> int:
         from harness.forensics import explain_and_print
 
         explain_and_print(summary, engines, print_fn=print, repro=True)
-    unavailable = any(c.status == "unavailable" for c in summary.cells)
+    # --strict: an engine that cannot run here, a cell found unavailable, or an engine asked
+    # for by name that ran nothing fails the run (what declarations leave out does not)
+    unavailable = (any(c.status == "unavailable" for c in summary.cells)
+                   or any(lo.decided_by == "machine" for lo in summary.left_out)
+                   or bool(asked - ran))
     return 1 if summary.failed or (args.strict and unavailable) else 0
+
+
+def not_run(summary):
+    """One ``harness.plan.NotRun`` per engine with cells left out of the plan or found
+    unavailable when tried, with their reasons."""
+    from harness.plan import fold_not_run
+
+    return fold_not_run([(lo.engine, lo.package, lo.reason, lo.cells) for lo in summary.left_out]
+                        + [(c.engine, c.package, c.reason, 1) for c in summary.cells
+                           if c.status == "unavailable"])

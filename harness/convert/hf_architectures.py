@@ -107,6 +107,19 @@ class Profile:
     tied_default: bool = False
     activation_field: str = "hidden_act"
     activation: str = "silu"  # the transformers activation name this profile models
+    # a mixture of experts: "<prefix>{e}.<name>" -> "e{e}.<key>" for each name here
+    expert_tensors: dict = field(default_factory=dict)
+    expert_prefix: str = ""
+
+
+def expert_key(suffix: str, profile: Profile) -> str | None:
+    """The graph key of one expert's tensor (``block_sparse_moe.experts.3.w1.weight`` ->
+    ``e3.w_gate``), or None."""
+    if not suffix.startswith(profile.expert_prefix):
+        return None
+    index, _, name = suffix[len(profile.expert_prefix):].partition(".")
+    part = profile.expert_tensors.get(name)
+    return f"e{int(index)}.{part}" if index.isdigit() and part else None
 
 
 def _flag(config: dict, name: str) -> bool:
@@ -160,6 +173,23 @@ def _mistral(config, where):
 
 def _phi3(config, where):
     return {"sliding_window": _window(config, where)}
+
+
+def _mixtral(config, where):
+    """Mixtral: Mistral's attention and a sparse mixture of SwiGLU experts, the router's
+    top ``num_experts_per_tok`` of ``num_local_experts`` (its router jitter is training
+    noise; aux-loss settings only add a training loss)."""
+    experts, per_token = config.get("num_local_experts"), config.get("num_experts_per_tok")
+    for name, value in (("num_local_experts", experts), ("num_experts_per_tok", per_token)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise refuse(name, value, "a mixture of experts needs a positive count here",
+                         "fix config.json", where)
+    if not (experts >= 2 and per_token <= experts):
+        raise refuse("num_experts_per_tok", per_token, f"routes to more experts than the "
+                     f"{experts} there are (or there is only one)",
+                     f"use 1..{experts}, with at least two experts", where)
+    return {"sliding_window": _window(config, where), "experts": experts,
+            "experts_per_token": per_token}
 
 
 def _granite(config, where):
@@ -241,6 +271,15 @@ PROFILES = {
         "attention_multiplier", "residual_multiplier", "logits_scaling"}), LLAMA_LAYER,
         _granite),
     "Olmo2ForCausalLM": Profile("olmo2", frozenset({"attention_bias"}), OLMO2_LAYER, _olmo2),
+    "MixtralForCausalLM": Profile(
+        "mixtral", frozenset({"sliding_window", "num_local_experts", "num_experts_per_tok",
+                              "router_jitter_noise", "router_aux_loss_coef",
+                              "output_router_logits"}),
+        {"input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "mlp_norm",
+         **{k: v for k, v in _ATTN.items() if k.endswith("weight")},
+         "block_sparse_moe.gate.weight": "router"}, _mixtral,
+        expert_tensors={"w1.weight": "w_gate", "w3.weight": "w_up", "w2.weight": "w_down"},
+        expert_prefix="block_sparse_moe.experts."),
     "Phi3ForCausalLM": Profile("phi3", frozenset({"sliding_window"}), {
         "input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "mlp_norm",
         "self_attn.o_proj.weight": "wo", "mlp.down_proj.weight": "w_down"}, _phi3,

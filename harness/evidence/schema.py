@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 import numpy as np
@@ -17,9 +17,11 @@ from pydantic_core import PydanticCustomError
 from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, computed_field,
                       field_validator, model_validator)
 
+from engines.errors import NonFiniteLogits
 from engines.ledger import Ledger
-from harness.claims import CLAIM_IDS
-from harness.judge import FAILING, SEVERITY
+from harness.claims import CLAIM_IDS, CLAIMS as CLAIM_REGISTRY
+from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, FAILING, IDENTICAL, NEAR_TIE,
+                           NON_FINITE, SEVERITY, UNAVAILABLE, worst)
 
 # 2: every cell has a record (status, error), every step judged (judgement), the logits
 # audit, the greedy stream of a speculative cell, claims from harness.claims
@@ -30,6 +32,9 @@ Claim = Literal[CLAIM_IDS]  # type: ignore[valid-type]
 Verdict = Literal["pass", "fail", "skip"]
 Status = Literal[SEVERITY]  # type: ignore[valid-type]
 ModeKind = Literal["greedy", "draft", "chained", "mtp"]
+# how far ahead of this machine's clock a record's ``created`` may be (another machine of a
+# sharded run, a clock a little fast); anything later was not written by a run
+CLOCK_SKEW = timedelta(minutes=10)
 
 
 def token_digest(ids: list[int] | np.ndarray) -> str:
@@ -197,6 +202,17 @@ class Judgement(_Strict):
     defects: int = Field(ge=0)
     near_ties: int = Field(ge=0)
     findings: list[StepFinding] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _counts_match_findings(self) -> "Judgement":
+        for name, written, verdict in (("defects", self.defects, DEFECT),
+                                       ("near_ties", self.near_ties, NEAR_TIE)):
+            listed = sum(f.verdict == verdict for f in self.findings)
+            if written != listed:
+                raise _inconsistent(f"judgement.{name}",
+                                    f"judgement.{name} is written as {written} but its "
+                                    f"findings list {listed} {verdict} step(s)")
+        return self
 
 
 class StepAuditRecord(_Strict):
@@ -406,6 +422,29 @@ class EvidenceRecord(_Strict):
                                       f"divergence, budgets and verdicts give {record.ok!r}")
         return record
 
+    @field_validator("created")
+    @classmethod
+    def _created_is_past(cls, value: datetime) -> datetime:
+        now = utc_now()
+        if value > now + CLOCK_SKEW:
+            raise ValueError(f"created {value.isoformat()} is in the future (now "
+                             f"{now.isoformat(timespec='seconds')}, {CLOCK_SKEW} of clock "
+                             f"skew allowed): no run wrote it")
+        return value
+
+    @model_validator(mode="after")
+    def _status_is_what_it_holds(self) -> "EvidenceRecord":
+        # ``status`` is derived from the record's own findings (found_status); a writer
+        # that leaves it out gets it derived, a written one must agree with the findings
+        found, shown_by = found_status(self)
+        if "status" not in self.model_fields_set:
+            self.status = found
+        elif self.status != found and not (self.status == UNAVAILABLE and found == IDENTICAL
+                                           and self.judgement is None):
+            raise _inconsistent("status", f"status is written as {self.status!r} but the "
+                                          f"record holds {found!r} ({shown_by})")
+        return self
+
     @model_validator(mode="after")
     def _consistent(self) -> "EvidenceRecord":
         expected = token_digest(self.tokens)
@@ -435,6 +474,61 @@ class EvidenceRecord(_Strict):
     def cell(self) -> tuple[str, str, str]:
         """The matrix cell this record belongs to: (package, engine, mode label)."""
         return (self.package.name, self.engine, self.mode.label)
+
+
+def found_status(record: EvidenceRecord) -> tuple[str, str]:
+    """The status ``record`` stands for by what it holds, worst first as ``harness.judge.worst``
+    orders them (an error, non-finite or out-of-tolerance logits rows, defect or near-tie steps
+    of its judgement, divergence or greedy stream, a stream that parts or moves among
+    concurrent requests, a stream beyond its quantized band, failed budgets and claims), and
+    a few words
+    on what shows it. ``identical`` when nothing is found: a record cannot show it was
+    ``unavailable``, so that status stands only where nothing was judged."""
+    found: list[tuple[str, str]] = []
+    if record.error is not None:
+        non_finite = record.error.type == NonFiniteLogits.__name__
+        found.append((NON_FINITE if non_finite else ERROR,
+                      f"error: {record.error.type} at stage {record.error.stage}"))
+    audit = record.logits_audit
+    if audit is not None and audit.non_finite_steps:
+        found.append((NON_FINITE, f"logits_audit: {audit.non_finite_steps} non-finite row(s)"))
+    if audit is not None and audit.out_of_tolerance_steps:
+        found.append((DRIFT, f"logits_audit: {audit.out_of_tolerance_steps} row(s) out of "
+                             f"tolerance"))
+    j = record.judgement
+    if j is not None and j.defects:
+        found.append((DEFECT, f"judgement: {j.defects} defect step(s)"))
+    elif j is not None and j.near_ties:
+        found.append((NEAR_TIE, f"judgement: {j.near_ties} near-tie step(s)"))
+    if record.divergence is not None:
+        found.append((record.divergence.verdict,
+                      f"divergence: {record.divergence.verdict} at step {record.divergence.step}"))
+    g = record.greedy
+    if g is not None and g.verdict == DEFECT:
+        found.append((DEFECT, "greedy: its greedy stream has a defect"))
+    if g is not None and not g.agrees_with_speculative:
+        found.append((NEAR_TIE, f"greedy: speculative and greedy part at step "
+                                f"{g.first_difference}"))
+    c = record.concurrency
+    if c is not None and c.first_difference is not None:
+        found.append((DEFECT, f"concurrency: among {c.requests} requests the stream parts "
+                              f"from the stream alone at step {c.first_difference}"))
+    elif c is not None and c.max_logprob_delta is not None and \
+            not c.max_logprob_delta <= c.logprob_bound:  # NaN included
+        found.append((DRIFT, f"concurrency: log-probabilities move by {c.max_logprob_delta:.3g} "
+                             f"among {c.requests} requests"))
+    if record.band is not None and not record.band.within:
+        found.append((DRIFT, f"band: beyond the {record.band.scheme} band"))
+    failed = [b.claim for b in record.budgets if b.verdict == "fail"]
+    if failed:
+        found.append((BUDGET, f"budgets: {', '.join(dict.fromkeys(failed))} failed"))
+    for claim, verdict in record.verdicts.items():
+        if verdict == "fail":
+            found.append((CLAIM_REGISTRY[claim].fails_as, f"verdicts: {claim} failed"))
+    if not found:
+        return IDENTICAL, "no error, no finding, no failed budget or claim"
+    status = worst(*(st for st, _ in found))
+    return status, "; ".join(why for st, why in found if st == status)
 
 
 def evidence_json_schema() -> dict[str, Any]:

@@ -207,11 +207,17 @@ def evidence_files(folder: str | os.PathLike) -> list[Path]:
                   if p.suffix == SUFFIX and not p.name.startswith(".") and p.is_file())
 
 
-def load_evidence_dir(folder: str | os.PathLike, *, allow_empty: bool = False
-                      ) -> list[EvidenceRecord]:
-    """Every record in ``folder``; the first bad file raises, naming itself."""
+def load_evidence_files(folder: str | os.PathLike, *, allow_empty: bool = False
+                        ) -> list[tuple[Path, EvidenceRecord]]:
+    """Every record in ``folder`` with its file; the first bad file raises, naming itself."""
     files = evidence_files(folder)
     if not files and not allow_empty:
         raise EvidenceError(f"no evidence files (*{SUFFIX}) in the folder", where=str(folder),
                             remedy="run `pytest --evidence-dir DIR` or `lockstep run` first")
-    return [read_evidence(p) for p in files]
+    return [(p, read_evidence(p)) for p in files]
+
+
+def load_evidence_dir(folder: str | os.PathLike, *, allow_empty: bool = False
+                      ) -> list[EvidenceRecord]:
+    """Every record in ``folder``; the first bad file raises, naming itself."""
+    return [record for _, record in load_evidence_files(folder, allow_empty=allow_empty)]

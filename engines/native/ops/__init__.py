@@ -7,14 +7,14 @@ Loop, Scan) are out of scope.
 """
 from __future__ import annotations
 
-from . import (activation, attention, cast, cumulative, elementwise, float_checks, fused,
-               indexing, matmul, nd_indexing, nn, normalization, quantized, reduction, rotary,
-               scatter, selection, shape)
+from . import (activation, attention, bitwise, cast, contrib_attention, cumulative,
+               elementwise, float_checks, fused, indexing, matmul, moe, nd_indexing, nn,
+               normalization, quantized, reduction, rotary, scatter, selection, shape)
 from .base import Kernel
 
-_FAMILIES = (activation, attention, cast, cumulative, elementwise, float_checks, fused,
-             indexing, matmul, nd_indexing, nn, normalization, quantized, reduction, rotary,
-             scatter, selection, shape)
+_FAMILIES = (activation, attention, bitwise, cast, contrib_attention, cumulative,
+             elementwise, float_checks, fused, indexing, matmul, moe, nd_indexing, nn,
+             normalization, quantized, reduction, rotary, scatter, selection, shape)
 
 ONNX_DOMAINS = ("", "ai.onnx")
 

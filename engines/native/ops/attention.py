@@ -15,6 +15,7 @@ import numpy as np
 from onnx import helper
 
 from .base import Kernel, host_ints
+from .nn import softmax_sum
 from .rotary import rotate
 
 
@@ -49,15 +50,8 @@ def masked_softmax(be, x, allowed=None):
 
 
 def row_sum(be, e):
-    """Sum over the last axis, kept. bfloat16 adds in bfloat16, in index order: ONNX
-    computes the softmax in the input type, and its reference rounds every addition (a
-    float32 accumulator lands one bfloat16 ulp away). Other dtypes go through ``be.sum``."""
-    if e.dtype.name != "bfloat16":
-        return be.sum(e, e.ndim - 1, keepdims=True)
-    total = be.xp.zeros(e.shape[:-1] + (1,), dtype=e.dtype)
-    for k in range(e.shape[-1]):
-        total = total + e[..., k:k + 1]
-    return total
+    """Sum over the last axis, kept (``nn.softmax_sum``: bfloat16 adds in bfloat16)."""
+    return softmax_sum(be, e, e.ndim - 1)
 
 
 def softcapped(xp, x, cap: float):
@@ -175,16 +169,17 @@ class GroupQueryAttention(Kernel):
     (a device value); total_sequence_length (host) sets the present length max(T, P).
     A first prompt (S == T) writes its keys from 0; otherwise row b's S new keys go to
     [seqlens_k[b] + 1 - S, seqlens_k[b] + 1), the past is kept before them and the rest of
-    present is zero. do_rotary rotates Q and K at those positions from cos/sin caches;
-    local_window_size w > 0 lets a query see w keys, itself and the w - 1 before it (as
+    present is zero. do_rotary rotates Q and K at those positions from cos/sin caches, or at
+    ``position_ids`` [B, S] where given (a first prompt reads only its first element, the
+    start of every row's run, as onnxruntime 1.32's CPU kernel does); local_window_size w > 0 lets a query see w keys, itself and the w - 1 before it (as
     onnxruntime 1.32's CPU kernel does); softcap and smooth_softmax as onnxruntime defines
     them."""
 
     domain = "com.microsoft"
     host_inputs = frozenset({6})
-    # inputs 9.. (position_ids, attention_bias, head_sink, kv quantisation scales, q/k
-    # norms, query_seqlens): not implemented, refused by name when wired
-    UNSUPPORTED_INPUTS = ("position_ids", "attention_bias", "head_sink", "k_scale", "v_scale",
+    # inputs 10.. (attention_bias, head_sink, kv quantisation scales, q/k norms,
+    # query_seqlens): not implemented, refused by name when wired
+    UNSUPPORTED_INPUTS = ("attention_bias", "head_sink", "k_scale", "v_scale",
                           "q_norm_weight", "k_norm_weight", "query_seqlens")
 
     def setup(self) -> None:
@@ -200,7 +195,7 @@ class GroupQueryAttention(Kernel):
         self.do_rotary = bool(self.attr("do_rotary", 0))
         self.interleaved = bool(self.attr("rotary_interleaved", 0))
         self.smooth = int(self.attr("smooth_softmax", -1)) == 1
-        for slot, name in enumerate(self.UNSUPPORTED_INPUTS, start=9):
+        for slot, name in enumerate(self.UNSUPPORTED_INPUTS, start=10):
             if slot < len(self.node.input) and self.node.input[slot]:
                 raise self.fail("this GroupQueryAttention input is not supported",
                                 field=f"GroupQueryAttention.input[{slot}]", value=name,
@@ -242,7 +237,7 @@ class GroupQueryAttention(Kernel):
 
     def __call__(self, be, query, key=None, value=None, past_key=None, past_value=None,
                  seqlens_k=None, total_sequence_length=None, cos_cache=None, sin_cache=None,
-                 *unused):
+                 position_ids=None, *unused):
         xp = be.xp
         if seqlens_k is None or total_sequence_length is None:
             raise self.fail("seqlens_k and total_sequence_length are required",
@@ -263,8 +258,14 @@ class GroupQueryAttention(Kernel):
                 raise self.fail("do_rotary needs cos_cache and sin_cache",
                                 field="GroupQueryAttention.input[7:9]", value=None,
                                 remedy="wire both caches or set do_rotary=0")
-            cos = xp.take(cos_cache, positions, axis=0)
-            sin = xp.take(sin_cache, positions, axis=0)
+            at = positions
+            if position_ids is not None:
+                at = position_ids.astype(np.int64, copy=False)
+                if first_prompt:  # one start for every row, from the first element
+                    at = at[:1, :1] + xp.arange(seq, dtype=np.int64).reshape(1, seq)
+                at = xp.broadcast_to(at, (batch, seq))
+            cos = xp.take(cos_cache, at, axis=0)
+            sin = xp.take(sin_cache, at, axis=0)
             dim = 2 * cos_cache.shape[-1]
             q = rotate(xp, q, cos, sin, dim, self.interleaved)
             k = rotate(xp, k, cos, sin, dim, self.interleaved)

@@ -49,6 +49,9 @@ class Kernel:
     # True for ops that read only their inputs' metadata (Shape, Size): their outputs are
     # host values whatever their inputs are.
     metadata_only: ClassVar[bool] = False
+    # True for ops whose output shape is read from their input values (NonZero): free on
+    # the host; a device plan runs them only on host-resolved inputs and refuses the rest.
+    value_dependent_shape: ClassVar[bool] = False
 
     def __init__(self, node: onnx.NodeProto, opset: int):
         self.node = node

@@ -61,6 +61,13 @@ class Floor(Kernel):
         return (be.xp.floor(x),)
 
 
+class Round(Kernel):
+    """Halves round to the even neighbour (numpy's and ONNX's rule)."""
+
+    def __call__(self, be, x):
+        return (be.xp.round(x),)
+
+
 class Sign(Kernel):
     def __call__(self, be, x):
         return (be.xp.sign(x),)
@@ -76,14 +83,16 @@ class Relu(Kernel):
         return (be.xp.maximum(x, x.dtype.type(0)),)
 
 
-class Sigmoid(Kernel):
+def sigmoid(xp, x):
     """1 / (1 + exp(-x)), split by sign so neither branch overflows to inf/inf."""
+    e = xp.exp(-xp.abs(x))
+    one = x.dtype.type(1)
+    return xp.where(x >= 0, one / (one + e), e / (one + e))
 
+
+class Sigmoid(Kernel):
     def __call__(self, be, x):
-        xp = be.xp
-        e = xp.exp(-xp.abs(x))
-        one = x.dtype.type(1)
-        return (xp.where(x >= 0, one / (one + e), e / (one + e)),)
+        return (sigmoid(be.xp, x),)
 
 
 class Erf(Kernel):
@@ -146,6 +155,20 @@ class Div(Kernel):
         inexact = (a - q * b) != 0
         mixed_signs = (a < 0) != (b < 0)
         return (q + (inexact & mixed_signs).astype(q.dtype),)
+
+
+class Mod(Kernel):
+    """fmod=0: the remainder takes the divisor's sign (numpy's mod, for integers and, since
+    ONNX 1.23, floats); fmod=1: C's fmod, the dividend's sign."""
+
+    def setup(self) -> None:
+        self.fmod = int(self.attr("fmod", 0))
+        if self.fmod not in (0, 1):
+            raise self.fail("fmod is 0 or 1", field="fmod", value=self.fmod,
+                            remedy="use fmod=0 (the divisor's sign) or fmod=1 (C fmod)")
+
+    def __call__(self, be, a, b):
+        return ((be.xp.fmod if self.fmod else be.xp.mod)(a, b),)
 
 
 class Pow(Kernel):

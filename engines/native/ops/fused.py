@@ -40,7 +40,7 @@ def _device(be, *arrays):
     if be.residency == "host":
         return None
     from engines.native.cupy_array_backend import CupyArrayBackend
-    from engines.native.fused_kernels import FUSED_DTYPES
+    from engines.native.launch.fused_dtypes import FUSED_DTYPES
 
     if not isinstance(be, CupyArrayBackend):
         return None
@@ -81,7 +81,7 @@ class RMSNorm(_Fused):
         device = _device(be, x, gain)
         if device is not None and gain.dtype == x.dtype and gain.shape == x.shape[-1:]:
             return (device.rms_norm(x, gain, float(self.eps),
-                                    _np(self.to) if self.to else x.dtype),)
+                                    _np(self.to) if self.to else x.dtype, stream=be.stream),)
         xp = be.xp
         total = be.sum(xp.multiply(x, x), x.ndim - 1, keepdims=True)
         mean = total / total.dtype.type(x.shape[-1])  # ReduceMean's arithmetic
@@ -103,7 +103,8 @@ class AddRMSNorm(RMSNorm):
         if device is not None and residual.shape == delta.shape and summed == residual.dtype \
                 and gain.dtype == residual.dtype and gain.shape == residual.shape[-1:]:
             return device.add_rms_norm(residual, delta, gain, float(self.eps),
-                                       _np(self.to) if self.to else residual.dtype)
+                                       _np(self.to) if self.to else residual.dtype,
+                                       stream=be.stream)
         total = be.xp.add(residual, self.cast(be, delta, self.up))
         return (total,) + super().__call__(be, total, gain)
 
@@ -120,7 +121,8 @@ class NormMatMul(AddRMSNorm):
         self.add = int(self.attr("add", 0))
 
     def __call__(self, be, *inputs):
-        got = self.one_launch(be, inputs, lambda device, *args: device.norm_gemv(*args))
+        got = self.one_launch(be, inputs,
+                              lambda device, *args, stream: device.norm_gemv(*args, stream=stream))
         if got is not None:
             return got
         norm_in, weights = self.split(inputs)
@@ -134,8 +136,9 @@ class NormMatMul(AddRMSNorm):
         return tuple(inputs[:lead]), list(inputs[lead:])
 
     def one_launch(self, be, inputs, launch):
-        """``launch(device, residual, delta, gain, eps, out dtype, cached weights)`` where the
-        device kernels take the norm (its sum kept in the residual's dtype), else None."""
+        """``launch(device, residual, delta, gain, eps, out dtype, cached weights, stream=)``
+        where the device kernels take the norm (its sum kept in the residual's dtype), else
+        None."""
         norm_in, weights = self.split(inputs)
         residual, gain = norm_in[0], norm_in[-1]
         delta = norm_in[1] if self.add else None
@@ -147,7 +150,8 @@ class NormMatMul(AddRMSNorm):
         cached = be.cached_transposes(weights, out)
         if cached is None:
             return None
-        return launch(device, residual, delta, gain, float(self.eps), out, cached)
+        return launch(device, residual, delta, gain, float(self.eps), out, cached,
+                      stream=be.stream)
 
 
 class NormGLU(NormMatMul):
@@ -169,10 +173,11 @@ class NormGLU(NormMatMul):
         *summed, gate, up = NormMatMul.__call__(self, be, *inputs)
         return tuple(summed) + (swiglu(self, be, gate, up, self.glu_up, self.glu_to),)
 
-    def _norm_glu(self, device, residual, delta, gain, eps, out, cached):
+    def _norm_glu(self, device, residual, delta, gain, eps, out, cached, *, stream):
         compute = _np(self.glu_up) if self.glu_up else out
         glu_out = _np(self.glu_to) if self.glu_to else compute
-        return device.norm_glu(residual, delta, gain, eps, out, cached, compute, glu_out)
+        return device.norm_glu(residual, delta, gain, eps, out, cached, compute, glu_out,
+                               stream=stream)
 
 
 def _products(be, a, weights) -> tuple:
@@ -199,7 +204,7 @@ class Rotary(_Fused):
         if device is not None and self.on_device(x, cos, sin, self.scale_value):
             compute, out = self.dtypes(x)
             return (device.rotary(x, cos, sin, self.layout, compute,
-                                  _float(self.scale_value), out),)
+                                  _float(self.scale_value), out, stream=be.stream),)
         return (self.rotate(be, x, cos, sin, self.scale_value),)
 
     def check(self, x) -> None:
@@ -255,7 +260,8 @@ class Rotary2(Rotary):
                 and self.on_device(xb, cos, sin, self.scale_b):
             compute, out = self.dtypes(xa)
             return device.rotary2(xa, xb, cos, sin, self.layout, compute,
-                                  _float(self.scale_a), _float(self.scale_b), out)
+                                  _float(self.scale_a), _float(self.scale_b), out,
+                                  stream=be.stream)
         return (self.rotate(be, xa, cos, sin, self.scale_a),
                 self.rotate(be, xb, cos, sin, self.scale_b))
 
@@ -289,7 +295,7 @@ class RotaryKVWrite(Rotary2):
             compute, out = self.dtypes(x_keep)
             got = device.rotary_kv(x_keep, x_cache, cos, sin, self.layout, compute,
                                    _float(self.scale_a), _float(self.scale_b), out, old_rot,
-                                   old_plain, new_plain, positions)
+                                   old_plain, new_plain, positions, stream=be.stream)
             if got is not None:
                 return got
         return self.two_nodes(be, x_keep, x_cache, cos, sin, old_rot, old_plain, new_plain,
@@ -325,7 +331,7 @@ def swiglu(kernel: _Fused, be, gate, up, up_to: int, to: int):
     device = _device(be, gate, up)
     if device is not None and gate.dtype == up.dtype and gate.shape == up.shape:
         compute = _np(up_to) if up_to else gate.dtype
-        return device.swiglu(gate, up, compute, _np(to) if to else compute)
+        return device.swiglu(gate, up, compute, _np(to) if to else compute, stream=be.stream)
     xp = be.xp
     g, u = kernel.cast(be, gate, up_to), kernel.cast(be, up, up_to)
     e = xp.exp(-xp.abs(g))
@@ -346,7 +352,7 @@ class SwiGLUMatMul(SwiGLU):
             out = _np(self.to) if self.to else compute
             cached = be.cached_transposes([weight], out)
             if cached is not None:
-                got = device.swiglu_gemv(gate, up, compute, out, cached[0])
+                got = device.swiglu_gemv(gate, up, compute, out, cached[0], stream=be.stream)
                 if got is not None:
                     return (got,)
         (product,) = super().__call__(be, gate, up)
@@ -371,7 +377,7 @@ class KVWrite(_Fused):
                             remedy=f"feed a cache with {self.max_context} slots")
         device = _device(be)
         if device is not None:
-            return (device.kv_write(old, new, positions),)
+            return (device.kv_write(old, new, positions, stream=be.stream),)
         xp = be.xp
         out = xp.array(old, copy=True)
         zero = old.dtype.type(0)
@@ -395,7 +401,7 @@ class KVWrite2(KVWrite):
             self.need_rank(value, 4, what)
         device = _device(be, old_a, old_b)
         if device is not None and old_a.shape[2] == old_b.shape[2] == self.max_context:
-            return device.kv_write2(old_a, new_a, old_b, new_b, positions)
+            return device.kv_write2(old_a, new_a, old_b, new_b, positions, stream=be.stream)
         return (KVWrite.__call__(self, be, old_a, new_a, positions)
                 + KVWrite.__call__(self, be, old_b, new_b, positions))
 
@@ -432,7 +438,7 @@ class Attention(_Fused):
             score = _np(self.up) if self.up else q.dtype
             scale = None if self.scale_value is None else float(self.scale_value)
             return (device.attention(q, k_all, v_all, positions, self.kv_heads, self.group,
-                                     scale, score),)
+                                     scale, score, stream=be.stream),)
         xp = be.xp
         heads, d = self.kv_heads * self.group, self.head_dim
         extent = k_all.shape[2]
@@ -497,13 +503,13 @@ class RotaryKVAttention(_Fused):
             got = device.rotary_kv_attention(
                 x_keep, x_cache, cos, sin, write.layout, compute, _float(write.scale_a),
                 _float(write.scale_b), out, old_rot, old_plain, new_plain, positions,
-                attention.kv_heads, attention.group, scale, score)
+                attention.kv_heads, attention.group, scale, score, stream=be.stream)
             if got is not None:
                 return got
             # a prefill: RotaryKVWrite's own launch, its checks already made here
             got = device.rotary_kv(x_keep, x_cache, cos, sin, write.layout, compute,
                                    _float(write.scale_a), _float(write.scale_b), out, old_rot,
-                                   old_plain, new_plain, positions)
+                                   old_plain, new_plain, positions, stream=be.stream)
         if got is None:
             got = write.two_nodes(be, x_keep, x_cache, cos, sin, old_rot, old_plain,
                                   new_plain, positions)

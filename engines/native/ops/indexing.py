@@ -1,5 +1,7 @@
-"""Indexing ops: Gather, Slice, Where, Trilu."""
+"""Indexing ops: Gather, Slice, Where, Trilu, OneHot."""
 from __future__ import annotations
+
+import numpy as np
 
 from .base import Kernel, host_ints, norm_axis
 
@@ -82,3 +84,29 @@ class Trilu(Kernel):
         offset = host_ints(k)[0] if k is not None else 0
         fn = be.xp.triu if self.upper else be.xp.tril
         return (fn(x, offset),)
+
+
+class OneHot(Kernel):
+    """on_value where an index names the slot along the new ``axis``, off_value elsewhere;
+    a negative index in [-depth, 0) counts from the end, any other index out of range hits
+    nothing (a row of off_value). ``depth`` sets the output's shape, so it is a host input."""
+
+    host_inputs = frozenset({1})
+
+    def setup(self) -> None:
+        self.axis = int(self.attr("axis", -1))
+
+    def __call__(self, be, indices, depth, values):
+        xp = be.xp
+        given = host_ints(depth)
+        if len(given) != 1 or given[0] < 1:
+            raise self.fail("depth is one positive number", field="depth", value=given,
+                            remedy="give depth as a scalar or one-element tensor >= 1")
+        extent = given[0]
+        axis = norm_axis(self.axis, indices.ndim + 1, self)
+        idx = indices.astype(np.int64)  # float indices truncate toward zero
+        idx = xp.where(idx < 0, idx + extent, idx)
+        idx = xp.expand_dims(idx, axis)
+        slots = xp.arange(extent, dtype=np.int64).reshape(
+            (1,) * axis + (extent,) + (1,) * (indices.ndim - axis))
+        return (xp.where(idx == slots, values[1], values[0]),)

@@ -6,6 +6,21 @@ import math
 from .base import Kernel, norm_axis
 
 
+def softmax_sum(be, e, axis: int):
+    """A softmax's denominator along ``axis``, kept. bfloat16 adds in bfloat16, in index
+    order: ONNX computes the softmax in the input type, and its reference rounds every
+    addition (a float32 accumulator lands one bfloat16 ulp away). Other dtypes go through
+    ``be.sum``. Both orders are fixed, so neither depends on the other rows."""
+    if e.dtype.name != "bfloat16":
+        return be.sum(e, axis, keepdims=True)
+    shape = list(e.shape)
+    shape[axis] = 1
+    total = be.xp.zeros(tuple(shape), dtype=e.dtype)
+    for k in range(e.shape[axis]):
+        total = total + e[(slice(None),) * axis + (slice(k, k + 1),)]
+    return total
+
+
 class Softmax(Kernel):
     """exp(x - max) / sum, the sum in fixed order so masked (zero) tails change nothing.
 
@@ -28,7 +43,7 @@ class Softmax(Kernel):
         xp = be.xp
         shifted = x - xp.max(x, axis=axis, keepdims=True)
         e = xp.exp(shifted)
-        return e / be.sum(e, axis, keepdims=True)
+        return e / softmax_sum(be, e, axis)
 
 
 class LogSoftmax(Softmax):

@@ -128,3 +128,33 @@ class SkipLayerNormalization(_SkipNormalization):
         s = self.skip_sum(x, skip, bias)
         y, mean, inv = layer_normalize(be, s, gamma, beta, s.ndim - 1, self.epsilon, 1)
         return (y, mean, inv, s)
+
+
+class GroupNormalization(_Normalization):
+    """ONNX GroupNormalization: X [N, C, ...] normalised over each group of C / num_groups
+    channels (and the spatial axes), by ``layer_normalize``'s fixed-order means; then scaled
+    and shifted per channel (opset 21) or per group (opset 18). The first stage computes in
+    float32 for 16-bit inputs when ``stash_type`` is 1 (21's default), the second in X's type."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.groups = int(self.attr("num_groups", 0))
+        if self.groups <= 0:
+            raise self.fail("num_groups must be positive", field="num_groups",
+                            value=self.groups, remedy="set num_groups to a divisor of C")
+
+    def __call__(self, be, x, scale, bias):
+        n, c = x.shape[0], x.shape[1]
+        if c % self.groups:
+            raise self.fail("num_groups does not divide the channels", field="num_groups",
+                            value=(self.groups, c), remedy=f"use a divisor of {c}")
+        grouped = x.reshape((n, self.groups, -1))
+        ones = be.xp.ones((1,), dtype=x.dtype)
+        normed, _, _ = layer_normalize(be, grouped, ones, None, 2, self.epsilon,
+                                       self.stash_type if self.opset >= 21 else 0)
+        if self.opset < 21:  # scale and bias per group
+            per = (1, self.groups, 1)
+            y = normed * scale.reshape(per) + bias.reshape(per)
+            return (y.reshape(x.shape),)
+        per = (1, c) + (1,) * (x.ndim - 2)
+        return (normed.reshape(x.shape) * scale.reshape(per) + bias.reshape(per),)

@@ -94,3 +94,22 @@ class ReduceMax(_Extreme):
 
 class ReduceMin(_Extreme):
     largest = False
+
+
+class ReduceProd(_Reduce):
+    """The product along each axis in index order from 1 (a fixed order, like ``be.sum``:
+    every output element is its own sequential product, whatever the other rows are)."""
+
+    def __call__(self, be, x, axes_input=None):
+        axes = self.axes(x, axes_input)
+        if axes is None:
+            return (x,)
+        xp = be.xp
+        for axis in axes:
+            shape = list(x.shape)
+            shape[axis] = 1
+            acc = xp.ones(tuple(shape), dtype=x.dtype)
+            for k in range(x.shape[axis]):
+                acc = acc * x[(slice(None),) * axis + (slice(k, k + 1),)]
+            x = acc
+        return (x.reshape(self.out_shape(x, axes)),)

@@ -75,3 +75,50 @@ class ScatterElements(Kernel):
         result = one_hot_reduce(be, self.reduction, target, hit, upd_l, axis=-2)
         out[block] = xp.moveaxis(result, -1, axis)
         return (out,)
+
+
+class TensorScatter(Kernel):
+    """ONNX TensorScatter (24): a copy of the cache with each batch row's S updates written
+    along ``axis`` from that row's write index (0 without ``write_indices``), wrapping modulo
+    the axis' extent in ``circular`` mode. The write indices are device values: every slot t
+    takes update t - w[b] when that lies in [0, S) and keeps the cache's value otherwise
+    (index arithmetic and a gather, nothing read back). In ``linear`` mode a write past the
+    end of the buffer, which ONNX forbids, is therefore dropped rather than clamped or
+    reported; lockstep's decode never makes one (positions stop at max_context)."""
+
+    def setup(self) -> None:
+        self.axis = int(self.attr("axis", -2))
+        self.mode = self.attr("mode", "linear")
+        if self.mode not in ("linear", "circular"):
+            raise self.fail("unknown TensorScatter mode", field="mode", value=self.mode,
+                            remedy="use linear or circular")
+
+    def __call__(self, be, past, update, write_indices=None):
+        xp = be.xp
+        axis = norm_axis(self.axis, past.ndim, self)
+        if axis == 0:
+            raise self.fail("the sequence axis cannot be the batch axis", field="axis",
+                            value=self.axis, remedy=f"use an axis in [1, {past.ndim - 1}]")
+        length, count = past.shape[axis], update.shape[axis]
+        other = [k for k in range(past.ndim) if k != axis]
+        if update.ndim != past.ndim or count > length or \
+                any(past.shape[k] != update.shape[k] for k in other):
+            raise self.fail("update must match the cache except along axis, and be no longer",
+                            field="update.shape", value=(tuple(past.shape), tuple(update.shape)),
+                            remedy=f"give update the cache's shape with at most {length} "
+                                   f"positions along axis {axis}")
+        batch = past.shape[0]
+        if write_indices is None:
+            start = xp.zeros((batch,), dtype=np.int64)
+        else:
+            start = write_indices.astype(np.int64, copy=False)
+        slot = xp.arange(length, dtype=np.int64).reshape(
+            (1,) * axis + (length,) + (1,) * (past.ndim - axis - 1))
+        offset = slot - start.reshape((batch,) + (1,) * (past.ndim - 1))
+        if self.mode == "circular":
+            offset = xp.mod(offset, length)
+        written = (offset >= 0) & (offset < count)
+        index = xp.broadcast_to(xp.clip(offset, 0, max(count - 1, 0)), past.shape)
+        if count == 0:
+            return (xp.array(past, copy=True),)
+        return (xp.where(written, xp.take_along_axis(update, index, axis=axis), past),)

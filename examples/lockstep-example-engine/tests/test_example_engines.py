@@ -69,8 +69,11 @@ def test_the_black_box_is_not_asked_to_speculate(lockstep_packages):
         pytest.skip("no package with a speculative section among --packages")
     summary = run_matrix(["example-ort-blackbox"], speculative[:1], None, 4,
                          mode="speculative", widths=[1])
-    assert {c.status for c in summary.cells} == {"unavailable"}
-    assert "declares no speculative decoding" in summary.cells[0].reason
+    # left out of the plan by its declaration, with the reason, rather than run and refused
+    assert summary.cells == []
+    (left,) = summary.left_out
+    assert left.engine == "example-ort-blackbox" and left.decided_by == "declaration"
+    assert "declares no speculative decoding" in left.reason
 
 
 def test_tokens_directly_against_the_oracle(assert_token_identity):

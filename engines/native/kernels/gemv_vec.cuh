@@ -1,0 +1,164 @@
+// The K-vector GEMV's column code (gemv_vec's order), for gemv.cu's kernels and for the
+// GEMVs with a prologue (prologue_gemv.cu), which run it over rows they staged themselves:
+// their columns are gemv_vec's bit for bit.
+#pragma once
+#include "vec16.cuh"
+
+#if !defined(LK_GEMV_ROWS) || !defined(LK_GEMV_WARPS)
+#error "LK_GEMV_ROWS and LK_GEMV_WARPS come from the launcher (-D options)"
+#endif
+// The cases of a switch over a chunk's row count, 1 to LK_GEMV_ROWS: one instance per count.
+static_assert(LK_GEMV_ROWS == 16, "LK_ROWS_16 lists the cases 1 to 16");
+#define LK_ROWS_16(CASE) CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) \
+    CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+
+// The K-vector GEMV order (K a multiple of V = 16 bytes' worth of T). A team of `team`
+// warps (1, 2 or 4, chosen from N alone) owns a column: team thread t takes the runs of V
+// consecutive k in runs c = t, t + 32 * team, ..., and adds their products with fused
+// multiply-adds, k ascending within a run; a fixed butterfly sums each warp, and the
+// team's warps are then added in warp order. A row's arithmetic depends on K and N only.
+// VEC: both operands are loaded 16 bytes at a time (W^T [N, K] rows, both 16-byte
+// aligned); otherwise each element is loaded alone, w(k, n) = wr[k * w_kstep]. The loads
+// differ, the arithmetic does not, so a [K, N] weight gives the [N, K] one's bits.
+template <typename T, int R, bool VEC, int WARPS>
+__device__ __forceinline__ void lk_gemv_vec_chunk(
+        const T* __restrict__ xr, const T* __restrict__ wr, T* __restrict__ out,
+        long long K, long long N, long long w_kstep, long long n, long long m0, bool valid,
+        int tt, int team_threads, int warp, int team, int lane, float* part) {
+    constexpr int V = 16 / sizeof(T);
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+    if (valid) {
+        const long long chunks = K / V;
+#pragma unroll 2
+        for (long long c = tt; c < chunks; c += team_threads) {
+            float wf[V];
+            if (VEC) {
+                lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(wr + c * V), wf, T());
+            } else {
+#pragma unroll
+                for (int v = 0; v < V; ++v) wf[v] = lk_load(wr, (c * V + v) * w_kstep);
+            }
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                float xf[V];
+                if (VEC) {
+                    lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(xr + i * K + c * V), xf,
+                                      T());
+                } else {
+#pragma unroll
+                    for (int v = 0; v < V; ++v) xf[v] = lk_load(xr, i * K + c * V + v);
+                }
+#pragma unroll
+                for (int v = 0; v < V; ++v) acc[i] = __fmaf_rn(xf[v], wf[v], acc[i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const float v = lk_warp_sum(acc[i]);
+        if (lane == 0) part[i * WARPS + warp] = v;
+    }
+    __syncthreads();
+    if (valid && lane == 0 && warp % team == 0) {
+        for (int i = 0; i < R; ++i) {
+            float total = part[i * WARPS + warp];
+            for (int s = 1; s < team; ++s) total += part[i * WARPS + warp + s];
+            lk_store(out, (m0 + i) * N + n, total);
+        }
+    }
+    __syncthreads();  // part is reused by the next chunk of rows
+}
+
+// Block `blk` of out[m, n] = sum_k x[m, k] * w(k, n), w(k, n) = w[n * w_nstep + k * w_kstep]
+// (W^T [N, K]: w_nstep K, w_kstep 1; W [K, N]: 1 and N); LK_GEMV_WARPS / team columns a block.
+// MAXR: the most rows a chunk of this instance takes (M <= MAXR unless MAXR is
+// LK_GEMV_ROWS); SCALAR: whether it has the element-wise loads. Both only trim what is
+// compiled: a row's arithmetic is the same in every instance.
+#define LK_CHUNK_CASE(r, VEC) case r: if constexpr (r <= MAXR) \
+    lk_gemv_vec_chunk<T, r, VEC, LK_GEMV_WARPS>(xr, wr, out, K, N, w_kstep, n, m0, valid, tt, \
+                                                team * 32, warp, team, lane, part); break;
+#define LK_VEC_CASE(r) LK_CHUNK_CASE(r, true)
+#define LK_SCALAR_CASE(r) LK_CHUNK_CASE(r, false)
+template <typename T, int MAXR, bool SCALAR>
+__device__ __forceinline__ void lk_gemv_vec_block(const T* __restrict__ x, const T* __restrict__ w,
+                                                  T* __restrict__ out, long long M, long long K,
+                                                  long long N, long long w_nstep,
+                                                  long long w_kstep, int vec, int team,
+                                                  long long blk, float* part) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const long long n = blk * (LK_GEMV_WARPS / team) + warp / team;
+    const bool valid = n < N;  // every thread stays for the block's barriers
+    const int tt = (warp % team) * 32 + lane;
+    const T* wr = w + (valid ? n : 0) * w_nstep;
+    for (long long m0 = 0; m0 < M; m0 += LK_GEMV_ROWS) {
+        const long long rows = (M - m0) < LK_GEMV_ROWS ? (M - m0) : LK_GEMV_ROWS;
+        const T* xr = x + m0 * K;
+        if (vec || !SCALAR) {
+            switch (rows) {
+                LK_ROWS_16(LK_VEC_CASE)
+            }
+        } else if (SCALAR) {
+            switch (rows) {
+                LK_ROWS_16(LK_SCALAR_CASE)
+            }
+        }
+    }
+}
+#undef LK_SCALAR_CASE
+#undef LK_VEC_CASE
+#undef LK_CHUNK_CASE
+
+
+// Ask L2 for the weight rows block `blk` of lk_gemv_vec_block will read (W^T [N, K]), each
+// thread its own 16-byte runs: a kernel with a prologue issues this first, so the rows
+// travel from memory while the prologue computes. A hint only: nothing is computed.
+template <typename T>
+__device__ __forceinline__ void lk_gemv_prefetch(const T* __restrict__ w, long long K,
+                                                 long long N, int team, long long blk) {
+    constexpr int V = 16 / sizeof(T);
+    const int warp = threadIdx.x >> 5;
+    const long long n = blk * (LK_GEMV_WARPS / team) + warp / team;
+    if (n >= N) return;
+    const int tt = (warp % team) * 32 + (threadIdx.x & 31);
+    const T* wr = w + n * K;
+    for (long long c = tt; c < K / V; c += 32 * team) {
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(wr + c * V));
+    }
+}
+
+// lk_gemv_prefetch for this block's weight of gemv_vec3's split.
+template <typename T>
+__device__ __forceinline__ void lk_gemv3_prefetch(const T* __restrict__ w0,
+                                                  const T* __restrict__ w1,
+                                                  const T* __restrict__ w2, long long K,
+                                                  long long N0, long long N1, long long N2,
+                                                  int team0, int team1, int team2,
+                                                  long long blocks0, long long blocks1) {
+    const long long blk = blockIdx.x;
+    const bool first = blk < blocks0, second = !first && blk < blocks0 + blocks1;
+    lk_gemv_prefetch<T>(first ? w0 : (second ? w1 : w2), K, first ? N0 : (second ? N1 : N2),
+                        first ? team0 : (second ? team1 : team2),
+                        first ? blk : (second ? blk - blocks0 : blk - blocks0 - blocks1));
+}
+
+// This block's share of up to three GEMVs over one x (gemv_vec3's split of the blocks).
+template <typename T, int MAXR>
+__device__ __forceinline__ void lk_gemv3(const T* __restrict__ x, const T* __restrict__ w0,
+                                         const T* __restrict__ w1, const T* __restrict__ w2,
+                                         T* __restrict__ out0, T* __restrict__ out1,
+                                         T* __restrict__ out2, long long M, long long K,
+                                         long long N0, long long N1, long long N2, int team0,
+                                         int team1, int team2, long long blocks0,
+                                         long long blocks1, float* part) {
+    const long long blk = blockIdx.x;
+    const bool first = blk < blocks0, second = !first && blk < blocks0 + blocks1;
+    const T* w = first ? w0 : (second ? w1 : w2);
+    T* out = first ? out0 : (second ? out1 : out2);
+    const long long N = first ? N0 : (second ? N1 : N2);
+    const int team = first ? team0 : (second ? team1 : team2);
+    const long long b = first ? blk : (second ? blk - blocks0 : blk - blocks0 - blocks1);
+    lk_gemv_vec_block<T, MAXR, false>(x, w, out, M, K, N, K, 1, 1, team, b, part);
+}

@@ -1,0 +1,113 @@
+// The greedy step's kernels (engines/tensor_ops/cuda.py): each row's argmax, the draft
+// acceptance of a verification, and a test hook. Instances: one per dtype tag below.
+#if !defined(LK_ARGMAX_BLOCK) || !defined(LK_ARGMAX_UNROLL)
+#error "LK_ARGMAX_BLOCK and LK_ARGMAX_UNROLL come from the launcher (-D options)"
+#endif
+
+// IEEE half -> float from the bits, exact (every half is a float); no cuda_fp16.h needed.
+__device__ __forceinline__ float lockstep_f16_to_f32(unsigned short h) {
+    unsigned int sign = ((unsigned int)h & 0x8000u) << 16;
+    unsigned int e = ((unsigned int)h >> 10) & 0x1fu;
+    unsigned int m = (unsigned int)h & 0x3ffu;
+    unsigned int bits;
+    if (e == 0u) {
+        float mag = (float)m * 5.9604644775390625e-08f;  // zero or subnormal: m * 2^-24
+        bits = __float_as_uint(mag);
+    } else if (e == 31u) {
+        bits = 0x7f800000u | (m << 13);                  // inf (m == 0) or NaN
+    } else {
+        bits = ((e + 112u) << 23) | (m << 13);           // normal: rebias 15 -> 127
+    }
+    return __uint_as_float(bits | sign);
+}
+
+// A dtype's tag: the type of a stored element, the type of its ordering key, and the key of
+// element j (float16 and bfloat16 are both 16-bit words: the tag tells them apart).
+#define LK_ARGMAX_TAG(NAME, VALUE, KEY, LOAD) \
+    struct NAME { \
+        typedef VALUE value; \
+        typedef KEY key; \
+        static __device__ __forceinline__ KEY load(const VALUE* p, long long j) { return LOAD; } \
+    };
+LK_ARGMAX_TAG(lk_argmax_float32, float, float, p[j])
+LK_ARGMAX_TAG(lk_argmax_float16, unsigned short, float, lockstep_f16_to_f32(p[j]))
+LK_ARGMAX_TAG(lk_argmax_bfloat16, unsigned short, float,
+              __uint_as_float(((unsigned int)p[j]) << 16))
+LK_ARGMAX_TAG(lk_argmax_int32, int, int, p[j])
+LK_ARGMAX_TAG(lk_argmax_int64, long long, long long, p[j])
+LK_ARGMAX_TAG(lk_argmax_bool, unsigned char, int, (int)p[j])
+#undef LK_ARGMAX_TAG
+
+// One block of B = LK_ARGMAX_BLOCK threads per row. Thread t scans columns j = t, t + B, ...
+// ascending, LK_ARGMAX_UNROLL at a time (every load of a group issued before its compares, so
+// a row of a vocabulary's width is read in a few round trips, not one per column), keeping
+// the first maximum it sees; a tree then keeps (larger value, else lower index). NaN (v != v) is
+// skipped; a row with no non-NaN value yields -1. Every scan order and tree gives the same
+// answer: the lowest index of the row's largest value. out64, when given, gets the same ids
+// as int64 (a next forward's tokens feed, with no cast launched after this kernel).
+template <typename D>
+__global__ void lockstep_argmax_rows(const typename D::value* __restrict__ x,
+                                     long long row_stride, int cols, int* __restrict__ out,
+                                     long long* __restrict__ out64) {
+    typedef typename D::value lk_value;
+    typedef typename D::key lk_key;
+    __shared__ lk_key best_v[LK_ARGMAX_BLOCK];
+    __shared__ int best_i[LK_ARGMAX_BLOCK];
+    const lk_value* p = x + (long long)blockIdx.x * row_stride;
+    lk_key bv = (lk_key)0;
+    int bi = -1;
+    for (long long base = threadIdx.x; base < cols;
+         base += (long long)LK_ARGMAX_BLOCK * LK_ARGMAX_UNROLL) {
+        lk_key v[LK_ARGMAX_UNROLL];
+#pragma unroll
+        for (int u = 0; u < LK_ARGMAX_UNROLL; ++u) {
+            const long long j = base + (long long)u * LK_ARGMAX_BLOCK;
+            if (j < cols) v[u] = D::load(p, j);
+        }
+#pragma unroll
+        for (int u = 0; u < LK_ARGMAX_UNROLL; ++u) {
+            const long long j = base + (long long)u * LK_ARGMAX_BLOCK;
+            if (j < cols && !(v[u] != v[u]) && (bi < 0 || v[u] > bv)) { bv = v[u]; bi = (int)j; }
+        }
+    }
+    best_v[threadIdx.x] = bv;
+    best_i[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            lk_key ov = best_v[threadIdx.x + s];
+            int oi = best_i[threadIdx.x + s];
+            lk_key cv = best_v[threadIdx.x];
+            int ci = best_i[threadIdx.x];
+            if (oi >= 0 && (ci < 0 || ov > cv || (ov == cv && oi < ci))) {
+                best_v[threadIdx.x] = ov;
+                best_i[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        out[blockIdx.x] = best_i[0];
+        if (out64) out64[blockIdx.x] = best_i[0];
+    }
+}
+
+// Verification: the length of the prefix where the row argmaxes equal the drafts, and the
+// argmax of the first row after it (the bonus token), into out[0] and out[1].
+__global__ void lockstep_accept(const int* __restrict__ best, const long long* __restrict__ drafts,
+                                int width, int* __restrict__ out) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    int n = 0;
+    while (n < width && (long long)best[n] == drafts[n]) n++;
+    out[0] = n;
+    out[1] = best[n];
+}
+
+// Test hook: the ordering key of every element, so the bit decoding can be checked
+// against numpy for all 65536 half and bfloat16 patterns.
+template <typename D>
+__global__ void lockstep_keys(const typename D::value* __restrict__ x, long long n,
+                              typename D::key* __restrict__ out) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = D::load(x, i);
+}
