@@ -61,7 +61,6 @@ class TopkAudit(LogitsAudit):
     bound: float = 0.0
     reasons: dict[int, str] = field(default_factory=dict)
     unseen: str = UNSEEN
-    kind: str = "top-k"
 
     def describe_first(self) -> str | None:
         """The first failing step in words (non-finite first), for the cell's reason."""

@@ -160,7 +160,7 @@ class HttpEngine(BlackBoxEngine):
                               endpoint=err.endpoint, words=gone.words,
                               remedy=gone.remedy) from err
         wall = time.perf_counter() - start
-        done = self.flavour.parse(reply, TOP_K)
+        done = self.flavour.parse(reply)
         # the server's forwards are not seen from here: the ledger stays empty
         return DecodeResult(self.name, ids, done.tokens, ledger or Ledger(), wall, [],
                             top_logprobs=done.steps if audit else None)

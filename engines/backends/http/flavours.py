@@ -34,7 +34,6 @@ class Completion:
     """One request's answer: the generated ids and, per step, the top-k log-probabilities."""
     tokens: list[int]
     steps: list[StepLogprobs]
-    finish: str | None = None
 
 
 @dataclass
@@ -88,8 +87,10 @@ def _get(body: Any, key: str, endpoint: str, kind: type | tuple = (list, dict)) 
 
 
 class Flavour:
-    """One server protocol. ``path``: the completion endpoint; ``k``: how many top
-    log-probabilities each step asks for."""
+    """One server protocol: ``request`` writes a greedy request for a prompt's ids (``k``: how
+    many top log-probabilities each step asks for), ``parse`` reads the ids and
+    log-probabilities back from the reply to ``path``, ``identity`` asks the server what it
+    is."""
 
     name: ClassVar[str]
     path: ClassVar[str]
@@ -98,7 +99,7 @@ class Flavour:
                 ignore_eos: bool, model: str | None) -> dict[str, Any]:
         raise NotImplementedError
 
-    def parse(self, body: Any, k: int) -> Completion:
+    def parse(self, body: Any) -> Completion:
         raise NotImplementedError
 
     def identity(self, client: HttpClient) -> Identity:
@@ -134,7 +135,7 @@ class LlamaServer(Flavour):
                 "n_probs": int(k), "post_sampling_probs": False, "return_tokens": True,
                 "ignore_eos": bool(ignore_eos), "stream": False, "seed": 0}
 
-    def parse(self, body, k):
+    def parse(self, body):
         ep = self.endpoint
         raw = _get(body, "tokens", ep, list)
         tokens = [_token_id(t, f"tokens[{i}]", ep) for i, t in enumerate(raw)]
@@ -152,7 +153,7 @@ class LlamaServer(Flavour):
             raise ServerError(f"the ids in completion_probabilities {trimmed(str(ids), 80)} are "
                               f"not the returned tokens {trimmed(str(tokens), 80)}",
                               reason="malformed", endpoint=ep)
-        return Completion(tokens, self._steps(tokens, chosen, tops), body.get("stop_type"))
+        return Completion(tokens, self._steps(tokens, chosen, tops))
 
     def identity(self, client):
         props = client.get_json("/props")
@@ -196,7 +197,7 @@ class OpenAICompletions(Flavour):
                           remedy="use vLLM (it honours return_tokens_as_token_ids), or the "
                                  "sglang flavour (/generate) for SGLang")
 
-    def parse(self, body, k):
+    def parse(self, body):
         ep = self.endpoint
         choices = _get(body, "choices", ep, list)
         if len(choices) != 1:
@@ -221,8 +222,7 @@ class OpenAICompletions(Flavour):
                                   endpoint=ep, words=trimmed(repr(top)))
             tops.append([(self._id(t, f"top_logprobs[{i}] key", ep),
                           _number(v, f"top_logprobs[{i}][{t!r}]", ep)) for t, v in top.items()])
-        return Completion(tokens, self._steps(tokens, chosen, tops),
-                          choice.get("finish_reason"))
+        return Completion(tokens, self._steps(tokens, chosen, tops))
 
     def identity(self, client):
         models = client.get_json("/v1/models")
@@ -256,7 +256,7 @@ class SglangGenerate(Flavour):
                 "return_logprob": True, "top_logprobs_num": int(k),
                 "logprob_start_len": -1, "stream": False}
 
-    def parse(self, body, k):
+    def parse(self, body):
         ep = self.endpoint
         meta = _get(body, "meta_info", ep, dict)
         triples = _get(meta, "output_token_logprobs", ep, list)
@@ -279,9 +279,7 @@ class SglangGenerate(Flavour):
             tops.append([(_token_id(p[1], f"output_top_logprobs[{i}] id", ep),
                           _number(p[0], f"output_top_logprobs[{i}] logprob", ep))
                          for p in top])
-        finish = meta.get("finish_reason")
-        return Completion(tokens, self._steps(tokens, chosen, tops),
-                          finish.get("type") if isinstance(finish, dict) else finish)
+        return Completion(tokens, self._steps(tokens, chosen, tops))
 
     def identity(self, client):
         info = client.get_json("/get_model_info")
