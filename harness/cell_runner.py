@@ -26,12 +26,13 @@ from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, NonFiniteLogits
 from engines.oracle import STREAM
 from engines.registry import REFERENCE_ENGINE, class_reference, get_engine_class
+from engines.tokenizer import decode_each
+from engines.tolerances import band_for
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import speculative_decode
 from harness.budgets import budget_summary, device_budgets
 from harness.cells import CellError, CellResult
-from harness.claims import FAIL, PASS, SKIP, judge as judge_claim
-from engines.tolerances import band_for
+from harness.claims import FAIL, SKIP, judge as judge_claim
 from harness.judge import (BUDGET, DEFECT, DRIFT, ERROR, IDENTICAL, NEAR_TIE, NON_FINITE,
                            UNAVAILABLE, StepJudgement, band_statistics, first_difference, worst)
 from harness.package_judge import OracleFailed, PackageJudge
@@ -546,6 +547,9 @@ class CellRunner:
                 cell.judge_s = now[0] - judged_since[0]
                 cell.oracle_forwards = now[1] - judged_since[1]
                 cell.oracle_positions = now[2] - judged_since[2]
+        source = cell.prompt_source
+        if cell.tokens and source is not None and source.source.kind in ("text", "chat"):
+            cell.text = decode_each(self._package, cell.tokens, joined=True)
         if self.evidence_dir is not None:
             ran = judge is not None and judge.built
             band = self._band if cell.band is not None else None

@@ -63,6 +63,7 @@ class CellResult:
     judge_s: float = 0.0  # wall time the judge spent on this cell (oracle forwards included)
     oracle_forwards: int = 0  # forwards the oracle ran for this cell (0: rows it had already)
     oracle_positions: int = 0  # positions those forwards fed
+    text: str | None = None  # what a text or chat prompt's cell generated, decoded
     scheme: str | None = None  # Engine.numeric_scheme(): a quantized engine's scheme
     band: object | None = None  # harness.judge.BandStatistics, where its scheme has a band
     # --concurrency N: this prompt among N in flight against it alone

@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
                       f"abs {check.max_abs:.3g}, NMSE {check.nmse:.3g})")
     from harness.cli.generated_text import generated_lines
 
-    for line in generated_lines(summary, packages):
+    for line in generated_lines(summary):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
     if details:
