@@ -50,7 +50,8 @@ _PLAIN_FEATURES = {"rope_scaling": None, "rope_local_base": None, "output_bias":
                    "mlp_bias": False, "qk_norm": "none", "norm_placement": "pre",
                    "activation": "silu", "embed_scale": None, "attn_scale": None,
                    "residual_scale": None, "logits_divisor": None, "attn_softcap": None,
-                   "final_softcap": None, "sliding_window": None, "sliding_layers": None}
+                   "final_softcap": None, "sliding_window": None, "sliding_layers": None,
+                   "experts": 0, "experts_per_token": 0}
 _LLAMA = ("llama", "LlamaForCausalLM")
 _QWEN2 = ("qwen2", "Qwen2ForCausalLM")
 INSTALL = "pip install 'lockstep[hf]' (torch==2.13.0 CPU and transformers)"
