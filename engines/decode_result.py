@@ -24,6 +24,17 @@ class AuditedForward:
     label: str  # prefill | decode | verify r<round>
 
 
+@dataclass(frozen=True)
+class StepLogprobs:
+    """What an engine that cannot return whole rows says about one step (a server's top-k
+    log-probabilities): the emitted token's log-probability and the k best ``(id,
+    logprob)`` pairs, best first, as the engine reported them (values as sent: a NaN or an
+    infinity is kept for the audit to find)."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
 @dataclass
 class DecodeResult:
     """One greedy decode of one prompt.
@@ -33,7 +44,8 @@ class DecodeResult:
     ``wall_s`` is the decode's wall time, ``step_s`` each step's (the prefill first).
     ``logits``: with an audit, each generated step's logits row as a host float64 vector of
     ``vocab_size`` entries (row i decided ``tokens[i]``); None when no audit was asked for or
-    the engine cannot return them."""
+    the engine cannot return them. ``top_logprobs``: with an audit, from an engine that
+    declares ``logprobs_audit`` instead, each generated step's ``StepLogprobs``."""
 
     engine: str
     prompt: list[int]
@@ -43,10 +55,12 @@ class DecodeResult:
     step_s: list[float] = field(default_factory=list)
     # each step's logits row (host float64), where the decode was asked to audit them
     logits: list[np.ndarray] | None = None
+    # each step's top-k log-probabilities (a server's), where whole rows are not available
+    top_logprobs: list[StepLogprobs] | None = None
 
     @property
     def tokens_per_s(self) -> float:
         return len(self.tokens) / self.wall_s if self.wall_s > 0 else 0.0
 
 
-__all__ = ["AuditedForward", "DecodeResult"]
+__all__ = ["AuditedForward", "DecodeResult", "StepLogprobs"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from engines.errors import ExecutionError
@@ -61,6 +62,12 @@ class Capabilities:
     decodes_itself  the interpreter calls ``generate`` instead of driving ``run_component``.
     batch_invariant row i of an M-row forward equals the M=1 forward bit for bit, so its
                     speculative stream must equal its greedy stream exactly (claim 2).
+    logprobs_audit  it returns each step's top-k log-probabilities with their ids
+                    (``DecodeResult.top_logprobs``) where it cannot return whole rows: the
+                    runner audits those against the oracle's log-softmax (a top-k audit).
+    concurrent      it can decode several prompts at once (``generate_concurrent``): a
+                    server that batches what arrives together. ``lockstep run
+                    --concurrency N`` judges it for claim ``concurrency_invariance``.
     """
     residency: str
     graph_slots: bool
@@ -68,6 +75,8 @@ class Capabilities:
     logits_audit: bool
     decodes_itself: bool
     batch_invariant: bool
+    logprobs_audit: bool = False
+    concurrent: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +111,8 @@ class Engine(abc.ABC):
     speculative: ClassVar[bool] = True
     logits_audit: ClassVar[bool] = True
     decodes_itself: ClassVar[bool] = False
+    logprobs_audit: ClassVar[bool] = False
+    concurrent: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -143,7 +154,8 @@ class Engine(abc.ABC):
         return Capabilities(residency=cls.residency, graph_slots=cls.graph_slots,
                             speculative=cls.speculative, logits_audit=cls.logits_audit,
                             decodes_itself=cls.decodes_itself,
-                            batch_invariant=cls.batch_invariant)
+                            batch_invariant=cls.batch_invariant,
+                            logprobs_audit=cls.logprobs_audit, concurrent=cls.concurrent)
 
     # -- ledger and tensor ops -------------------------------------------------------------
     def make_tensor_ops(self) -> "TensorOps":
@@ -194,6 +206,21 @@ class Engine(abc.ABC):
             f"engine {type(self).__name__} does not decode by itself: the workflow interpreter "
             f"drives its run_component (set decodes_itself = True and implement generate for "
             f"a black-box engine)")
+
+    def generate_concurrent(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                            audit: bool = False) -> "list[DecodeResult]":
+        """Decode every prompt of ``prompts`` greedily with all of them in flight at once
+        (only with ``concurrent``): one result per prompt, in order, each as ``generate``
+        returns it. What a server computes for a prompt among others must equal what it
+        computes for the prompt alone (claim ``concurrency_invariance``)."""
+        raise NotImplementedError(
+            f"engine {type(self).__name__} does not decode concurrently (set concurrent = "
+            f"True and implement generate_concurrent)")
+
+    def attach_evidence(self, folder: Path) -> None:
+        """Where this engine may keep files that belong with the run's evidence (a server's
+        log), named in its ``provenance()``; the runner calls it once after construction when
+        the run writes evidence. The default keeps nothing."""
 
     def provenance(self) -> dict[str, Any]:
         """What this instance runs when it is not the package's own components: an engine

@@ -111,7 +111,8 @@ def check_engine_class(cls: object, expected_name: str | None = None) -> type[En
     return cls
 
 
-_FLAGS = ("graph_slots", "speculative", "logits_audit", "decodes_itself", "batch_invariant")
+_FLAGS = ("graph_slots", "speculative", "logits_audit", "decodes_itself", "batch_invariant",
+          "logprobs_audit", "concurrent")
 
 
 def _check_capabilities(cls: type[Engine], label: str) -> Capabilities:
@@ -142,6 +143,12 @@ def _check_capabilities(cls: type[Engine], label: str) -> Capabilities:
                    "returning a "
                    "DecodeResult, or set `decodes_itself = False` to be driven through "
                    "run_component")
+    if caps.concurrent and cls.generate_concurrent is Engine.generate_concurrent:
+        raise EngineDefinitionError(
+            f"engine class {label} declares concurrent but does not implement "
+            f"generate_concurrent", field="concurrent", value=True,
+            remedy="implement generate_concurrent(prompts, max_new_tokens, audit=False), or "
+                   "set `concurrent = False`")
     return caps
 
 
@@ -322,6 +329,9 @@ def get_engine_class(name: str) -> type[Engine]:
     ``"package.module:ClassName"`` reference names; always checked with
     :func:`check_engine_class`.
 
+    A server is named ``http:FLAVOUR[=URL]`` or ``http=URL``
+    (``engines.backends.http.spelling``): its class is made for that spelling.
+
     Raises :class:`UnknownEngine` for a name nothing provides, :class:`EngineImportError` when
     the engine's module fails to import, :class:`EngineDefinitionError` for a class that
     cannot be trusted to name its results (or an entry point that would replace a built-in)."""
@@ -333,6 +343,10 @@ def get_engine_class(name: str) -> type[Engine]:
     entry = scan.entries.get(name)
     if entry is not None:
         return _resolve_entry(entry)
+    from engines.backends.http.spelling import engine_class, is_http_spelling
+
+    if is_http_spelling(name):  # a server: http:llama-server, http:openai=URL, http=URL
+        return check_engine_class(engine_class(name))
     if ":" in name:
         return _resolve_reference(name, scan)
     raise UnknownEngine(f"no engine named {name!r}", field="engine", value=name,

@@ -18,26 +18,30 @@ so the judged decode keeps its exact budget.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
+from engines.decode_result import DecodeResult
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, NonFiniteLogits
 from engines.oracle import STREAM
 from engines.package import load_package
 from engines.registry import REFERENCE_ENGINE, class_reference, get_engine_class
+from engines.tokenizer import decode_each
 from engines.tolerances import band_for
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import speculative_decode
 from harness import evidence as ev
 from harness.budgets import budget_summary, device_budgets
 from harness.cells import CellError, CellResult
-from harness.claims import FAIL, PASS, SKIP, judge_claim
+from harness.claims import FAIL, SKIP, judge_claim
 from harness.judgement import (BUDGET, DEFECT, DRIFT, ERROR, IDENTICAL, NEAR_TIE, NON_FINITE,
                                UNAVAILABLE, StepJudgement, band_statistics, first_difference, worst)
 from harness.package_judge import OracleFailed, PackageJudge
 from harness.packages import resolve_package
 from harness.plan import CellSpec
 from harness.records import cell_record
+from harness.topk_audit import TopkAudit
 from harness.transfer_guard import transfer_guard
 
 
@@ -120,13 +124,15 @@ def _greedy_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tokens: 
     """A greedy cell: the budgeted decode, its judgement, the logits audit, the budgets
     (``tol``: a quantized scheme's band row, else the package dtype's)."""
     host = engine.residency == "host"
-    auditable = engine.capabilities().logits_audit
+    caps = engine.capabilities()
+    auditable = caps.logits_audit or caps.logprobs_audit
     stage = "decode"
     try:
         result, guard = decode(engine, cell.prompt, max_new_tokens, None,
                                audit=host and auditable)
         cell.tokens, cell.tokens_per_s = list(result.tokens), result.tokens_per_s
         cell.ledger, cell.wall_s = result.ledger, result.wall_s
+        cell.alone_top = result.top_logprobs
         stage = "audit"
         audited, how = (_audit_decode(engine, cell, max_new_tokens, None, result) if auditable
                         else (result, "same"))
@@ -137,11 +143,15 @@ def _greedy_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tokens: 
         judge.trace(cell.prompt_name, cell.prompt, max_new_tokens, hint=cell.tokens)
     except OracleFailed as failed:
         return _errored(cell, failed.error)
-    rows = audited.logits if auditable else None
+    rows = audited.logits if caps.logits_audit else None
+    top = audited.top_logprobs if caps.logprobs_audit else None
     try:
         cell.judgement = judge.judge_stream(cell.prompt, cell.tokens, max_new_tokens, rows, tol)
         if rows is not None:
             cell.audit = judge.audit(cell.prompt, audited.tokens, rows, how, tol)
+        elif top is not None:  # a server's top-k log-probabilities (harness.topk_audit)
+            cell.audit = judge.audit_top_logprobs(cell.prompt, audited.tokens, top, how, tol)
+        if cell.audit is not None:
             cell.audit.readback_bytes = (audited.ledger.readback_bytes.get("logits_audit", 0)
                                          if how == "separate" else 0)
     except Exception as exc:
@@ -163,11 +173,18 @@ def _finish(cell: CellResult, notes: list[str]) -> None:
         statuses.append(audit.verdict)
         cell.verdicts["finite_logits"] = judge_claim("finite_logits", audit)
         cell.verdicts["logits_within_tolerance"] = judge_claim("logits_within_tolerance", audit)
-        if audit.non_finite_steps:
+        if audit.non_finite_steps and isinstance(audit, TopkAudit):
+            notes.insert(0, f"non-finite log-probabilities at {audit.describe_first()} "
+                            f"({audit.non_finite_steps} step(s) in all)")
+        elif audit.non_finite_steps:
             s = audit.first_non_finite
             where = f" ({s.where})" if s.where else ""
             notes.insert(0, f"non-finite logits at step {s.step}{where} ({s.non_finite} "
                             f"entries; {audit.non_finite_steps} row(s) in all)")
+        elif not audit.within_tolerance and isinstance(audit, TopkAudit):
+            notes.append(f"log-probabilities outside the {audit.dtype} bound {audit.bound:g} "
+                         f"(top-{audit.k} audit) from {audit.describe_first()} "
+                         f"({audit.out_of_tolerance_steps} step(s))")
         elif not audit.within_tolerance:
             s = audit.first_out_of_tolerance
             where = f" ({s.where})" if s.where else ""
@@ -272,6 +289,49 @@ def _speculative_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tok
     return cell
 
 
+def _concurrency_claim(engine, judge: PackageJudge, cell: CellResult, spec: CellSpec,
+                       max_new_tokens: int, batches: dict, tol=None) -> None:
+    """Claim concurrency_invariance for a judged greedy cell: the same prompt among
+    ``len(spec.concurrent_with)`` requests in flight together (one batch serves each of its
+    prompts' cells) against its stream alone. A failure to send the batch is the cell's
+    ``error`` (stage ``concurrent``)."""
+    from harness.concurrency import compare
+
+    if not engine.capabilities().concurrent:
+        cell.verdicts["concurrency_invariance"] = SKIP
+        note = (f"concurrency not judged: {engine.name} declares no concurrent decoding "
+                f"(capabilities: concurrent false)")
+        cell.reason = "; ".join([cell.reason] * bool(cell.reason) + [note])
+        return
+    group = tuple(tuple(int(t) for t in p) for p in spec.concurrent_with)
+    if group not in batches:
+        try:
+            batches[group] = engine.generate_concurrent([list(p) for p in group],
+                                                        max_new_tokens, audit=True)
+        except Exception as exc:
+            batches[group] = CellError.of("concurrent", exc, _failed_step(exc))
+    got = batches[group]
+    if isinstance(got, CellError):
+        _errored(cell, got)
+        return
+    alone = DecodeResult(cell.engine, cell.prompt, cell.tokens, cell.ledger, cell.wall_s,
+                         top_logprobs=cell.alone_top)
+    check = compare(alone, got[spec.concurrent_slot], tol or judge.tol, len(group),
+                    spec.concurrent_slot)
+    try:
+        if check.first_difference is not None:  # which stream is wrong
+            check.judgement = judge.judge_stream(cell.prompt, check.tokens, max_new_tokens, None, tol)
+    except Exception as exc:
+        _errored(cell, CellError.of("judge", exc))
+        return
+    cell.concurrency = check
+    cell.verdicts["concurrency_invariance"] = judge_claim("concurrency_invariance", check)
+    note = check.describe(cell.tokens)
+    if note:
+        cell.reason = "; ".join([cell.reason] * bool(cell.reason) + [note])
+        cell.status = worst(cell.status, check.status)
+
+
 def _band_verdict(cell: CellResult, band) -> None:
     """Claim 1d: a quantized engine's stream statistics against its scheme's band; beyond it
     is ``drift`` (its tokens and rows were judged by the band's margin and bounds already)."""
@@ -280,10 +340,14 @@ def _band_verdict(cell: CellResult, band) -> None:
     stats = band_statistics(cell.audit, cell.judgement, band)
     cell.band = stats
     cell.verdicts["quantized_band"] = judge_claim("quantized_band", stats)
+    notes = []
     if not stats.within:
         cell.status = worst(cell.status, DRIFT)
-        note = f"beyond the {band.scheme} band: " + "; ".join(stats.reasons)
-        cell.reason = "; ".join([cell.reason] * bool(cell.reason) + [note])
+        notes.append(f"beyond the {band.scheme} band: " + "; ".join(stats.reasons))
+    if isinstance(cell.audit, TopkAudit):  # no whole rows: no KL to measure
+        notes.append(f"the {band.scheme} band's KL bounds are not checked: a top-k audit has "
+                     f"no whole rows (flips and per-step log-probabilities are)")
+    cell.reason = "; ".join([cell.reason] * bool(cell.reason) + notes)
 
 
 class _Unavailable(str):
@@ -325,12 +389,14 @@ class CellRunner:
         self._engine_class: str | None = None  # records' engine_class
         self._engine: Engine | CellError | _Unavailable | None = None
         self._greedy: dict = {}
+        self._batches: dict = {}  # --concurrency: each group's concurrent decodes
         self._scheme: str | None = None  # the engine's numeric scheme, and its band
         self._band = None
         self._ref_judges: dict[str, PackageJudge] = {}  # by an engine's reference package
 
     def _close_engine(self) -> None:
         engine, self._engine, self._engine_ref, self._greedy = self._engine, None, None, {}
+        self._batches = {}
         if isinstance(engine, Engine):
             try:
                 engine.close()
@@ -382,11 +448,18 @@ class CellRunner:
         if not avail.ok:
             return _Unavailable(avail.reason)
         try:
-            return cls(self._package)
+            engine = cls(self._package)
         except EngineUnavailable as err:  # an engine that loads only some packages
             return _Unavailable(str(err))
         except Exception as exc:
             return CellError.of("constructor", exc)
+        if self.evidence_dir is not None:
+            try:
+                engine.attach_evidence(Path(self.evidence_dir))
+            except Exception as exc:  # noqa: BLE001 - a log not kept is no reason to lose cells
+                warnings.warn(f"{cls.name}: its files are not kept with the evidence: "
+                              f"{type(exc).__name__}: {exc}", stacklevel=2)
+        return engine
 
     def run(self, spec: CellSpec) -> CellResult:
         """One cell, judged and (with an evidence folder) recorded."""
@@ -414,6 +487,9 @@ class CellRunner:
         before = judge.spent()
         if spec.width is None:
             _greedy_cell(state, judge, cell, self.max_new_tokens, tol)
+            if spec.concurrent_with and cell.status != ERROR and cell.status != NON_FINITE:
+                _concurrency_claim(state, judge, cell, spec, self.max_new_tokens,
+                                   self._batches, tol)
         else:
             if spec.prompt not in self._greedy:
                 self._greedy[spec.prompt] = _greedy_for_speculation(
@@ -466,6 +542,9 @@ class CellRunner:
                 cell.judge_s = now[0] - judged_since[0]
                 cell.oracle_forwards = now[1] - judged_since[1]
                 cell.oracle_positions = now[2] - judged_since[2]
+        source = cell.prompt_source
+        if cell.tokens and source is not None and source.source.kind in ("text", "chat"):
+            cell.text = decode_each(self._package, cell.tokens, joined=True)
         if self.evidence_dir is not None:
             ran = judge is not None and judge.built
             band = self._band if cell.band is not None else None

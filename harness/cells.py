@@ -68,8 +68,13 @@ class CellResult:
     judge_s: float = 0.0  # wall time the judge spent on this cell (oracle forwards included)
     oracle_forwards: int = 0  # forwards the oracle ran for this cell (0: rows it had already)
     oracle_positions: int = 0  # positions those forwards fed
+    text: str | None = None  # what a text or chat prompt's cell generated, decoded
     scheme: str | None = None  # Engine.numeric_scheme(): a quantized engine's scheme
     band: object | None = None  # harness.judgement.BandStatistics, where its scheme has a band
+    # --concurrency N: this prompt among N in flight against it alone
+    # (harness.concurrency.ConcurrencyCheck); None where not asked or not judged
+    concurrency: object | None = None
+    alone_top: list | None = None  # the judged decode's top-k log-probabilities (servers)
 
     @property
     def failed(self) -> bool:

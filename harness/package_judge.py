@@ -120,6 +120,14 @@ class PackageJudge:
         with self.timed():
             return audit_forwards(oracle, prompt, forwards, tol or self.tol, decode)
 
+    def audit_top_logprobs(self, prompt, tokens, steps, decode: str = "same", tol=None):
+        """Claim 1b from a server's top-k log-probabilities (``harness.topk_audit``)."""
+        from harness.topk_audit import audit_top_logprobs
+
+        oracle = self.oracle
+        with self.timed():
+            return audit_top_logprobs(oracle, prompt, tokens, steps, tol or self.tol, decode)
+
     def close(self) -> None:
         if self._oracle is not None:
             try:

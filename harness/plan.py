@@ -94,6 +94,16 @@ class CellSpec:
     width: int | None
     prompt: str         # p0, p1, ... or the name of a text or chat prompt
     ids: tuple[int, ...]
+    # --concurrency N: the N prompts in flight together (this one at ``concurrent_slot``);
+    # empty: no concurrency claim for this cell
+    concurrent_with: tuple[tuple[int, ...], ...] = ()
+    concurrent_slot: int = 0
+
+    def __post_init__(self):
+        # a spec read back from JSON (a worker's plan) carries lists: keep it hashable
+        object.__setattr__(self, "ids", tuple(int(t) for t in self.ids))
+        object.__setattr__(self, "concurrent_with",
+                           tuple(tuple(int(t) for t in p) for p in self.concurrent_with))
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -104,21 +114,48 @@ class CellSpec:
         return "-".join((self.package, self.engine, self.mode.replace("/", "."), self.prompt))
 
 
+def concurrent_groups(prompts: Sequence[Sequence[int]], n: int
+                      ) -> list[tuple[tuple[tuple[int, ...], ...], int]]:
+    """For each prompt, the ``n`` prompts sent together with it and its place among them:
+    the prompts taken ``n`` at a time in order, the last group filled from the start again
+    (a package with fewer than ``n`` prompts repeats them: identical prompts in flight
+    together are a case of their own)."""
+    ids = [tuple(int(t) for t in p) for p in prompts]
+    out = []
+    for i in range(len(ids)):
+        first = (i // n) * n
+        out.append((tuple(ids[(first + j) % len(ids)] for j in range(n)), i - first))
+    return out
+
+
+def check_concurrency(concurrency: int) -> int:
+    return check_count(concurrency, "--concurrency",
+                       "give the number of requests to keep in flight together, such as 4 "
+                       "(1: every prompt alone, no concurrency claim)")
+
+
 def plan_cells(plans: Sequence[PackagePlan], engines: dict[str, str],
-               package_refs: dict[str, str] | None = None) -> list[CellSpec]:
+               package_refs: dict[str, str] | None = None,
+               concurrency: int = 1) -> list[CellSpec]:
     """Every cell of ``plans`` over ``engines`` (name -> engine ref), in the order a run runs
     them: package, engine, width, prompt (so one engine is loaded at a time, and one package's
-    oracle serves all its engines)."""
+    oracle serves all its engines). ``concurrency`` N > 1: each greedy cell also names the N
+    prompts it is sent among (``concurrent_groups``) for the claim concurrency_invariance."""
+    check_concurrency(concurrency)
     refs = package_refs or {}
     cells = []
     for pp in plans:
         name = pp.package.spec.name
         ref = refs.get(name, str(pp.package.root))
+        groups = (concurrent_groups([ids for _, ids in pp.prompts], concurrency)
+                  if concurrency > 1 else [((), 0)] * len(pp.prompts))
         for engine, engine_ref in engines.items():
             for w in pp.widths:
-                for prompt_name, ids in pp.prompts:
+                for (prompt_name, ids), (group, slot) in zip(pp.prompts, groups):
+                    if w is not None:
+                        group, slot = (), 0  # greedy cells only
                     cells.append(CellSpec(name, ref, engine, engine_ref, pp.labels[w], w,
-                                          prompt_name, tuple(int(t) for t in ids)))
+                                          prompt_name, tuple(int(t) for t in ids), group, slot))
     return cells
 
 
@@ -181,13 +218,13 @@ def _left_out(cells: Sequence[CellSpec], reasons: dict[tuple[str, str], str], de
 
 def plan_run(plans: Sequence[PackagePlan], classes: dict[str, type], refs: dict[str, str],
              mode: str, max_new_tokens: int, shard: "Shard | None" = None,
-             package_refs: dict[str, str] | None = None) -> RunPlan:
+             package_refs: dict[str, str] | None = None, concurrency: int = 1) -> RunPlan:
     """The cells this run runs. The plan holds every cell an engine could run by its
     declarations (``declared_refusal``), so it does not depend on the machine and every
     shard of it agrees on its digest; this run takes its shard's share of it and leaves out
     the cells of engines unavailable here (``unavailable_here``). ``classes`` and ``refs``:
-    engine name -> class and -> ref."""
-    every = plan_cells(plans, refs, package_refs)
+    engine name -> class and -> ref; ``concurrency``: see ``plan_cells``."""
+    every = plan_cells(plans, refs, package_refs, concurrency)
     packages = {pp.package.spec.name: pp.package for pp in plans}
     declared = {(e, p): why for e, cls in classes.items() for p, package in packages.items()
                 if (why := declared_refusal(cls, package, mode)) is not None}
@@ -244,8 +281,12 @@ def fold_not_run(entries) -> list[NotRun]:
 def plan_digest(cells: Sequence[CellSpec], max_new_tokens: int, mode: str) -> str:
     """What identifies a plan across machines: its cells (keys and prompt ids), in order, and
     the settings every cell shares. Shards of one plan carry the same digest."""
-    body = json.dumps({"mode": mode, "max_new_tokens": max_new_tokens,
-                       "cells": [[*c.key, list(c.ids)] for c in cells]}, sort_keys=True)
+    plan = {"mode": mode, "max_new_tokens": max_new_tokens,
+            "cells": [[*c.key, list(c.ids)] for c in cells]}
+    if any(c.concurrent_with for c in cells):  # absent otherwise: digests stay as they were
+        plan["concurrent"] = [[[list(p) for p in c.concurrent_with], c.concurrent_slot]
+                              for c in cells]
+    body = json.dumps(plan, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
@@ -285,5 +326,6 @@ def parse_shard(text: str | None) -> Shard | None:
 
 
 __all__ = ["CellSpec", "LeftOut", "MODES", "NotRun", "PackagePlan", "RunPlan", "Shard",
-           "check_counts", "declared_refusal", "fold_not_run", "parse_shard", "plan_cells",
-           "plan_digest", "plan_packages", "plan_run", "unavailable_here", "widths_for"]
+           "check_concurrency", "check_counts", "concurrent_groups", "declared_refusal",
+           "fold_not_run", "parse_shard", "plan_cells", "plan_digest", "plan_packages",
+           "plan_run", "unavailable_here", "widths_for"]

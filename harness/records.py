@@ -46,18 +46,38 @@ def _judgement(j, oracle_name: str, tol, oracle_package=None, oracle_check=None)
 
 
 def _audit(audit, tol) -> ev.LogitsAuditRecord:
+    from harness.topk_audit import TopkAudit
+
+    topk = isinstance(audit, TopkAudit)
+    reasons = audit.reasons if topk else {}
     return ev.LogitsAuditRecord(
         dtype=audit.dtype, decode=audit.decode,
         tolerance={"logits_max_abs": tol.logits_max_abs, "logits_nmse": tol.logits_nmse},
         steps=[ev.StepAuditRecord(step=s.step, max_abs=_finite(s.max_abs),
                                   max_rel=_finite(s.max_rel), nmse=_finite(s.nmse),
                                   non_finite=s.non_finite, ok=s.ok, where=s.where or None,
-                                  kl=_finite(s.kl))
+                                  finding=reasons.get(s.step), kl=_finite(s.kl))
                for s in audit.steps],
         non_finite_steps=audit.non_finite_steps,
         out_of_tolerance_steps=audit.out_of_tolerance_steps,
         worst_max_abs=_finite(audit.worst_max_abs), worst_nmse=_finite(audit.worst_nmse),
-        readback_bytes=audit.readback_bytes)
+        readback_bytes=audit.readback_bytes,
+        **({"kind": "top-k", "top_k": audit.k, "logprob_bound": audit.bound,
+            "unseen": audit.unseen} if topk else {}))
+
+
+def _concurrency(check) -> ev.ConcurrencyRecord | None:
+    """--concurrency N: the prompt's stream among N against its stream alone."""
+    if check is None:
+        return None
+    j = check.judgement
+    return ev.ConcurrencyRecord(
+        requests=check.requests, slot=check.slot, tokens=list(check.tokens),
+        digest=ev.token_digest(check.tokens), first_difference=check.first_difference,
+        steps_compared=check.steps_compared,
+        max_logprob_delta=check.max_logprob_delta,
+        worst_step=check.worst_step, logprob_bound=check.bound,
+        concurrent_verdict=j.verdict if j is not None else None)
 
 
 def _prompt(package, cell) -> ev.PromptRef:
@@ -132,7 +152,7 @@ def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
                                                                  tol, oracle_package,
                                                                  oracle_check),
         logits_audit=None if cell.audit is None else _audit(cell.audit, tol),
-        greedy=greedy,
+        greedy=greedy, concurrency=_concurrency(cell.concurrency),
         numeric_scheme=cell.scheme,
         band=None if band is None or cell.band is None else _band(band, cell.band),
         ledger=cell.ledger.to_dict() if cell.ledger is not None else ev.LedgerRecord(),

@@ -73,7 +73,7 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
                on_plan: Callable[[int], None] | None = None,
                command: Sequence[str] | None = None,
                oracle_engine: str | None = None, oracle_mode: str = STREAM,
-               shard: Shard | None = None) -> RunSummary:
+               shard: Shard | None = None, concurrency: int = 1) -> RunSummary:
     """Run every engine on every package, width and prompt; never stops at a failure.
 
     ``prompts``: lists of ids, or ``harness.prompts.PromptSource`` (text, chat, ids) resolved
@@ -82,6 +82,9 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
     (``harness.oracle_choice``); ``oracle_mode``: ``stream`` (one forward per stream) or
     ``recompute`` (one per prefix, to audit the oracle itself). ``shard``: run only that
     shard's contiguous share of the planned cells (``lockstep run --shard I/N``).
+    ``concurrency`` N > 1: each greedy cell of an engine that declares ``concurrent`` is also
+    decoded among N of the package's prompts in flight together and compared with its stream
+    alone (claim ``concurrency_invariance``; ``lockstep run --concurrency N``).
 
     Bad requests (an unknown engine or mode, a width outside a package's range, a package
     without a speculative section in speculative mode, an oracle engine that disagrees)
@@ -91,7 +94,8 @@ def run_matrix(engines: Sequence[str | type[Engine]], packages: Sequence[str],
     refs = engine_refs(engines)
     resolved = [resolve_package(ref) for ref in packages]
     plans = plan_packages(resolved, mode, widths, prompts, max_prompts, max_new_tokens)
-    planned = plan_run(plans, classes, refs, mode, max_new_tokens, shard)
+    planned = plan_run(plans, classes, refs, mode, max_new_tokens, shard,
+                       concurrency=concurrency)
     cells = planned.cells
     judges = {pp.package.spec.name: PackageJudge(pp.package, oracle_engine, oracle_mode)
               for pp in plans}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every architecture the converter supports, on the device engines (issue 14's GPU evidence).
 # One tiny checkpoint per family (Llama, Llama 3 rope scaling, Llama with biases, Qwen2,
-# Qwen3, Mistral with a sliding window, Granite, OLMo2, Phi3, Gemma2, Gemma3), built by
+# Qwen3, Mistral with a sliding window, Granite, OLMo2, Phi3, Gemma2, Gemma3, Mixtral), built by
 # transformers with a fixed seed (no network, suites/architecture_checkpoints.py), saved as a
 # Hugging Face folder, converted (float32 dynamic and static cache, float16 dynamic with its
 # float32 twin), then run on the device engines beside native-host.
@@ -38,6 +38,7 @@ SPECS = {
     "granite": TinySpec("granite", bias=True), "olmo2": TinySpec("olmo2"),
     "phi3": TinySpec("phi3", window=5), "gemma2": TinySpec("gemma2", window=3, tied=True),
     "gemma3": TinySpec("gemma3", layers=3, window=3, tied=True),
+    "mixtral": TinySpec("mixtral", window=3),
 }
 names, failed = [], []
 for name, spec in SPECS.items():

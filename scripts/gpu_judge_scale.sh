@@ -14,17 +14,20 @@ OUT=${OUT:-$PWD/out}
 PY=${PY:-python3}
 ENGINES=${ENGINES:-native-cuda,hf-cuda}
 TOKENS=${TOKENS:-48}
-PKG=/tmp/lockstep-judge-scale
+# the conversions scripts/gpu_evidence.sh convert makes (kept where they are there already)
+PKG=${PKG:-/tmp/lockstep-dtypes}
 EV=/tmp/lockstep-judge-scale-evidence
+export LOCKSTEP_CHECKPOINTS=$GGUF  # hf-cuda finds the source checkpoint here
 mkdir -p "$OUT" "$PKG"
 rm -rf "$EV"
 status=0
 for dtype in float16 bfloat16; do  # each writes (or reuses) its float32 twin beside it
-  "$PY" -m harness.cli convert "$GGUF" -o "$PKG/smollm2-$dtype" --dtype "$dtype" \
+  [ -f "$PKG/smollm2-dynamic-$dtype/package.yaml" ] || "$PY" -m harness.cli convert "$GGUF" \
+    -o "$PKG/smollm2-dynamic-$dtype" --dtype "$dtype" --max-context 512 \
     >> "$OUT/judge-scale-convert.txt" 2>&1 || status=1
 done
 start=$(date +%s%N)
-"$PY" -m harness.cli run --packages "$PKG/smollm2-float16,$PKG/smollm2-bfloat16" \
+"$PY" -m harness.cli run --packages "$PKG/smollm2-dynamic-float16,$PKG/smollm2-dynamic-bfloat16" \
   --engines "$ENGINES" --max-new-tokens "$TOKENS" --evidence-dir "$EV" \
   > "$OUT/judge-scale.txt" 2>&1 || status=1
 end=$(date +%s%N)

@@ -10,8 +10,13 @@
 #     prints), started in the background
 #   convert NAME: join the staged GGUF NAME into /tmp/smollm2.gguf (its checksum checked),
 #     then the SmolLM2 conversions (scripts/gpu_evidence.sh convert), in the background
+#   ptx OLD: every kernel's PTX against the old sources in OLD (scripts/kernel_ptx_compare.py
+#     --compiler nvrtc, the file its --save-old wrote here), in the background
+#   ort NAME: join the staged onnxruntime-gpu wheel NAME (its checksum checked), install it
+#     into /tmp/site-ort, then run the onnxruntime CUDA suite (suites/test_ort_cuda.py, which
+#     `suites -k ... and not test_ort_cuda` left out) with it, in the background
 #   wait SECONDS: wait (at most SECONDS) for the background work, then bring back its logs
-#     and exit statuses (suites.tgz, convert.txt, background.txt)
+#     and exit statuses (suites.tgz, convert.txt, ptx.tgz, ort.txt, background.txt)
 # The kernels compile into /tmp/cupy-cache (CUPY_CACHE_DIR) once; every later call, the
 # evidence phase's too, loads them from there.
 set -uo pipefail
@@ -52,9 +57,19 @@ while [ $# -gt 0 ]; do
         || status=1
       background convert "OUT=$BG/convert bash scripts/gpu_evidence.sh convert /tmp/smollm2.gguf"
       shift 2 ;;
+    ptx)
+      cp "$2" /tmp/ptx-old.json || status=1
+      background ptx "$PY scripts/kernel_ptx_compare.py --old /tmp/ptx-old.json --compiler nvrtc --out $BG/ptx"
+      shift 2 ;;
+    ort)
+      bash scripts/stage_large_file.sh join "$2" "/tmp/$2" >> "$OUT/stage.txt" 2>&1 || status=1
+      "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-ort "/tmp/$2" \
+        >> "$OUT/stage.txt" 2>&1 || status=1
+      background ort "PYTHONPATH=/tmp/site-ort:/tmp/site:$PWD $PY -m pytest suites/test_ort_cuda.py -m gpu --require-gpu -p no:cacheprovider -q --timeout=300"
+      shift 2 ;;
     wait)
       deadline=$(( $(date +%s) + $2 ))
-      for name in suites convert; do
+      for name in suites convert ptx ort; do
         [ -f "$BG/$name.log" ] || continue
         while [ ! -f "$BG/$name.rc" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 2; done
         echo "$name: $(cat "$BG/$name.rc" 2>/dev/null || echo 'still running')" \
@@ -63,6 +78,8 @@ while [ $# -gt 0 ]; do
       done
       [ -d "$BG/suites" ] && tar czf "$OUT/suites.tgz" -C "$BG" suites suites.log
       [ -f "$BG/convert.log" ] && cp "$BG/convert.log" "$OUT/convert.txt"
+      [ -d "$BG/ptx" ] && tar czf "$OUT/ptx.tgz" -C "$BG" ptx ptx.log
+      [ -f "$BG/ort.log" ] && cp "$BG/ort.log" "$OUT/ort.txt"
       shift 2 ;;
     *) echo "unknown action $1" >&2; exit 2 ;;
   esac

@@ -244,24 +244,17 @@ def test_a_distributed_greedy_run_records_what_the_in_process_run_records(
 
 def test_a_distributed_speculative_run_records_what_the_in_process_run_records(
         tmp_path, capsys, monkeypatch):
+    """Speculative cells on the workers as in process, and the oracle moved to another engine
+    in recompute mode: the controller vets it, and its engine, mode and check reach every
+    worker's records."""
     args = ["--mode", "speculative", "--width", "2", "--engines", "native-host,ort-cpu",
-            "--packages", "lookup_chained,tiny_llama_pair", "--max-new-tokens", "8"]
+            "--packages", "lookup_chained,tiny_llama_pair", "--max-new-tokens", "8",
+            "--oracle-engine", "native-host", "--oracle-mode", "recompute"]
     (s1, out1, one), (s2, out2, two) = _both(args, tmp_path, capsys, monkeypatch)
     assert s1 == s2 == 0
     assert _table(out1) == _table(out2) and "accepted" in out2
     records = _same_records(one, two)
     assert all(r.greedy is not None and r.status == "identical" for r in records.values())
-
-
-def test_a_distributed_run_carries_the_oracle_engine_and_mode_to_its_workers(
-        tmp_path, capsys, monkeypatch):
-    args = ["--engines", "ort-cpu", "--packages", "tiny_llama", "--max-new-tokens", "6",
-            "--max-prompts", "2", "--oracle-engine", "native-host", "--oracle-mode",
-            "recompute"]
-    (s1, out1, one), (s2, out2, two) = _both(args, tmp_path, capsys, monkeypatch)
-    assert s1 == s2 == 0
-    assert _table(out1) == _table(out2)
-    records = _same_records(one, two)
     for record in records.values():
         j = record.judgement
         assert j.oracle == "oracle:native-host" and j.oracle_mode == "recompute"

@@ -155,7 +155,7 @@ def test_import_package_command_writes_and_refuses_an_existing_output(source, tm
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(
         f"tiny-scatter-package-{v}" for v in CPU_VARIANTS)
     line = one_line_error(capsys, ["import-package", str(source), "-o", str(out)])
-    assert "[field --output" in line and "--force" in line
+    assert "-o names a folder that already holds" in line and "--force" in line
 
 
 # -- bad packages: one line naming the file, the field, the value and the remedy -------------

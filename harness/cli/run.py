@@ -146,6 +146,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the oracle (default: 32)")
     p.add_argument("--max-prompts", type=integer("--max-prompts"), default=None, metavar="N",
                    help="only the first N of each package's default prompts")
+    p.add_argument("--concurrency", type=integer("--concurrency"), default=1, metavar="N",
+                   help="also send each package's prompts N at a time to engines that serve "
+                        "concurrent requests (servers: --engines http:...) and judge each "
+                        "prompt's stream among them against its stream alone (claim "
+                        "concurrency_invariance; default 1: alone only)")
     p.add_argument("--mode", choices=("greedy", "speculative"), default="greedy",
                    help="greedy (vs the oracle), or speculative: every width, each stream vs "
                         "the engine's greedy stream and the oracle (default: greedy)")
@@ -179,6 +184,11 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
     engines = engine_list(args.engines, "--engines") or engine_names()
+    concurrency = getattr(args, "concurrency", 1)
+    if concurrency > 1 and args.mode != "greedy":
+        raise InputError("--concurrency applies to greedy cells only", field="--concurrency",
+                         value=concurrency, remedy="drop --mode speculative, or drop "
+                                                   "--concurrency")
     widths = parse_widths(args.width)
     if widths is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
@@ -226,8 +236,12 @@ def run(args: argparse.Namespace) -> int:
                                  max_prompts=args.max_prompts,
                                  on_plan=progress.plan,
                                  oracle_engine=oracle_engine, oracle_mode=oracle_mode,
-                                 shard=shard)
+                                 shard=shard, concurrency=concurrency)
         else:
+            if concurrency > 1:
+                raise InputError("--concurrency is not carried to the --devices workers",
+                                 field="--concurrency", value=concurrency,
+                                 remedy="drop --devices (servers run in this process)")
             from harness.distributed import run_matrix_on_devices
 
             label = f"parity matrix on {len(devices)} GPU(s) ({','.join(devices)})"
@@ -245,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
                       f"abs {check.max_abs:.3g}, NMSE {check.nmse:.3g})")
     from harness.cli.generated_text import generated_lines
 
-    for line in generated_lines(summary, packages):
+    for line in generated_lines(summary):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     details = [c for c in summary.cells if c.status not in ("identical", "unavailable")]
     if details:

@@ -1,8 +1,9 @@
 """Evidence: one versioned JSON record per run cell, written atomically, read strictly."""
 from .environment import collect_environment, git_commit
-from .schema import (CLAIMS, SCHEMA_VERSION, BandRecord, BudgetCheck, ChatMessage, Divergence, Environment,
-                     ErrorInfo, EvidenceRecord, GraphSlotRecord, GreedyRef, Judgement,
-                     LedgerRecord, LogitsAuditRecord, MemorySample, Mode, OracleCheck, PackageRef,
+from .schema import (CLAIMS, SCHEMA_VERSION, BandRecord, BudgetCheck, ChatMessage,
+                     ConcurrencyRecord, Divergence, Environment, ErrorInfo, EvidenceRecord,
+                     GraphSlotRecord, GreedyRef, Judgement, LedgerRecord, LogitsAuditRecord,
+                     MemorySample, Mode, OracleCheck, PackageRef,
                      PromptRef, ReferenceRef, StepAuditRecord, StepFinding, Timings,
                      evidence_json_schema, found_status, new_run_id, token_digest)
 from .store import (EvidenceError, evidence_file_name, evidence_files, evidence_write_error,
@@ -10,7 +11,8 @@ from .store import (EvidenceError, evidence_file_name, evidence_files, evidence_
                     write_evidence)
 
 __all__ = [
-    "CLAIMS", "SCHEMA_VERSION", "BandRecord", "BudgetCheck", "ChatMessage", "Divergence", "Environment", "ErrorInfo",
+    "CLAIMS", "SCHEMA_VERSION", "BandRecord", "BudgetCheck", "ChatMessage", "ConcurrencyRecord",
+    "Divergence", "Environment", "ErrorInfo",
     "EvidenceError", "EvidenceRecord", "GraphSlotRecord", "GreedyRef", "Judgement",
     "LedgerRecord", "LogitsAuditRecord", "MemorySample", "Mode", "OracleCheck", "PackageRef", "PromptRef",
     "ReferenceRef", "StepAuditRecord", "StepFinding", "Timings", "collect_environment", "evidence_file_name",

@@ -222,6 +222,7 @@ class StepAuditRecord(_Strict):
     non_finite: int = Field(ge=0)
     ok: bool
     where: str | None = None  # a speculative decode's forward and row ("verify r3 row 1")
+    finding: str | None = None  # a top-k audit: what failed at this step, in words
     kl: float | None = None  # KL(oracle || engine) of the rows' softmaxes, nats
 
 
@@ -239,6 +240,27 @@ class LogitsAuditRecord(_Strict):
     worst_max_abs: float | None = None
     worst_nmse: float | None = None
     readback_bytes: int = 0  # logits_audit bytes the separate decode read back
+    # "top-k": a server's top-k log-probabilities against the oracle's log-softmax
+    # (harness.topk_audit): each step's max_abs is its worst log-probability difference
+    kind: Literal["full-row", "top-k"] = "full-row"
+    top_k: int | None = None
+    logprob_bound: float | None = None  # 2 x logits_max_abs
+    unseen: str | None = None  # what a top-k audit cannot see
+
+
+class ConcurrencyRecord(_Strict):
+    """Claim concurrency_invariance: this prompt among ``requests`` in flight together (its
+    place: ``slot``) against its stream alone (the record's ``tokens``)."""
+    requests: int = Field(ge=2)
+    slot: int = Field(ge=0)
+    tokens: list[int]
+    digest: str
+    first_difference: int | None = None
+    steps_compared: int = Field(ge=0)
+    max_logprob_delta: float | None = None
+    worst_step: int | None = None
+    logprob_bound: float
+    concurrent_verdict: Literal["identical", "near-tie", "defect"] | None = None
 
 
 class BandRecord(_Strict):
@@ -362,6 +384,7 @@ class EvidenceRecord(_Strict):
     judgement: Judgement | None = None
     logits_audit: LogitsAuditRecord | None = None
     greedy: GreedyRef | None = None
+    concurrency: ConcurrencyRecord | None = None
     numeric_scheme: str | None = None  # Engine.numeric_scheme(): a quantized engine's scheme
     band: BandRecord | None = None  # its band and this stream's statistics
     ledger: LedgerRecord = Field(default_factory=LedgerRecord)
@@ -455,8 +478,9 @@ class EvidenceRecord(_Strict):
 def found_status(record: EvidenceRecord) -> tuple[str, str]:
     """The status ``record`` stands for by what it holds, worst first as ``harness.judgement.worst``
     orders them (an error, non-finite or out-of-tolerance logits rows, defect or near-tie steps
-    of its judgement, divergence or greedy stream, a stream beyond its quantized band, failed
-    budgets and claims), and a few words
+    of its judgement, divergence or greedy stream, a stream that parts or moves among
+    concurrent requests, a stream beyond its quantized band, failed budgets and claims), and
+    a few words
     on what shows it. ``identical`` when nothing is found: a record cannot show it was
     ``unavailable``, so that status stands only where nothing was judged."""
     found: list[tuple[str, str]] = []
@@ -484,6 +508,14 @@ def found_status(record: EvidenceRecord) -> tuple[str, str]:
     if g is not None and not g.agrees_with_speculative:
         found.append((NEAR_TIE, f"greedy: speculative and greedy part at step "
                                 f"{g.first_difference}"))
+    c = record.concurrency
+    if c is not None and c.first_difference is not None:
+        found.append((DEFECT, f"concurrency: among {c.requests} requests the stream parts "
+                              f"from the stream alone at step {c.first_difference}"))
+    elif c is not None and c.max_logprob_delta is not None and \
+            not c.max_logprob_delta <= c.logprob_bound:  # NaN included
+        found.append((DRIFT, f"concurrency: log-probabilities move by {c.max_logprob_delta:.3g} "
+                             f"among {c.requests} requests"))
     if record.band is not None and not record.band.within:
         found.append((DRIFT, f"band: beyond the {record.band.scheme} band"))
     failed = [b.claim for b in record.budgets if b.verdict == "fail"]

@@ -168,7 +168,24 @@ class Mod(Kernel):
                             remedy="use fmod=0 (the divisor's sign) or fmod=1 (C fmod)")
 
     def __call__(self, be, a, b):
-        return ((be.xp.fmod if self.fmod else be.xp.mod)(a, b),)
+        xp = be.xp
+        if self.fmod or a.dtype.kind != "f":
+            return ((xp.fmod if self.fmod else xp.mod)(a, b),)
+        return (_python_mod(xp, a, b),)
+
+
+def _python_mod(xp, a, b):
+    """The remainder with the divisor's sign for floats, written out as numpy computes it
+    (C's fmod, then the divisor added where the signs differ, a zero taking the divisor's
+    sign; 16-bit floats in float32, rounded once): CuPy's own float mod gives NaN for an
+    infinite divisor, where numpy and ONNX give the dividend or an infinity."""
+    wide = xp.float32 if a.dtype.itemsize < 4 else a.dtype
+    x, y = a.astype(wide), xp.broadcast_to(b, a.shape if a.ndim >= b.ndim else b.shape)
+    y = y.astype(wide)
+    r = xp.fmod(x, y)
+    r = xp.where((r != 0) & ((r < 0) != (y < 0)), r + y, r)
+    r = xp.where(r == 0, xp.copysign(xp.zeros_like(r), y), r)
+    return r.astype(a.dtype)
 
 
 class Pow(Kernel):
