@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from engines.decode_result import DecodeResult
 from engines.tolerances import Tolerance
-from harness.judge import DEFECT, DRIFT, IDENTICAL, StreamJudgement, first_difference
+from harness.judgement import DEFECT, DRIFT, IDENTICAL, StreamJudgement, first_difference
 from harness.topk_audit import logprob_bound
 
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from engines.decode_result import StepLogprobs
 from engines.tolerances import Tolerance
-from harness.judge import LogitsAudit, StepAudit, _in_vocabulary
+from harness.judgement import LogitsAudit, StepAudit, _in_vocabulary
 
 FACTOR = 2.0  # logprob bound = FACTOR x logits_max_abs (see the module docstring)
 UNSEEN = ("entries outside each step's top-k (a row's tail: their values, and a NaN or "

@@ -1,7 +1,7 @@
 """``http:llama-server`` on the real checkpoint: lockstep starts llama.cpp's server (built
 from llama-cpp-python's pinned sdist by ``make llama-server``) on SmolLM2's Q4_1 GGUF, the
 GGUF the ``smollm2`` package was converted from, and judges twelve prompts of 64 tokens: the
-package's prompts (``fixtures/prompts/real.yaml`` as written) and the same texts in the other
+package's prompts (``harness/texts/real.yaml`` as written) and the same texts in the other
 form (chat as plain text, plain text as a chat turn), alone and four at a time.
 
 Where the binary is missing these skip saying so, unless ``LOCKSTEP_REQUIRE_LLAMA_SERVER`` is
@@ -48,7 +48,7 @@ def server_binary():
 def smollm2():
     pytest.importorskip("gguf", reason="make real (pip install gguf tokenizers)")
     from engines.package import load_package
-    from fixtures.real_checkpoints import INSTALL, smollm2_path
+    from engines.shipped_checkpoint import INSTALL, smollm2_path
     from harness.convert.smollm2 import smollm2_package
 
     if smollm2_path() is None:
@@ -59,7 +59,7 @@ def smollm2():
 @pytest.fixture(scope="module")
 def prompts(smollm2):
     from engines.tokenizer import package_tokenizer
-    from fixtures.real_checkpoints import encode_prompts, load_prompts
+    from harness.real_prompts import encode_prompts, load_prompts
 
     other = [dataclasses.replace(p, name=p.name + "_swapped",
                                  kind="plain" if p.kind == "chat" else "chat")

@@ -64,7 +64,7 @@ def build_key(version: str = LLAMA_CPP_PYTHON) -> str:
 def cache_folder() -> Path:
     """``<cache>/llama-server``, symlinks resolved: cmake's tree records absolute paths, and
     one build reached by two spellings of its path would be rebuilt whole."""
-    from fixtures.cache import cache_root
+    from engines.cache_root import cache_root
 
     return (cache_root() / "llama-server").resolve()
 
