@@ -84,7 +84,8 @@ def _band(band, stats) -> ev.BandRecord:
                          provenance=dict(band.provenance), steps=stats.steps,
                          mean_kl=_finite(stats.mean_kl), p99_kl=_finite(stats.p99_kl),
                          flips=stats.flips, flip_p=stats.flip_p, reasons=list(stats.reasons),
-                         within=stats.within)
+                         within=stats.within, worst=dict(stats.worst),
+                         ratios=dict(stats.ratios), first_step=stats.first_step)
 
 
 def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,

@@ -17,7 +17,7 @@ import sys
 
 from engines.errors import LockstepError
 
-SUBCOMMANDS = ("run", "report", "claims", "engines", "bench", "bench_forward", "bench_judge", "fixtures", "convert", "import_genai", "cache", "explain", "repro")
+SUBCOMMANDS = ("run", "report", "claims", "engines", "bench", "bench_forward", "bench_judge", "fixtures", "convert", "import_genai", "cache", "explain", "repro", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:

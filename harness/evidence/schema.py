@@ -240,6 +240,9 @@ class BandRecord(_Strict):
     flip_p: float  # P(at least this many flips | the band's flip rate)
     reasons: list[str] = Field(default_factory=list)
     within: bool
+    worst: dict[str, float] = Field(default_factory=dict)  # this stream's value per bound
+    ratios: dict[str, float] = Field(default_factory=dict)  # each over its bound
+    first_step: int | None = None  # the first step beyond a per-step bound
 
 
 class GreedyRef(_Strict):
