@@ -16,7 +16,7 @@ decode and in teacher-forced scoring alike, the way such engines break:
 - ``bos-dropped``: a prompt's leading BOS not fed (a tokenizer/template bug).
 
 The weights' bugs are written into a private copy of the checkpoint (a GGUF through
-``harness.convert.gguf_rewrite``; an onnxruntime-genai build folder through ``onnx``),
+``harness.gguf_rewrite``; an onnxruntime-genai build folder through ``onnx``),
 removed when the engine is closed.
 """
 from __future__ import annotations
@@ -129,7 +129,7 @@ class _LlamaWeights(_PrivateCopy, LlamaCppEngine):
     def __init__(self, package, **options):
         from engines.backends.checkpoint_source import (CheckpointSource, content_hash,
                                                         find_checkpoint)
-        from harness.convert.gguf_rewrite import Tensor, rewrite_gguf
+        from harness.gguf_rewrite import Tensor, rewrite_gguf
 
         honest = find_checkpoint(package.root, self.name)
         path = self._scratch() / honest.path.name
