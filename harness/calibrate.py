@@ -172,17 +172,19 @@ def log_softmax(rows: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def compare_rows(engine: np.ndarray, oracle: np.ndarray, chunk: int = 64
-                 ) -> dict[str, np.ndarray]:
+def compare_rows(engine: np.ndarray, oracle: np.ndarray, chunk: int = 64,
+                 tokens: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Row by row (``[n, vocab]`` each, float64 arithmetic, ``chunk`` rows at a time): max
     abs, NMSE, KL(oracle || engine) in nats (``harness.judge.kl_divergence``'s formula),
-    flips, their gaps, the oracle's top-2 margins and the engine's argmax."""
-    parts = [_compare(engine[i:i + chunk], oracle[i:i + chunk])
+    flips, their gaps, the oracle's top-2 margins and the engine's argmax; with ``tokens``
+    (one a row) also each side's log-probability of that token."""
+    parts = [_compare(engine[i:i + chunk], oracle[i:i + chunk],
+                      None if tokens is None else tokens[i:i + chunk])
              for i in range(0, len(oracle), chunk)]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def _compare(engine, oracle) -> dict[str, np.ndarray]:
+def _compare(engine, oracle, tokens=None) -> dict[str, np.ndarray]:
     e = np.asarray(engine, dtype=np.float64)
     o = np.asarray(oracle, dtype=np.float64)
     diff = e - o
@@ -191,18 +193,25 @@ def _compare(engine, oracle) -> dict[str, np.ndarray]:
     best, chosen = o.argmax(axis=-1), e.argmax(axis=-1)
     rows = np.arange(len(o))
     top2 = np.sort(o, axis=-1)[:, -2:]
-    return {"max_abs": np.abs(diff).max(axis=-1),
-            "nmse": (diff ** 2).sum(axis=-1) / (o ** 2).sum(axis=-1),
-            "kl": kl, "flipped": best != chosen,
-            "gap": o[rows, best] - o[rows, chosen],
-            "margin": top2[:, 1] - top2[:, 0], "argmax": chosen}
+    out = {"max_abs": np.abs(diff).max(axis=-1),
+           "nmse": (diff ** 2).sum(axis=-1) / (o ** 2).sum(axis=-1),
+           "kl": kl, "flipped": best != chosen,
+           "gap": o[rows, best] - o[rows, chosen],
+           "margin": top2[:, 1] - top2[:, 0], "argmax": chosen}
+    if tokens is not None:
+        out["logp_oracle"] = log_p[rows, tokens]
+        out["logp_engine"] = log_q[rows, tokens]
+    return out
 
 
 def score(engine, corpus: Corpus, oracle_rows: dict[str, np.ndarray],
-          shapes: Sequence[int | None], consistency: dict | None = None) -> list[RowStats]:
+          shapes: Sequence[int | None], consistency: dict | None = None,
+          original: tuple[dict, list] | None = None) -> list[RowStats]:
     """Every segment in every shape on ``engine`` against the oracle's rows; with
     ``consistency`` (a dict), each shape's rows against the first shape's are added to it
-    (``self_consistency``)."""
+    (``self_consistency``); with ``original`` (the original float model's rows by segment, a
+    list), the first shape's rows against the original's, with the text's next tokens, are
+    appended to that list (``harness.quality``)."""
     out = []
     for segment in corpus.segments:
         reference = oracle_rows[segment.name]
@@ -215,6 +224,13 @@ def score(engine, corpus: Corpus, oracle_rows: dict[str, np.ndarray],
                                 **compare_rows(rows, reference[positions])))
         if consistency is not None:
             self_consistency(scored, consistency)
+        if original is not None:
+            rows_of, into = original
+            positions, rows = scored[shapes[0]]
+            keep = positions < len(segment.ids) - 1  # the last position has no next token
+            ids = np.asarray(segment.ids)
+            into.append(compare_rows(rows[keep], rows_of[segment.name][positions[keep]],
+                                     tokens=ids[positions[keep] + 1]))
     return out
 
 
@@ -397,8 +413,22 @@ def calibrate(engine, package, corpus: Corpus, mutations: Sequence[type] = (),
     say(f"oracle: {corpus.positions} positions, {len(corpus.segments)} forwards")
     oracle = oracle_rows(reference, corpus)
     say(f"{engine.name}: {len(corpus.segments)} segments x {len(shapes)} batch shapes")
+    from harness.quality import original_package, summarize
+
     consistency: dict = {}
-    stats = score(engine, corpus, oracle, shapes, consistency)
+    original = original_package(package)
+    against = None
+    if original is not None:
+        say(f"the original float model {original.spec.name}: {len(corpus.segments)} forwards")
+        against = (oracle_rows(original, corpus), [])
+    stats = score(engine, corpus, oracle, shapes, consistency, against)
+    quality = None
+    if against is not None:
+        merged = {k: np.concatenate([c[k] for c in against[1]]) for k in against[1][0]}
+        quality = {"original": {"package": original.spec.name,
+                                "content_hash": original.content_hash},
+                   **summarize(merged, perplexity=True).to_dict()}
+        del against
     observed = observe(stats)
     bounds = band_bounds(observed, observed["rows"])
     results = []
@@ -426,6 +456,8 @@ def calibrate(engine, package, corpus: Corpus, mutations: Sequence[type] = (),
         "reproduce_within": REPRODUCE_WITHIN,
         "procedure": "lockstep calibrate (harness/calibrate.py, docs/QUANTIZED.md)",
     }
+    if quality is not None:  # information beside the band, never part of it
+        provenance["quality"] = quality
     band = Band(scheme=scheme, window=WINDOW, provenance=provenance, **bounds)
     return Calibration(band, observed, results, consistency, corpus)
 

@@ -142,6 +142,7 @@ def _greedy_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tokens: 
             cell.audit = judge.audit(cell.prompt, audited.tokens, rows, how, tol)
             cell.audit.readback_bytes = (audited.ledger.readback_bytes.get("logits_audit", 0)
                                          if how == "separate" else 0)
+            cell.logits = (list(audited.tokens), rows)  # for its quality (CellRunner.run)
     except Exception as exc:
         return _errored(cell, CellError.of("judge", exc))
     if how == "separate":
@@ -327,6 +328,7 @@ class CellRunner:
         self._scheme: str | None = None  # the engine's numeric scheme, and its band
         self._band = None
         self._ref_judges: dict[str, PackageJudge] = {}  # by an engine's reference package
+        self._originals: dict = {}  # package name -> oracle over the original it declares
 
     def _close_engine(self) -> None:
         engine, self._engine, self._engine_ref, self._greedy = self._engine, None, None, {}
@@ -342,7 +344,7 @@ class CellRunner:
             self._judge.close()
         for judge in self._ref_judges.values():
             judge.close()
-        self._ref_judges = {}
+        self._ref_judges, self._originals = {}, {}
         self._package_ref = self._package = self._judge = None
 
     def _use_package(self, package_ref: str) -> None:
@@ -419,11 +421,35 @@ class CellRunner:
                               self._greedy[spec.prompt], tol)
         if band is not None:
             _band_verdict(cell, band)
-        elif cell.scheme is not None:
+        self._measure_quality(cell)
+        if band is None and cell.scheme is not None:
             note = (f"no calibrated band for {cell.scheme} is checked in: judged by the "
                     f"{judge.tol.dtype} row (lockstep calibrate makes a band)")
             cell.reason = "; ".join([cell.reason] * bool(cell.reason) + [note])
         return self._emit(cell, judge, before)
+
+    def _measure_quality(self, cell: CellResult) -> None:
+        """Beside the verdict, never part of it: where the package declares the float model
+        it was quantized from, the cell's rows against that model's on the same prefix
+        (``harness.quality``); a failure to measure is a note, never the cell's verdict."""
+        kept, cell.logits = cell.logits, None
+        if kept is None or self._package.spec.original is None:
+            return
+        tokens, rows = kept
+        try:
+            name = self._package.spec.name
+            if name not in self._originals:
+                from engines.oracle import Oracle
+                from harness.quality import original_package
+
+                self._originals[name] = Oracle(original_package(self._package))
+            reference = self._originals[name].stream_rows(cell.prompt, tokens)
+            from harness.quality import quality
+
+            cell.quality = quality(rows, reference[:len(rows)], tokens[:len(rows)])
+        except Exception as exc:  # noqa: BLE001 - information only
+            note = f"quality against the original not measured ({type(exc).__name__}: {exc})"
+            cell.reason = "; ".join([cell.reason] * bool(cell.reason) + [note])
 
     def _judge_of(self, engine: Engine) -> PackageJudge:
         """The judge of ``engine``'s cells: the package's, or for an engine that quantized the

@@ -64,6 +64,10 @@ class CellResult:
     oracle_positions: int = 0  # positions those forwards fed
     scheme: str | None = None  # Engine.numeric_scheme(): a quantized engine's scheme
     band: object | None = None  # harness.judge.BandStatistics, where its scheme has a band
+    # beside the verdict: harness.quality.Quality against the float model the package declares
+    quality: object | None = None
+    # (tokens, rows) of the audited decode, kept only until its quality is measured
+    logits: tuple | None = field(default=None, repr=False)
 
     @property
     def failed(self) -> bool:

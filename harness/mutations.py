@@ -6,8 +6,8 @@ beyond it on some metric, and the catch matrix (``suites/test_planted_bugs.py``)
 under the checked-in band. Each is the honest engine with exactly one thing broken, in the
 decode and in teacher-forced scoring alike, the way such engines break:
 
-- ``halves-swapped``: one tensor's 4-bit values swapped between the two halves of each
-  block (the low and high nibble of every byte: a packing-order bug);
+- ``halves-swapped``: one tensor's values swapped between the two halves of each block (for
+  4-bit types the low and high nibble of every byte: a packing-order bug);
 - ``block-scale``: one block's scale doubled (the block with the largest scale in the first
   layer's attention output projection: a corrupt or misread scale);
 - ``rope-base``: RoPE's frequency base a tenth of the model's (a wrong config key);
@@ -57,11 +57,14 @@ def _blocks(tensor):
 
 
 def gguf_halves_swapped(tensor):
-    """Every block's 4-bit values: low and high nibble of each byte exchanged."""
+    """Every block's two halves exchanged (values 0-15 with 16-31): for a 4-bit type the low
+    and high nibble of each byte (a packing-order bug), for Q8_0 the two runs of 16 bytes."""
     data, blocks, _, quants = _blocks(tensor)
-    if quants is None:
-        raise ValueError(f"{tensor.name} is {tensor.type.name}, not a 4-bit type")
-    blocks[..., quants:] = swap_nibbles(blocks[..., quants:])
+    if quants is None:  # Q8_0: one int8 a value, after the scale
+        values = blocks[..., 2:].copy()
+        blocks[..., 2:] = np.concatenate([values[..., 16:], values[..., :16]], axis=-1)
+    else:
+        blocks[..., quants:] = swap_nibbles(blocks[..., quants:])
     return data
 
 

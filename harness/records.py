@@ -88,6 +88,13 @@ def _band(band, stats) -> ev.BandRecord:
                          ratios=dict(stats.ratios), first_step=stats.first_step)
 
 
+def _quality(package, quality) -> ev.QualityRecord:
+    original = package.spec.original
+    return ev.QualityRecord(original=ev.PackageRef(name=original.folder,
+                                                   content_hash=original.content_hash),
+                            **quality.to_dict())
+
+
 def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
                 oracle_package=None, oracle_check=None, band=None) -> ev.EvidenceRecord:
     """The evidence record of ``cell`` (a ``harness.cells.CellResult``); ``band``: the
@@ -138,6 +145,7 @@ def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
         greedy=greedy,
         numeric_scheme=cell.scheme,
         band=None if band is None or cell.band is None else _band(band, cell.band),
+        quality=None if cell.quality is None else _quality(package, cell.quality),
         ledger=cell.ledger.to_dict() if cell.ledger is not None else ev.LedgerRecord(),
         acceptance_per_round=list(cell.acceptance_per_round),
         timings=timings, budgets=list(cell.budgets), verdicts=dict(cell.verdicts),

@@ -18,6 +18,8 @@ from a short corpus and leaves the table untouched.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -266,13 +268,14 @@ def dequantized(t, data=None):
     return gguf.quants.dequantize(np.asarray(t.data if data is None else data), t.tensor_type)
 
 
-@pytest.mark.parametrize("name", ["blk.0.attn_q.weight", "blk.0.attn_output.weight"])
+@pytest.mark.parametrize("name", ["blk.0.attn_q.weight", "blk.0.attn_output.weight",
+                                  "blk.0.attn_k.weight"])
 def test_halves_swapped_exchanges_each_blocks_two_halves(tiny, name):
     from harness.gguf_rewrite import read_tensor
     from harness.mutations import gguf_halves_swapped
 
     _, found = tensors(tiny)
-    t = found[name]  # Q4_1 and Q4_0
+    t = found[name]  # Q4_1, Q4_0 and Q8_0
     before = dequantized(t).reshape(-1, 32)
     after = dequantized(t, gguf_halves_swapped(read_tensor(t))).reshape(-1, 32)
     assert np.array_equal(after, np.concatenate([before[:, 16:], before[:, :16]], axis=1))
@@ -308,3 +311,118 @@ def test_the_shipped_corpus_covers_prose_code_digits_and_chat():
     size = sum(len((cal.CORPUS_FILE.parent / s["file"]).read_text())
                for s in manifest["segments"])
     assert size >= 3 * cal.MIN_POSITIONS  # English runs ~4 characters a token
+
+
+# -- llama-cpp on SmolLM2: the procedure end to end on a short corpus of our own ---------------
+
+SHORT_CORPUS = """segments:
+  - {name: chat_short, kind: chat, topic: prose, file: chat.yaml}
+  - {name: code_short, kind: plain, topic: code, file: code.txt}
+"""
+SHORT_CHAT = """- role: user
+  content: Name two birds that cannot fly.
+- role: assistant
+  content: The ostrich and the emu cannot fly, though both run fast.
+"""
+SHORT_CODE = "def area(width, height):\n    return width * height\n\nprint(area(3, 4))\n"
+
+
+@pytest.fixture(scope="module")
+def llama_calibration(tmp_path_factory):
+    """One calibration of llama-cpp on SmolLM2 over a short corpus (two segments), with every
+    mutation, and a second scoring of the honest engine alone."""
+    from suites.test_llama_cpp import need_llama
+
+    pytest.importorskip("gguf", reason="make real (pip install gguf tokenizers)")
+    from engines.backends.llama_cpp import LlamaCppEngine
+    from engines.package import load_package
+    from fixtures.real_checkpoints import INSTALL, smollm2_path
+    from harness.convert.smollm2 import smollm2_package
+    from harness.mutations import mutations_for
+
+    if smollm2_path() is None:
+        pytest.skip(f"SmolLM2 is not installed: {INSTALL}")
+    need_llama()
+    folder = tmp_path_factory.mktemp("corpus")
+    (folder / "corpus.yaml").write_text(SHORT_CORPUS)
+    (folder / "chat.yaml").write_text(SHORT_CHAT)
+    (folder / "code.txt").write_text(SHORT_CODE)
+    package = load_package(smollm2_package(cache="dynamic", dtype="float32"))
+    corpus = cal.load_corpus(package, folder / "corpus.yaml")
+    engine = LlamaCppEngine(package)
+    try:
+        first = cal.calibrate(engine, package, corpus, mutations_for("llama-cpp"))
+        again = cal.calibrate(engine, package, corpus)
+    finally:
+        engine.close()
+    return first, again, corpus
+
+
+@pytest.mark.real_checkpoint
+@pytest.mark.claim("quantized_band")
+def test_every_llama_mutation_lands_tenfold_beyond_the_band(llama_calibration):
+    first, _, corpus = llama_calibration
+    print({m["engine"]: (m["metric"], round(m["ratio"], 1)) for m in first.mutations})
+    assert [m["engine"] for m in first.mutations] == [
+        "planted-llama-halves-swapped", "planted-llama-block-scale", "planted-llama-rope-base",
+        "planted-llama-kv-shift", "planted-llama-bos-dropped"]
+    assert all(m["caught"] and m["ratio"] >= 10 for m in first.mutations), first.mutations
+    # written only from a long enough corpus: this one is short
+    assert first.refused == [f"the corpus has {corpus.positions} positions; a band is "
+                             f"written from at least 1500"]
+
+
+@pytest.mark.real_checkpoint
+def test_the_llama_band_is_twice_what_was_observed_over_both_batch_shapes(llama_calibration):
+    first, _, corpus = llama_calibration
+    band, seen = first.band, first.observed
+    assert band.scheme == "ggml-cpu:q4_1" and band.window == cal.WINDOW
+    for key in cal.BOUNDS:
+        if key != "flip_rate":
+            assert getattr(band, key) == cal.round_up(2 * seen[key]) > 0, key
+    assert seen["rows"] == 2 * corpus.positions  # every position, in both shapes
+    assert set(seen["flips"]) == {"all at once", "1 a piece"}
+    (pair,) = first.self_consistency.values()  # the shapes differ, yet mostly agree
+    assert not pair["bit_identical"] and pair["same_argmax"] >= 0.9
+    prov = band.provenance
+    assert prov["corpus"]["hash"] == corpus.hash and prov["positions"] == corpus.positions
+    assert prov["engine_build"]["numeric_scheme"] == "ggml-cpu:q4_1"
+    assert prov["engine_build"]["cpu_features"] and prov["device"]["cores"]
+    assert prov["date"] and prov["observed"]["step_kl"] == seen["step_kl"]
+
+
+@pytest.mark.real_checkpoint
+def test_rerunning_reproduces_the_observed_values_exactly(llama_calibration):
+    first, again, _ = llama_calibration
+    rep = cal.reproduce(again, first.band)
+    assert rep.reproduced, rep.problems
+    assert all(change == 0.0 for _, _, _, change, _ in rep.metrics)
+    assert again.band == first.band
+
+
+@pytest.mark.real_checkpoint
+def test_the_cli_refuses_to_write_a_band_from_a_short_corpus(llama_calibration, tmp_path,
+                                                             monkeypatch, capsys):
+    """``lockstep calibrate --write``: the row printed, the refusal named, exit 1, the table
+    untouched; a long enough calibration is written and a re-run against it reproduces."""
+    from harness.cli import main
+
+    first, again, _ = llama_calibration
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: first)
+    table = tmp_path / "bands.json"
+    assert main(["calibrate", "--bands", str(table), "--write"]) == 1
+    out = capsys.readouterr().out
+    assert "not written: the corpus has" in out and "planted-llama-kv-shift" in out
+    assert not table.exists()
+    long = cal.Calibration(first.band, first.observed, first.mutations,
+                           first.self_consistency,
+                           cal.Corpus(first.corpus.path, first.corpus.hash,
+                                      [cal.Segment("s", "plain", "", [1] * 1500)]))
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: long)
+    assert main(["calibrate", "--bands", str(table), "--write"]) == 0
+    assert bands(table)["ggml-cpu:q4_1"] == first.band
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: again)
+    assert main(["calibrate", "--bands", str(table), "--json", str(tmp_path / "c.json")]) == 0
+    assert "reproduces the checked-in band" in capsys.readouterr().out
+    assert json.loads((tmp_path / "c.json").read_text())["reproduction"]["reproduced"]

@@ -3,7 +3,7 @@ from .environment import collect_environment, git_commit
 from .schema import (CLAIMS, SCHEMA_VERSION, BandRecord, BudgetCheck, ChatMessage, Divergence, Environment,
                      ErrorInfo, EvidenceRecord, GraphSlotRecord, GreedyRef, Judgement,
                      LedgerRecord, LogitsAuditRecord, MemorySample, Mode, OracleCheck, PackageRef,
-                     PromptRef, ReferenceRef, StepAuditRecord, StepFinding, Timings,
+                     PromptRef, QualityRecord, ReferenceRef, StepAuditRecord, StepFinding, Timings,
                      evidence_json_schema, new_run_id, token_digest)
 from .store import (EvidenceError, evidence_file_name, evidence_files, evidence_write_error,
                     load_evidence_dir, prepare_evidence_dir, read_evidence, write_evidence)
@@ -11,7 +11,7 @@ from .store import (EvidenceError, evidence_file_name, evidence_files, evidence_
 __all__ = [
     "CLAIMS", "SCHEMA_VERSION", "BandRecord", "BudgetCheck", "ChatMessage", "Divergence", "Environment", "ErrorInfo",
     "EvidenceError", "EvidenceRecord", "GraphSlotRecord", "GreedyRef", "Judgement",
-    "LedgerRecord", "LogitsAuditRecord", "MemorySample", "Mode", "OracleCheck", "PackageRef", "PromptRef",
+    "LedgerRecord", "LogitsAuditRecord", "MemorySample", "Mode", "OracleCheck", "PackageRef", "PromptRef", "QualityRecord",
     "ReferenceRef", "StepAuditRecord", "StepFinding", "Timings", "collect_environment", "evidence_file_name",
     "evidence_files", "evidence_json_schema", "evidence_write_error", "prepare_evidence_dir", "git_commit", "load_evidence_dir", "new_run_id",
     "read_evidence", "token_digest", "write_evidence",

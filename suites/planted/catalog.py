@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engines.backends.llama_cpp import LlamaCppEngine
+from engines.backends.ort_genai import OrtGenaiInt4Engine
+from harness import mutations as qm
 from suites.planted import engines as pe
 from suites.planted.engines import K
 
@@ -21,6 +24,8 @@ class Case:
     step: int | None  # None: no step (constructor, budgets, identical)
     mode: str = "greedy"
     width: int | None = None
+    min_ratio: float | None = None  # a quantized bug: this many times beyond its band at least
+    quantized: bool = False  # a quantized engine's case: judged by its scheme's band
 
     @property
     def id(self) -> str:
@@ -28,7 +33,7 @@ class Case:
 
     @property
     def control(self) -> bool:
-        return self.status == "identical"
+        return self.status in ("identical", "near-tie")
 
 
 def _greedy(bug, status, step, packages):
@@ -83,5 +88,29 @@ CASES: list[Case] = [
 ]
 # step -1: after the first partial accept of a correct engine (the suite computes it)
 
+def _quantized(bug, status, step):
+    """A quantized engine (``harness.mutations``) on SmolLM2's first prompt (a chat one: it
+    starts with BOS), judged by its scheme's checked-in band: a bug must be at least 10
+    times beyond it on some metric; the honest engine passes."""
+    return Case(bug, REAL, status, step, quantized=True,
+                min_ratio=None if status in ("identical", "near-tie") else 10.0)
+
+
+# quantized engines: llama-cpp on SmolLM2's own Q4_1 GGUF, onnxruntime-genai's int4 build
+CASES += [
+    _quantized(LlamaCppEngine, "identical", None),
+    _quantized(qm.LlamaHalvesSwapped, "defect", 0),
+    _quantized(qm.LlamaBlockScale, "drift", 0),
+    _quantized(qm.LlamaRopeBase, "drift", 0),
+    _quantized(qm.LlamaKvShift, "drift", qm.K),
+    _quantized(qm.LlamaBosDropped, "drift", 0),
+    _quantized(OrtGenaiInt4Engine, "identical", None),
+    _quantized(qm.Int4HalvesSwapped, "defect", 0),
+    _quantized(qm.Int4BlockScale, "drift", 0),
+    _quantized(qm.Int4RopeBase, "drift", 0),
+    _quantized(qm.Int4BosDropped, "drift", 0),
+]
+
 REAL_TOKENS = 12  # SmolLM2 rows: one prompt, a short stream (the oracle recomputes on CPU)
+QUANTIZED_TOKENS = 16
 FIXTURE_TOKENS = 32
