@@ -8,8 +8,12 @@ decode and in teacher-forced scoring alike, the way such engines break:
 
 - ``halves-swapped``: one tensor's values swapped between the two halves of each block (for
   4-bit types the low and high nibble of every byte: a packing-order bug);
-- ``block-scale``: one block's scale doubled (the block with the largest scale in the first
-  layer's attention output projection: a corrupt or misread scale);
+- ``block-scale``: one block's scale doubled (a corrupt or misread scale): the block with the
+  largest scale of one matrix, a matrix where that block carries enough of the signal to be
+  seen (``LLAMA_SCALE_TENSOR``, ``INT4_SCALE_TENSOR``). Most single blocks are not: of the
+  28 matrices of layers 0, 1, 2 and 29 tried on llama.cpp, the largest-scale block's doubling
+  went tenfold beyond the band in 4, of the 20 of layers 0-3 on int4 in 1 (two corpus
+  segments); a band cannot see every corrupt block, and ``docs/QUANTIZED.md`` says so;
 - ``rope-base``: RoPE's frequency base a tenth of the model's (a wrong config key);
 - ``kv-shift`` (llama.cpp): the cached positions moved one on, from step ``K`` of a decode
   (position ``SHIFT_AT`` of a scored sequence), through llama.cpp's own sequence-shift call;
@@ -36,9 +40,9 @@ K = 3  # the decode step from which kv-shift strikes (as the fixtures' planted b
 SHIFT_AT = 16  # the position of a scored sequence from which kv-shift strikes
 ROPE_FACTOR = 0.1  # rope-base: the base times this
 LLAMA_HALVES_TENSOR = "blk.0.attn_v.weight"
-LLAMA_SCALE_TENSOR = "blk.0.attn_output.weight"
+LLAMA_SCALE_TENSOR = "blk.29.ffn_gate.weight"
 INT4_HALVES_TENSOR = "model.layers.0.attn.o_proj.MatMul.weight_Q4"
-INT4_SCALE_TENSOR = "model.layers.0.attn.o_proj.MatMul.weight_scales"
+INT4_SCALE_TENSOR = "model.layers.2.mlp.down_proj.MatMul.weight_scales"
 # GGUF block layouts: bytes a block, where its f16 scale and its 4-bit values are
 BLOCKS = {"Q4_0": (18, 0, 2), "Q4_1": (20, 0, 4), "Q8_0": (34, 0, None)}
 
@@ -162,8 +166,8 @@ class LlamaHalvesSwapped(_LlamaWeights):
 
 
 class LlamaBlockScale(_LlamaWeights):
-    """llama-cpp with one block's scale doubled (the largest-scale block of
-    ``blk.0.attn_output.weight``)."""
+    """llama-cpp with one block's scale doubled (the largest-scale block of the last layer's
+    FFN gate, ``blk.29.ffn_gate.weight``)."""
     name = "planted-llama-block-scale"
     tensor = LLAMA_SCALE_TENSOR
     mutate = staticmethod(gguf_block_scale_doubled)
@@ -276,8 +280,8 @@ class Int4HalvesSwapped(_Int4Build):
 
 
 class Int4BlockScale(_Int4Build):
-    """ort-genai-int4 with one block's scale doubled (the largest of the first layer's
-    attention output projection)."""
+    """ort-genai-int4 with one block's scale doubled (the largest of the third layer's FFN
+    down projection, ``model.layers.2.mlp.down_proj``)."""
     name = "planted-int4-block-scale"
 
     def mutate(self, values):

@@ -11,17 +11,23 @@ import pytest
 from harness.runner import run_matrix
 from suites.planted import catch_matrix
 from suites.planted import engines as pe
-from suites.planted.catalog import (CASES, FIXTURE_TOKENS, QUANTIZED_TOKENS, REAL, REAL_TOKENS,
-                                    Case)
+from suites.planted.catalog import (CASES, FIXTURE_TOKENS, QUANTIZED_PROMPTS, QUANTIZED_TOKENS,
+                                    REAL, REAL_TOKENS, Case)
 
 pytestmark = pytest.mark.claim("token_identity")
 
 
 def _run(case: Case, evidence_dir=None):
+    if case.quantized:
+        from harness.prompts import chat_prompt, text_prompt
+
+        prompts = [chat_prompt([{"role": "user", "content": text}], name=f"q{i}")
+                   if kind == "chat" else text_prompt(text, name=f"q{i}")
+                   for i, (kind, text) in enumerate(QUANTIZED_PROMPTS)]
+        return run_matrix([case.bug], [case.package], prompts, QUANTIZED_TOKENS, evidence_dir)
     real = case.package == REAL
-    tokens = QUANTIZED_TOKENS if case.quantized else REAL_TOKENS if real else FIXTURE_TOKENS
-    return run_matrix([case.bug], [case.package], None, tokens, evidence_dir,
-                      mode=case.mode, widths=[case.width] if case.width else None,
+    return run_matrix([case.bug], [case.package], None, REAL_TOKENS if real else FIXTURE_TOKENS,
+                      evidence_dir, mode=case.mode, widths=[case.width] if case.width else None,
                       max_prompts=1 if real else None)
 
 

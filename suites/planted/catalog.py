@@ -89,9 +89,9 @@ CASES: list[Case] = [
 # step -1: after the first partial accept of a correct engine (the suite computes it)
 
 def _quantized(bug, status, step):
-    """A quantized engine (``harness.mutations``) on SmolLM2's first prompt (a chat one: it
-    starts with BOS), judged by its scheme's checked-in band: a bug must be at least 10
-    times beyond it on some metric; the honest engine passes."""
+    """A quantized engine (``harness.mutations``) on SmolLM2, over ``QUANTIZED_PROMPTS``,
+    judged by its scheme's checked-in band: a bug must be at least 10 times beyond it on some
+    metric (the farthest of the prompts); the honest engine passes on every prompt."""
     return Case(bug, REAL, status, step, quantized=True,
                 min_ratio=None if status in ("identical", "near-tie") else 10.0)
 
@@ -101,16 +101,23 @@ CASES += [
     _quantized(LlamaCppEngine, "identical", None),
     _quantized(qm.LlamaHalvesSwapped, "defect", 0),
     _quantized(qm.LlamaBlockScale, "drift", 0),
-    _quantized(qm.LlamaRopeBase, "drift", 0),
-    _quantized(qm.LlamaKvShift, "drift", qm.K),
-    _quantized(qm.LlamaBosDropped, "drift", 0),
-    _quantized(OrtGenaiInt4Engine, "identical", None),
+    _quantized(qm.LlamaRopeBase, "defect", 0),
+    _quantized(qm.LlamaKvShift, "defect", qm.K),
+    # the answer's first token is still the oracle's: the missing BOS shows from the second
+    _quantized(qm.LlamaBosDropped, "defect", 1),
+    _quantized(OrtGenaiInt4Engine, "near-tie", None),
     _quantized(qm.Int4HalvesSwapped, "defect", 0),
     _quantized(qm.Int4BlockScale, "drift", 0),
     _quantized(qm.Int4RopeBase, "drift", 0),
     _quantized(qm.Int4BosDropped, "drift", 0),
 ]
 
+# Two chat prompts (they start with BOS; the chat template adds its default system turn) and
+# a plain one, 32 tokens: RoPE's base shows over the plain prompt's longer stream, a dropped
+# BOS in the chat answers' first steps
+QUANTIZED_PROMPTS = (("chat", "Hi"), ("chat", "Translate 'cat' to French."),
+                     ("plain", "The first ten prime numbers are 2, 3, 5, 7,"))
+QUANTIZED_TOKENS = 32
+
 REAL_TOKENS = 12  # SmolLM2 rows: one prompt, a short stream (the oracle recomputes on CPU)
-QUANTIZED_TOKENS = 16
 FIXTURE_TOKENS = 32
