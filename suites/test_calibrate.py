@@ -324,7 +324,20 @@ SHORT_CHAT = """- role: user
 - role: assistant
   content: The ostrich and the emu cannot fly, though both run fast.
 """
-SHORT_CODE = "def area(width, height):\n    return width * height\n\nprint(area(3, 4))\n"
+SHORT_CODE = """def area(width, height):
+    return width * height
+
+
+def perimeter(width, height):
+    return 2 * (width + height)
+
+
+rooms = {"kitchen": (3.5, 4.0), "hall": (1.2, 6.0), "study": (2.8, 3.1)}
+for name, (w, h) in sorted(rooms.items()):
+    print(f"{name:8} area {area(w, h):6.2f} m2, perimeter {perimeter(w, h):5.1f} m")
+total = sum(area(w, h) for w, h in rooms.values())
+print(f"total floor area: {total:.1f} m2")
+"""
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,13 @@ def observed_status(cells) -> str:
 
 def observed_beyond(cells) -> dict | None:
     """For a quantized engine judged by its band: the metric its stream is farthest beyond
-    the band on and how many times the bound (the farthest over the cells, whole times);
-    None where no cell has a band."""
+    the band on and how many times the bound (the farthest over the cells; whole times from
+    10 on, tenths below); None where no cell has a band."""
     found = [c.band.farthest for c in cells if c.band is not None and c.band.farthest]
     if not found:
         return None
     metric, ratio = max(found, key=lambda f: f[1])
-    return {"metric": metric, "ratio": int(ratio)}
+    return {"metric": metric, "ratio": int(ratio) if ratio >= 10 else round(ratio, 1)}
 
 
 def write_row(case, status: str, step: int | None, expected_step: int | None,
