@@ -5,8 +5,9 @@ SmolLM2 ships as a Q4_1 GGUF and no float original ships with it. Its float32 co
 (the Q4_1 weights dequantized exactly: ``lockstep convert smollm2``) stands in as the
 original float model: its GGUF's every matrix is dequantized and quantized again by the
 ``gguf`` package's own quantizer (Q4_0 or Q8_0; vectors stay float32), written as a new GGUF
-(``cache/requantized/``), converted like any GGUF, and the package declares the float32
-package as its ``original`` (``package.yaml``, a sibling folder pinned by its content hash).
+(``cache/requantized/``), converted like any GGUF (its ``checkpoint.json`` also names the
+GGUF's path, where engines look first), and the package declares the float32 package as its
+``original`` (``package.yaml``, a sibling folder pinned by its content hash).
 llama-cpp then runs the new GGUF; the verdict judges it against float32 over its own
 dequantized weights (the new package), and the quality is measured against the original.
 
@@ -14,6 +15,7 @@ dequantized weights (the new package), and the quality is measured against the o
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -75,6 +77,11 @@ def requantized_package(original, qtype: str) -> Path:
         requantize_gguf(source.path, gguf_path, qtype)
     folder = convert(gguf_path, Path(original.root).parent / f"{gguf_path.stem}-float32",
                      cache="dynamic", dtype="float32").folder
+    sidecar = folder / "checkpoint.json"  # where engines find the GGUF (hash-checked there)
+    record = json.loads(sidecar.read_text())
+    if record["source"].get("path") != str(gguf_path):
+        record["source"]["path"] = str(gguf_path)
+        sidecar.write_text(json.dumps(record, indent=2) + "\n")
     declared = load_package(folder).spec.original
     if declared is None or declared.content_hash != original.content_hash:
         declare_original(folder, original)
