@@ -10,7 +10,7 @@ decode and in teacher-forced scoring alike, the way such engines break:
   4-bit types the low and high nibble of every byte: a packing-order bug);
 - ``block-scale``: one block's scale doubled (a corrupt or misread scale): the block with the
   largest scale of one matrix, a matrix where that block carries enough of the signal to be
-  seen (``LLAMA_SCALE_TENSOR``, ``INT4_SCALE_TENSOR``). Most single blocks are not: of the
+  seen (``LLAMA_SCALE_TENSORS``, ``INT4_SCALE_TENSOR``). Most single blocks are not: of the
   28 matrices of layers 0, 1, 2 and 29 tried on llama.cpp, the largest-scale block's doubling
   went tenfold beyond the band in 4, of the 20 of layers 0-3 on int4 in 1 (two corpus
   segments); a band cannot see every corrupt block, and ``docs/QUANTIZED.md`` says so;
@@ -40,7 +40,9 @@ K = 3  # the decode step from which kv-shift strikes (as the fixtures' planted b
 SHIFT_AT = 16  # the position of a scored sequence from which kv-shift strikes
 ROPE_FACTOR = 0.1  # rope-base: the base times this
 LLAMA_HALVES_TENSOR = "blk.0.attn_v.weight"
-LLAMA_SCALE_TENSOR = "blk.29.ffn_gate.weight"
+# block-scale, by the file's scheme: Q4_1 (d q + m: doubling d shifts every weight by d q)
+# and the symmetric types (d q: doubling d doubles the block), where the bug shows
+LLAMA_SCALE_TENSORS = {"ggml-cpu:q4_1": "blk.29.ffn_gate.weight", None: "blk.2.ffn_down.weight"}
 INT4_HALVES_TENSOR = "model.layers.0.attn.o_proj.MatMul.weight_Q4"
 INT4_SCALE_TENSOR = "model.layers.2.mlp.down_proj.MatMul.weight_scales"
 # GGUF block layouts: bytes a block, where its f16 scale and its 4-bit values are
@@ -133,6 +135,10 @@ class _LlamaWeights(_PrivateCopy, LlamaCppEngine):
     def mutate(tensor) -> np.ndarray:  # pragma: no cover - each subclass sets it
         raise NotImplementedError
 
+    def target(self, gguf_path) -> str:
+        """The tensor to change in the GGUF at ``gguf_path``."""
+        return self.tensor
+
     def __init__(self, package, **options):
         from engines.backends.checkpoint_source import (CheckpointSource, content_hash,
                                                         find_checkpoint)
@@ -140,10 +146,11 @@ class _LlamaWeights(_PrivateCopy, LlamaCppEngine):
 
         honest = find_checkpoint(package.root, self.name)
         path = self._scratch() / honest.path.name
+        target = self.target(honest.path)
         found = []
 
         def change(t):
-            if t.name != self.tensor:
+            if t.name != target:
                 return None
             found.append(t.name)
             return Tensor(t.name, self.mutate(t), t.type)
@@ -151,7 +158,7 @@ class _LlamaWeights(_PrivateCopy, LlamaCppEngine):
         with self._removed_on_failure():
             rewrite_gguf(honest.path, path, change)
             if not found:
-                raise ValueError(f"{honest.path.name} has no tensor {self.tensor!r} to mutate")
+                raise ValueError(f"{honest.path.name} has no tensor {target!r} to mutate")
             super().__init__(package, checkpoint=CheckpointSource(path, "gguf",
                                                                   content_hash(path)),
                              **options)
@@ -166,11 +173,17 @@ class LlamaHalvesSwapped(_LlamaWeights):
 
 
 class LlamaBlockScale(_LlamaWeights):
-    """llama-cpp with one block's scale doubled (the largest-scale block of the last layer's
-    FFN gate, ``blk.29.ffn_gate.weight``)."""
+    """llama-cpp with one block's scale doubled: the largest-scale block of the last layer's
+    FFN gate (``blk.29.ffn_gate.weight``) in a Q4_1 file, of the third layer's FFN down
+    projection (``blk.2.ffn_down.weight``) in a symmetric one (Q4_0, Q8_0)."""
     name = "planted-llama-block-scale"
-    tensor = LLAMA_SCALE_TENSOR
     mutate = staticmethod(gguf_block_scale_doubled)
+
+    def target(self, gguf_path) -> str:
+        from engines.backends.llama_cpp import gguf_scheme
+
+        scheme = gguf_scheme(gguf_path)["numeric_scheme"]
+        return LLAMA_SCALE_TENSORS.get(scheme, LLAMA_SCALE_TENSORS[None])
 
 
 class LlamaRopeBase(LlamaCppEngine):

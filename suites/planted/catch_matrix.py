@@ -43,7 +43,7 @@ def write_row(case, status: str, step: int | None, expected_step: int | None,
     far_enough = case.min_ratio is None or (beyond is not None
                                             and beyond["ratio"] >= case.min_ratio)
     row = {"bug": case.bug.name.removeprefix("planted-"),
-           "description": " ".join((case.bug.__doc__ or "").split()),
+           "description": " ".join((case.bug.__doc__ or case.bug.description).split()),
            "package": case.package, "mode": case.mode if case.width is None
            else f"{case.mode}/w{case.width}",
            "expected": {"status": case.status, "step": expected_step},
