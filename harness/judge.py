@@ -332,6 +332,12 @@ def binomial_tail(k: int, n: int, p: float) -> float:
     return float(min(1.0, math.exp(top) * sum(math.exp(x - top) for x in logs)))
 
 
+def fewest_unlikely(n: int, p: float, alpha: float = FLIP_ALPHA) -> int:
+    """The fewest flips in ``n`` steps less likely than ``alpha`` at rate ``p`` (``n + 1``
+    where even ``n`` are not)."""
+    return next((k for k in range(n + 1) if binomial_tail(k, n, p) < alpha), n + 1)
+
+
 @dataclass
 class BandStatistics:
     """A stream's statistics against its scheme's band (``engines.tolerances.Band``): the
@@ -339,7 +345,8 @@ class BandStatistics:
     flips (steps whose token is not the oracle's argmax on the engine's prefix) with how likely
     that many are at the band's flip rate, every step's KL against ``band.step_kl``; ``worst``
     holds the stream's value of each bounded metric and ``ratios`` each over its bound (how far
-    beyond the band a stream is); ``first_step`` is the first step beyond a per-step bound."""
+    beyond the band a stream is; for flips, their count over the fewest that would be drift in
+    this many steps); ``first_step`` is the first step beyond a per-step bound."""
     scheme: str
     steps: int
     mean_kl: float
@@ -402,7 +409,10 @@ def band_statistics(audit: LogitsAudit, judgement: StreamJudgement, band,
              "flip_rate": flips / steps if steps else 0.0}
     if long_enough:
         worst.update(mean_kl=mean_kl, p99_kl=p99_kl)
-    ratios = {k: v / getattr(band, k) for k, v in worst.items() if getattr(band, k) > 0}
+    ratios = {k: v / getattr(band, k) for k, v in worst.items()
+              if k != "flip_rate" and getattr(band, k) > 0}
+    # flips against the fewest that would be drift here: 1 or more is beyond the band
+    ratios["flip_rate"] = flips / fewest_unlikely(steps, band.flip_rate, alpha)
     beyond = [s.step for s in over] + [s.step for s in finite if not s.ok]
     return BandStatistics(band.scheme, steps, mean_kl, p99_kl, flips, flip_p, reasons, worst,
                           ratios, min(beyond, default=None))

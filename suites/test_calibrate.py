@@ -214,6 +214,22 @@ def test_each_steps_kl_is_held_to_the_band_and_the_first_step_beyond_named():
     assert band_statistics(*audited([0.004] * 20), band()).within
 
 
+def test_flips_are_measured_against_the_fewest_that_would_be_drift():
+    from harness.judge import (BandStatistics, StepJudgement, StreamJudgement, band_statistics,
+                               binomial_tail, fewest_unlikely)
+
+    k = fewest_unlikely(64, 0.05)
+    assert binomial_tail(k, 64, 0.05) < 1e-3 <= binomial_tail(k - 1, 64, 0.05)
+    assert fewest_unlikely(3, 0.5) == 4  # three steps can never be that unlikely
+    audit, _ = audited([0.004] * 64)
+    for flips in (k - 1, k):
+        found = [StepJudgement(i, 7, 8, 2, 0.1, "near-tie", "", []) for i in range(flips)]
+        got = band_statistics(audit, StreamJudgement(64, found), band())
+        assert isinstance(got, BandStatistics)
+        assert got.ratios["flip_rate"] == pytest.approx(flips / k)
+        assert got.within == (flips < k)
+
+
 def test_a_stream_shorter_than_the_window_is_not_held_to_the_mean():
     from harness.judge import band_statistics
 
