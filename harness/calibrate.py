@@ -97,7 +97,8 @@ def _shown(path: Path) -> str:
 def load_corpus(package, path: Path | str = CORPUS_FILE,
                 only: Sequence[str] | None = None) -> Corpus:
     """The corpus manifest at ``path``, its segments tokenized for ``package`` (``only``:
-    these segments, by name). Every problem names the manifest field."""
+    these segments, by name; the hash then covers those). Every problem names the manifest
+    field."""
     import yaml
 
     from harness.prompts import chat_prompt, resolve, text_prompt
@@ -137,13 +138,21 @@ def load_corpus(package, path: Path | str = CORPUS_FILE,
             raise InputError(f"{file} does not exist", field=f"{where}.file",
                              value=entry["file"], remedy="name a file beside the manifest",
                              where=str(path))
-        data = file.read_bytes()
-        digest.update(f"\0{entry['name']}\0{entry['kind']}\0".encode() + data)
         if only and entry["name"] not in only:
             continue
+        data = file.read_bytes()
+        digest.update(f"\0{entry['name']}\0{entry['kind']}\0".encode() + data)
         text = data.decode("utf-8")
-        source = (text_prompt(text, f"{where}.file") if entry["kind"] == "plain"
-                  else chat_prompt(yaml.safe_load(text), f"{where}.file"))
+        if entry["kind"] == "plain":
+            source = text_prompt(text, f"{where}.file")
+        else:
+            try:
+                messages = yaml.safe_load(text)
+            except yaml.YAMLError as err:
+                raise InputError(f"{file} is not YAML ({err})", field=f"{where}.file",
+                                 value=entry["file"], remedy="write the chat as a YAML list "
+                                 "of {role, content}", where=str(path)) from None
+            source = chat_prompt(messages, f"{where}.file")
         ids = resolve(source, package).ids
         segments.append(Segment(entry["name"], entry["kind"], entry.get("topic", ""), ids))
     return Corpus(path, f"sha256:{digest.hexdigest()}", segments)

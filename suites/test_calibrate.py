@@ -177,6 +177,15 @@ def test_a_bad_corpus_names_its_field(corpus_dir, text, field):
     assert err.value.field == field
 
 
+def test_a_chat_segment_that_is_not_yaml_names_its_file(corpus_dir):
+    (corpus_dir / "chat.yaml").write_text("- role: user\n  content: [unclosed\n")
+    (corpus_dir / "corpus.yaml").write_text(
+        "segments:\n  - {name: c, kind: chat, topic: prose, file: chat.yaml}\n")
+    with pytest.raises(InputError) as err:
+        cal.load_corpus(None, corpus_dir / "corpus.yaml")
+    assert (err.value.field, err.value.value) == ("segments[0].file", "chat.yaml")
+
+
 def test_an_unknown_segment_or_a_missing_manifest_names_the_option(corpus_dir):
     with pytest.raises(InputError) as err:
         cal.load_corpus(None, corpus_dir / "corpus.yaml", ["b"])
@@ -455,3 +464,22 @@ def test_the_cli_refuses_to_write_a_band_from_a_short_corpus(llama_calibration, 
     assert main(["calibrate", "--bands", str(table), "--json", str(tmp_path / "c.json")]) == 0
     assert "reproduces the checked-in band" in capsys.readouterr().out
     assert json.loads((tmp_path / "c.json").read_text())["reproduction"]["reproduced"]
+
+
+@pytest.mark.real_checkpoint
+def test_the_shipped_corpus_holds_enough_positions_on_smollm2():
+    pytest.importorskip("gguf", reason="make real (pip install gguf tokenizers)")
+    from engines.package import load_package
+    from engines.tolerances import bands as checked_in
+    from fixtures.real_checkpoints import INSTALL, smollm2_path
+    from harness.convert.smollm2 import smollm2_package
+
+    if smollm2_path() is None:
+        pytest.skip(f"SmolLM2 is not installed: {INSTALL}")
+    corpus = cal.load_corpus(load_package(smollm2_package(cache="dynamic", dtype="float32")))
+    assert corpus.positions >= cal.MIN_POSITIONS
+    chats = [s for s in corpus.segments if s.kind == "chat"]
+    assert chats and all(s.ids[0] == 1 for s in chats)  # <|im_start|>: BOS-dropped bites
+    # the checked-in SmolLM2 bands were measured on exactly this corpus
+    row = checked_in()["ggml-cpu:q4_1"].provenance
+    assert row["corpus"]["hash"] == corpus.hash and row["positions"] == corpus.positions
