@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from engines.errors import ExecutionError
+from engines.errors import EngineUnavailable, ExecutionError
 from engines.ledger import Ledger
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -113,6 +113,9 @@ class Engine(abc.ABC):
     decodes_itself: ClassVar[bool] = False
     logprobs_audit: ClassVar[bool] = False
     concurrent: ClassVar[bool] = False
+    #: the ways ``teacher_forced`` can feed a sequence (piece lengths, None: all at once):
+    #: the batch shapes ``lockstep calibrate`` measures it in; empty: it cannot be calibrated
+    batch_shapes: ClassVar[tuple[int | None, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -246,6 +249,18 @@ class Engine(abc.ABC):
         int4 build); the oracle that judges it runs this package. Default None: the package
         (or the float32 twin it declares) is the reference."""
         return None
+
+    def teacher_forced(self, ids: Sequence[int], chunk: int | None = None
+                       ) -> tuple[list[int], Any]:
+        """Score ``ids`` as given (teacher-forced, from an empty cache), fed in pieces of
+        ``chunk`` positions (one of ``batch_shapes``; None: all at once): the positions whose
+        logits row the engine exposes and those rows, float32 or float64 ``[n, vocab]`` on the
+        host. ``lockstep calibrate`` measures a quantized scheme's band with it. Only engines
+        that declare ``batch_shapes`` implement it."""
+        raise EngineUnavailable(
+            f"engine {self.name!r} scores no teacher-forced sequence (it declares no "
+            f"batch_shapes)", field="engine", value=self.name,
+            remedy="calibrate an engine that implements teacher_forced, such as llama-cpp")
 
     def synchronize(self) -> None:
         """Wait until everything the engine has queued has finished (the bench times

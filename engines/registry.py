@@ -39,6 +39,7 @@ BUILTIN: dict[str, str] = {
     "hf-cuda": "engines.backends.hf:HfCudaEngine",
     "ort-genai": "engines.backends.ort_genai:OrtGenaiEngine",
     "ort-genai-cuda": "engines.backends.ort_genai:OrtGenaiCudaEngine",
+    "ort-genai-int4": "engines.backends.ort_genai:OrtGenaiInt4Engine",
     "llama-cpp": "engines.backends.llama_cpp:LlamaCppEngine",
 }
 

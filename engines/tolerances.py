@@ -102,6 +102,9 @@ class Band:
     mean_kl: float  # metric, a stream: mean of its steps' KL
     p99_kl: float  # metric, a stream: 99th percentile of its steps' KL
     flip_rate: float  # metric, a stream: share of steps whose token is not the oracle's argmax
+    # mean and p99 KL are checked on streams of at least this many steps (calibrated over every
+    # run of this many consecutive positions: a shorter stream's mean is one step's noise)
+    window: int = 16
     provenance: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property

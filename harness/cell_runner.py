@@ -24,7 +24,7 @@ from pathlib import Path
 from engines.decode_result import DecodeResult
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, NonFiniteLogits
-from engines.oracle import STREAM
+from engines.oracle import Oracle, STREAM
 from engines.package import load_package
 from engines.registry import REFERENCE_ENGINE, class_reference, get_engine_class
 from engines.tokenizer import decode_each
@@ -35,11 +35,13 @@ from harness import evidence as ev
 from harness.budgets import budget_summary, device_budgets
 from harness.cells import CellError, CellResult
 from harness.claims import FAIL, SKIP, judge_claim
+from harness.concurrency import compare
 from harness.judgement import (BUDGET, DEFECT, DRIFT, ERROR, IDENTICAL, NEAR_TIE, NON_FINITE,
                                UNAVAILABLE, StepJudgement, band_statistics, first_difference, worst)
 from harness.package_judge import OracleFailed, PackageJudge
 from harness.packages import resolve_package
 from harness.plan import CellSpec
+from harness.quality import original_package, quality
 from harness.records import cell_record
 from harness.topk_audit import TopkAudit
 from harness.transfer_guard import transfer_guard
@@ -154,6 +156,7 @@ def _greedy_cell(engine, judge: PackageJudge, cell: CellResult, max_new_tokens: 
         if cell.audit is not None:
             cell.audit.readback_bytes = (audited.ledger.readback_bytes.get("logits_audit", 0)
                                          if how == "separate" else 0)
+            cell.logits = (list(audited.tokens), rows)  # for its quality (CellRunner.run)
     except Exception as exc:
         return _errored(cell, CellError.of("judge", exc))
     if how == "separate":
@@ -295,8 +298,6 @@ def _concurrency_claim(engine, judge: PackageJudge, cell: CellResult, spec: Cell
     ``len(spec.concurrent_with)`` requests in flight together (one batch serves each of its
     prompts' cells) against its stream alone. A failure to send the batch is the cell's
     ``error`` (stage ``concurrent``)."""
-    from harness.concurrency import compare
-
     if not engine.capabilities().concurrent:
         cell.verdicts["concurrency_invariance"] = SKIP
         note = (f"concurrency not judged: {engine.name} declares no concurrent decoding "
@@ -393,6 +394,7 @@ class CellRunner:
         self._scheme: str | None = None  # the engine's numeric scheme, and its band
         self._band = None
         self._ref_judges: dict[str, PackageJudge] = {}  # by an engine's reference package
+        self._originals: dict = {}  # package name -> oracle over the original it declares
 
     def _close_engine(self) -> None:
         engine, self._engine, self._engine_ref, self._greedy = self._engine, None, None, {}
@@ -409,7 +411,7 @@ class CellRunner:
             self._judge.close()
         for judge in self._ref_judges.values():
             judge.close()
-        self._ref_judges = {}
+        self._ref_judges, self._originals = {}, {}
         self._package_ref = self._package = self._judge = None
 
     def _use_package(self, package_ref: str) -> None:
@@ -498,11 +500,31 @@ class CellRunner:
                               self._greedy[spec.prompt], tol)
         if band is not None:
             _band_verdict(cell, band)
-        elif cell.scheme is not None:
+        self._measure_quality(cell)
+        if band is None and cell.scheme is not None:
             note = (f"no calibrated band for {cell.scheme} is checked in: judged by the "
                     f"{judge.tol.dtype} row (lockstep calibrate makes a band)")
             cell.reason = "; ".join([cell.reason] * bool(cell.reason) + [note])
         return self._emit(cell, judge, before)
+
+    def _measure_quality(self, cell: CellResult) -> None:
+        """Beside the verdict, never part of it: where the package declares the float model
+        it was quantized from, the cell's rows against that model's on the same prefix
+        (``harness.quality``); a failure to measure is a note, never the cell's verdict."""
+        kept, cell.logits = cell.logits, None
+        if kept is None or self._package.spec.original is None:
+            return
+        tokens, rows = kept
+        try:
+            name = self._package.spec.name
+            if name not in self._originals:
+                self._originals[name] = Oracle(original_package(self._package))
+            reference = self._originals[name].stream_rows(cell.prompt, tokens)
+
+            cell.quality = quality(rows, reference[:len(rows)], tokens[:len(rows)])
+        except Exception as exc:  # noqa: BLE001 - information only
+            note = f"quality against the original not measured ({type(exc).__name__}: {exc})"
+            cell.reason = "; ".join([cell.reason] * bool(cell.reason) + [note])
 
     def _judge_of(self, engine: Engine) -> PackageJudge:
         """The judge of ``engine``'s cells: the package's, or for an engine that quantized the

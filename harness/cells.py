@@ -75,6 +75,10 @@ class CellResult:
     # (harness.concurrency.ConcurrencyCheck); None where not asked or not judged
     concurrency: object | None = None
     alone_top: list | None = None  # the judged decode's top-k log-probabilities (servers)
+    # beside the verdict: harness.quality.Quality against the float model the package declares
+    quality: object | None = None
+    # (tokens, rows) of the audited decode, kept only until its quality is measured
+    logits: tuple | None = field(default=None, repr=False)
 
     @property
     def failed(self) -> bool:
@@ -87,7 +91,8 @@ class CellResult:
     @property
     def first_step(self) -> int | None:
         """The first step anything failing was found at: a defect token (this stream's or,
-        in a speculative cell, its greedy stream's), a bad logits row, an error."""
+        in a speculative cell, its greedy stream's), a bad logits row (beyond the dtype's
+        tolerance or a quantized band's per-step bounds), an error."""
         steps = []
         if self.error is not None and self.error.step is not None:
             steps.append(self.error.step)
@@ -98,6 +103,8 @@ class CellResult:
             bad = self.audit.first_non_finite or self.audit.first_out_of_tolerance
             if bad is not None:
                 steps.append(bad.step)
+        if self.band is not None and self.band.first_step is not None:
+            steps.append(self.band.first_step)  # a quantized band's per-step KL bound
         return min(steps) if steps else None
 
 

@@ -336,11 +336,21 @@ def binomial_tail(k: int, n: int, p: float) -> float:
     return float(min(1.0, math.exp(top) * sum(math.exp(x - top) for x in logs)))
 
 
+def fewest_unlikely(n: int, p: float, alpha: float = FLIP_ALPHA) -> int:
+    """The fewest flips in ``n`` steps less likely than ``alpha`` at rate ``p`` (``n + 1``
+    where even ``n`` are not)."""
+    return next((k for k in range(n + 1) if binomial_tail(k, n, p) < alpha), n + 1)
+
+
 @dataclass
 class BandStatistics:
     """A stream's statistics against its scheme's band (``engines.tolerances.Band``): the
-    mean and 99th-percentile per-step KL, and the flips (steps whose token is not the oracle's
-    argmax on the engine's prefix) with how likely that many are at the band's flip rate."""
+    mean and 99th-percentile per-step KL (on streams of at least ``band.window`` steps), the
+    flips (steps whose token is not the oracle's argmax on the engine's prefix) with how likely
+    that many are at the band's flip rate, every step's KL against ``band.step_kl``; ``worst``
+    holds the stream's value of each bounded metric and ``ratios`` each over its bound (how far
+    beyond the band a stream is; for flips, their count over the fewest that would be drift in
+    this many steps); ``first_step`` is the first step beyond a per-step bound."""
     scheme: str
     steps: int
     mean_kl: float
@@ -348,6 +358,9 @@ class BandStatistics:
     flips: int
     flip_p: float  # P(at least this many flips | the band's flip rate)
     reasons: list[str]
+    worst: dict[str, float] = field(default_factory=dict)
+    ratios: dict[str, float] = field(default_factory=dict)
+    first_step: int | None = None
 
     @property
     def within(self) -> bool:
@@ -357,23 +370,53 @@ class BandStatistics:
     def verdict(self) -> str:
         return IDENTICAL if self.within else DRIFT
 
+    @property
+    def farthest(self) -> tuple[str, float] | None:
+        """The metric this stream is farthest beyond the band on, and how many times it."""
+        if not self.ratios:
+            return None
+        metric = max(self.ratios, key=self.ratios.__getitem__)
+        return metric, self.ratios[metric]
+
 
 def band_statistics(audit: LogitsAudit, judgement: StreamJudgement, band,
                     alpha: float = FLIP_ALPHA) -> BandStatistics:
     """Claim 1d's stream statistics for one cell; ``reasons`` names each one beyond the band."""
-    kls = [s.kl for s in audit.steps if s.non_finite == 0 and math.isfinite(s.kl)]
+    finite = [s for s in audit.steps if s.non_finite == 0 and math.isfinite(s.kl)]
+    kls = [s.kl for s in finite]
     mean_kl = float(np.mean(kls)) if kls else 0.0
     p99_kl = float(np.percentile(kls, 99)) if kls else 0.0
-    flips = sum(f.engine_token is not None and f.oracle_token is not None
-                and f.engine_token != f.oracle_token for f in judgement.findings)
+    flipped = [f for f in judgement.findings if f.engine_token is not None
+               and f.oracle_token is not None and f.engine_token != f.oracle_token]
+    flips = len(flipped)
     steps = judgement.steps_judged
     flip_p = binomial_tail(flips, steps, band.flip_rate)
     reasons = []
-    if mean_kl > band.mean_kl:
+    long_enough = len(kls) >= band.window
+    if long_enough and mean_kl > band.mean_kl:
         reasons.append(f"mean KL {mean_kl:.3g} over the band's {band.mean_kl:.3g}")
-    if p99_kl > band.p99_kl:
+    if long_enough and p99_kl > band.p99_kl:
         reasons.append(f"p99 KL {p99_kl:.3g} over the band's {band.p99_kl:.3g}")
+    over = [s for s in finite if s.kl > band.step_kl]
+    if over:
+        top = max(over, key=lambda s: s.kl)
+        reasons.append(f"{len(over)} step(s) over the band's step KL {band.step_kl:.3g}, "
+                       f"first at step {over[0].step} (worst {top.kl:.3g} at step {top.step})")
     if flip_p < alpha:
         reasons.append(f"{flips} of {steps} steps flipped (P = {flip_p:.2g} at the band's "
                        f"flip rate {band.flip_rate:.3g}, below {alpha:g})")
-    return BandStatistics(band.scheme, steps, mean_kl, p99_kl, flips, flip_p, reasons)
+    worst = {"step_kl": max(kls, default=0.0),
+             "step_max_abs": max((s.max_abs for s in finite), default=0.0),
+             "step_nmse": max((s.nmse for s in finite), default=0.0),
+             "near_tie_margin": max((f.gap for f in flipped if f.gap is not None),
+                                    default=0.0),
+             "flip_rate": flips / steps if steps else 0.0}
+    if long_enough:
+        worst.update(mean_kl=mean_kl, p99_kl=p99_kl)
+    ratios = {k: v / getattr(band, k) for k, v in worst.items()
+              if k != "flip_rate" and getattr(band, k) > 0}
+    # flips against the fewest that would be drift here: 1 or more is beyond the band
+    ratios["flip_rate"] = flips / fewest_unlikely(steps, band.flip_rate, alpha)
+    beyond = [s.step for s in over] + [s.step for s in finite if not s.ok]
+    return BandStatistics(band.scheme, steps, mean_kl, p99_kl, flips, flip_p, reasons, worst,
+                          ratios, min(beyond, default=None))

@@ -21,6 +21,7 @@ from harness.cells import CellError
 from harness.judgement import (LogitsAudit, StreamJudgement, audit_forwards, audit_logits,
                                judge_stream)
 from harness.oracle_choice import chosen_oracle
+from harness.topk_audit import audit_top_logprobs
 
 
 def with_guesser(oracle: Oracle) -> Oracle:
@@ -122,8 +123,6 @@ class PackageJudge:
 
     def audit_top_logprobs(self, prompt, tokens, steps, decode: str = "same", tol=None):
         """Claim 1b from a server's top-k log-probabilities (``harness.topk_audit``)."""
-        from harness.topk_audit import audit_top_logprobs
-
         oracle = self.oracle
         with self.timed():
             return audit_top_logprobs(oracle, prompt, tokens, steps, tol or self.tol, decode)

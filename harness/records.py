@@ -6,6 +6,7 @@ import math
 from engines.tokenizer import decode_each
 from harness import evidence as ev
 from harness.judgement import first_difference
+from harness.topk_audit import TopkAudit
 
 
 def _finite(x: float | None) -> float | None:
@@ -46,8 +47,6 @@ def _judgement(j, oracle_name: str, tol, oracle_package=None, oracle_check=None)
 
 
 def _audit(audit, tol) -> ev.LogitsAuditRecord:
-    from harness.topk_audit import TopkAudit
-
     topk = isinstance(audit, TopkAudit)
     reasons = audit.reasons if topk else {}
     return ev.LogitsAuditRecord(
@@ -103,7 +102,15 @@ def _band(band, stats) -> ev.BandRecord:
                          provenance=dict(band.provenance), steps=stats.steps,
                          mean_kl=_finite(stats.mean_kl), p99_kl=_finite(stats.p99_kl),
                          flips=stats.flips, flip_p=stats.flip_p, reasons=list(stats.reasons),
-                         within=stats.within)
+                         within=stats.within, worst=dict(stats.worst),
+                         ratios=dict(stats.ratios), first_step=stats.first_step)
+
+
+def _quality(package, quality) -> ev.QualityRecord:
+    original = package.spec.original
+    return ev.QualityRecord(original=ev.PackageRef(name=original.folder,
+                                                   content_hash=original.content_hash),
+                            **quality.to_dict())
 
 
 def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
@@ -155,6 +162,7 @@ def cell_record(run_id, env, package, cell, trace, oracle_name: str, tol,
         greedy=greedy, concurrency=_concurrency(cell.concurrency),
         numeric_scheme=cell.scheme,
         band=None if band is None or cell.band is None else _band(band, cell.band),
+        quality=None if cell.quality is None else _quality(package, cell.quality),
         ledger=cell.ledger.to_dict() if cell.ledger is not None else ev.LedgerRecord(),
         acceptance_per_round=list(cell.acceptance_per_round),
         timings=timings, budgets=list(cell.budgets), verdicts=dict(cell.verdicts),

@@ -33,6 +33,7 @@ import numpy as np
 from engines.decode_result import StepLogprobs
 from engines.tolerances import Tolerance
 from harness.judgement import LogitsAudit, StepAudit, _in_vocabulary
+from harness.row_compare import log_softmax
 
 FACTOR = 2.0  # logprob bound = FACTOR x logits_max_abs (see the module docstring)
 UNSEEN = ("entries outside each step's top-k (a row's tail: their values, and a NaN or "
@@ -44,12 +45,6 @@ UNSEEN = ("entries outside each step's top-k (a row's tail: their values, and a 
 def logprob_bound(tol: Tolerance) -> float:
     """The largest log-probability difference a row within ``tol`` can show."""
     return FACTOR * tol.logits_max_abs
-
-
-def log_softmax(row: np.ndarray) -> np.ndarray:
-    row = np.asarray(row, dtype=np.float64)
-    top = np.max(row)
-    return row - (top + math.log(float(np.exp(row - top).sum())))
 
 
 @dataclass

@@ -139,3 +139,55 @@ def throughput_plot(records: Sequence[EvidenceRecord],
         ax.set_xlabel("tokens/s (median over cells)")
         ax.set_title("tokens/s per engine")
         return _svg(fig, "plot-throughput")
+
+
+def band_plot(record: EvidenceRecord, anchor: str) -> str | None:
+    """A quantized cell against its band (claim 1d): each step's KL divergence from the
+    oracle (log scale) beside the band's per-step bound and mean, and each flip (a token
+    that is not the oracle's argmax) by the oracle's top-2 margin at that step against how
+    far below the oracle's best the engine's token was, beside the band's near-tie margin."""
+    band = record.band
+    audit = record.logits_audit
+    if band is None or audit is None:
+        return None
+    steps = [(s.step, s.kl) for s in audit.steps if s.kl is not None]
+    flips = []
+    if record.judgement is not None:
+        for f in record.judgement.findings:
+            if f.engine_token is None or f.engine_token == f.oracle_token or len(f.oracle_top) < 2:
+                continue
+            flips.append((f.oracle_top[0][1] - f.oracle_top[1][1], f.gap or 0.0, f.verdict))
+    with matplotlib.rc_context(_RC):
+        fig = _figure(2.4)
+        kl_ax, flip_ax = fig.subplots(1, 2, width_ratios=(3, 2))
+        if steps:
+            xs, ys = zip(*steps)
+            kl_ax.plot(xs, [max(y, 1e-7) for y in ys], marker=".", lw=0.8, color="#3b6ea8",
+                       label="KL(oracle ‖ engine)")
+        for key, style, text in (("step_kl", "--", "band: step KL"),
+                                 ("mean_kl", ":", "band: mean KL")):
+            if key in band.bounds:
+                kl_ax.axhline(band.bounds[key], ls=style, color="#b03030", lw=0.9, label=text)
+        kl_ax.set_yscale("log")
+        kl_ax.set_xlabel("step")
+        kl_ax.set_ylabel("nats")
+        kl_ax.set_title(_label(f"KL along the steps · {band.scheme}"), fontsize=8)
+        kl_ax.legend(fontsize=6, loc="best")
+        margin = band.bounds.get("near_tie_margin")
+        for verdict, colour in (("near-tie", "#d08a1e"), ("defect", "#b03030")):
+            pts = [(x, y) for x, y, v in flips if v == verdict]
+            if pts:
+                flip_ax.scatter(*zip(*pts), s=14, color=colour, label=f"{verdict} ({len(pts)})")
+        if margin is not None:
+            flip_ax.axhline(margin, ls="--", color="#b03030", lw=0.9, label="band: near-tie margin")
+        top = max([margin or 0.0] + [y for _, y, _ in flips]) * 1.15 or 1.0
+        right = max([0.1] + [x for x, _, _ in flips]) * 1.15
+        flip_ax.plot([0, min(top, right)], [0, min(top, right)], color="#999999", lw=0.6,
+                     label="gap = margin (the runner-up)")
+        flip_ax.set_xlim(0, right)
+        flip_ax.set_ylim(0, top)
+        flip_ax.set_xlabel("oracle's top-2 margin")
+        flip_ax.set_ylabel("engine token below best")
+        flip_ax.set_title(f"flips ({len(flips)})" if flips else "no flips", fontsize=8)
+        flip_ax.legend(fontsize=6, loc="best")
+        return _svg(fig, f"plot-band-{anchor}")

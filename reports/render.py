@@ -50,6 +50,7 @@ from harness.shards import shard_coverage
 from reports.bench_tables import load_bench
 
 from . import plots
+from .bands import band_section
 from .regressions import NOISE_BAND, find_regressions, record_status
 
 STREAM_CONTEXT = 12  # rows shown on each side of the first finding when a stream is long
@@ -548,10 +549,11 @@ def _catch_entry(row: Mapping, control: bool) -> dict:
     expected = row.get("expected") or {}
     observed = row.get("observed") or {}
     status = observed.get("status")
-    ok = status == IDENTICAL if control else bool(row.get("caught"))
+    # a control (a harmless change, an honest quantized engine) passes with what it expects
+    ok = status == (expected.get("status") or IDENTICAL) if control else bool(row.get("caught"))
     return {"mode": row.get("mode"), "observed": status, "observed_step": observed.get("step"),
             "expected": expected.get("status"), "expected_step": expected.get("step"),
-            "ok": ok}
+            "ok": ok, "beyond": row.get("beyond")}
 
 
 def _catch_view(data: Mapping) -> CatchView:
@@ -826,6 +828,7 @@ def render_report(records: Sequence[EvidenceRecord],
         "gpu_differences": differences,
         "findings": findings,
         "audits": [(rows_anchor[id(r)], r) for r in records if r.logits_audit is not None],
+        "bands": band_section(records, statuses, anchors),
         "budget_groups": budget_groups,
         "budget_checks": budget_checks,
         "claims": CLAIMS,

@@ -15,10 +15,12 @@ OPTIONAL = {"torch", "transformers", "cupy", "cupyx", "onnxruntime_genai", "llam
             "tokenizers", "safetensors"}
 # modules whose imports of lockstep's own code may wait for the function that needs them:
 # the CLI's commands (their machinery loads when the command runs), the pytest plugin (in
-# every pytest session), the GPU pinning that must run before CUDA starts, and the tensor
-# ops an engine makes (ml_dtypes, which importing the registry should not load)
+# every pytest session), the GPU pinning that must run before CUDA starts, the tensor ops
+# an engine makes and the servers' engine classes, made only for an ``http`` spelling
+# (ml_dtypes and onnx, which importing the registry should not load)
 LAZY = ("harness/cli/", "harness/pytest_plugin.py", "harness/distributed.py")
-LAZY_IMPORTS = {("engines/engine.py", "engines.tensor_ops.host")}
+LAZY_IMPORTS = {("engines/engine.py", "engines.tensor_ops.host"),
+                ("engines/registry.py", "engines.backends.http.spelling")}
 
 
 def _modules() -> dict[str, Path]:

@@ -4,22 +4,30 @@ fail proves nothing"). The rows feed the catch matrix in docs/."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from harness.runner import run_matrix
 from suites.planted import catch_matrix
 from suites.planted import engines as pe
-from suites.planted.catalog import CASES, FIXTURE_TOKENS, REAL, REAL_TOKENS, Case
+from suites.planted.catalog import (CASES, FIXTURE_TOKENS, QUANTIZED_PROMPTS, QUANTIZED_TOKENS,
+                                    REAL, REAL_TOKENS, Case)
 
 pytestmark = pytest.mark.claim("token_identity")
 
 
 def _run(case: Case, evidence_dir=None):
+    if case.quantized:
+        from harness.prompts import chat_prompt, text_prompt
+
+        prompts = [chat_prompt([{"role": "user", "content": text}], name=f"q{i}")
+                   if kind == "chat" else text_prompt(text, name=f"q{i}")
+                   for i, (kind, text) in enumerate(QUANTIZED_PROMPTS)]
+        return run_matrix([case.bug], [case.package], prompts, QUANTIZED_TOKENS, evidence_dir)
     real = case.package == REAL
-    return run_matrix([case.bug], [case.package], None,
-                      REAL_TOKENS if real else FIXTURE_TOKENS, evidence_dir,
-                      mode=case.mode, widths=[case.width] if case.width else None,
+    return run_matrix([case.bug], [case.package], None, REAL_TOKENS if real else FIXTURE_TOKENS,
+                      evidence_dir, mode=case.mode, widths=[case.width] if case.width else None,
                       max_prompts=1 if real else None)
 
 
@@ -51,23 +59,44 @@ def _marks(case: Case):
 
 
 def _claim_of(case: Case) -> str:
+    if case.quantized:
+        return "quantized_band"
     return {"drift": "logits_within_tolerance", "non-finite": "finite_logits",
             "budget": "readback_budget"}.get(case.status, "token_identity")
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=_marks(c)) for c in CASES])
-def test_planted_bug_is_caught_with_its_verdict_and_step(case: Case):
+def _need(case: Case) -> None:
+    """A quantized engine's case needs its engine here (CI installs both: there, as where
+    ``LOCKSTEP_REQUIRE_LLAMA`` is set, an engine that cannot run fails the case)."""
     if case.package == REAL:
         pytest.importorskip("gguf")
+    if case.min_ratio is None and not case.quantized:
+        return
+    found = case.bug.availability()
+    if not found.ok:
+        message = f"{case.bug.name} cannot run here: {found.reason}"
+        if os.environ.get("LOCKSTEP_REQUIRE_LLAMA"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=_marks(c)) for c in CASES])
+def test_planted_bug_is_caught_with_its_verdict_and_step(case: Case):
+    _need(case)
     summary = _run(case)
     assert summary.cells, "the cell ran nowhere"
     status = catch_matrix.observed_status(summary.cells)
     step = catch_matrix.observed_step(summary.cells)
+    beyond = catch_matrix.observed_beyond(summary.cells)
     expected_step = _first_rollback_step(case) if case.step == -1 else case.step
-    catch_matrix.write_row(case, status, step, expected_step)
+    catch_matrix.write_row(case, status, step, expected_step, beyond)
     details = [(c.prompt_name, c.status, c.first_step, c.reason) for c in summary.cells]
     assert status == case.status, details
     assert step == expected_step, details
+    if case.quantized:  # judged by its scheme's checked-in band, never by float32 identity
+        assert all(c.band is not None for c in summary.cells), details
+    if case.min_ratio is not None:
+        assert beyond is not None and beyond["ratio"] >= case.min_ratio, (beyond, details)
     if case.control:
         assert not summary.failed
     else:

@@ -146,6 +146,10 @@ class LlamaCppEngine(BlackBoxEngine):
                    "through its own sampler")
     residency = "host"
     logits_audit = True  # logits_all: llama.cpp's float32 row at every evaluated position
+    # teacher_forced: the whole sequence in one eval (n_batch positions a decode), or one
+    # position a decode (what each greedy step runs); llama.cpp gives every row either way,
+    # and the two are not bit identical (its kernels depend on the batch's size)
+    batch_shapes = (None, 1)
 
     @classmethod
     def availability(cls) -> Availability:
@@ -282,6 +286,18 @@ class LlamaCppEngine(BlackBoxEngine):
             ledger.record_forward("prefill" if n == 0 else "decode",
                                   len(ids) if n == 0 else 1, seconds)
         return DecodeResult(self.name, ids, tokens, ledger, wall, steps, rows)
+
+    def teacher_forced(self, ids, chunk: int | None = None) -> tuple[list[int], np.ndarray]:
+        """llama.cpp's float32 rows at every position of ``ids`` from an empty cache, fed all
+        at once (``chunk`` None: ``eval`` in pieces of ``n_batch``) or ``chunk`` positions a
+        decode."""
+        ids = [int(t) for t in ids]
+        llama = self.llama
+        llama.reset()
+        step = len(ids) if chunk is None else int(chunk)
+        for start in range(0, len(ids), step):
+            llama.eval(ids[start:start + step])
+        return list(range(len(ids))), np.array(llama.scores[:len(ids)], dtype=np.float32)
 
     def close(self) -> None:
         llama, self.llama = getattr(self, "llama", None), None

@@ -27,6 +27,7 @@ import onnxruntime
 
 from engines.backends import genai_build
 from engines.backends.checkpoint_source import SIDECAR, find_checkpoint, read_source
+from engines.backends.genai_dequant import build_scheme, dequantized_package_for
 from engines.decode_result import DecodeResult
 from engines.engine import Availability, BlackBoxEngine
 from engines.errors import EngineUnavailable, ExecutionError
@@ -50,6 +51,9 @@ class OrtGenaiEngine(BlackBoxEngine):
     #: session options laid over the build's genai_config.json (``Config.overlay``): one
     #: thread on the CPU, as ort-cpu and hf (on a shared 2-core runner more fight each other)
     session_options: ClassVar[dict[str, Any]] = {"intra_op_num_threads": 1}
+    # teacher_forced: one position an append (every row), or 8 (the row after each piece:
+    # get_logits() holds only the last position's)
+    batch_shapes = (1, 8)
 
     @classmethod
     def availability(cls) -> Availability:
@@ -91,11 +95,7 @@ class OrtGenaiEngine(BlackBoxEngine):
         import onnxruntime_genai as og
 
         self._og = og
-        config = og.Config(str(self.build.folder))
-        if self.session_options:  # runtime settings over the builder's genai_config.json
-            config.overlay(json.dumps({"model": {"decoder": {
-                "session_options": dict(self.session_options)}}}))
-        self.model = og.Model(config)
+        self.model = self.open_model(self.build.folder)
         vocab = json.loads((self.build.folder / "genai_config.json").read_text())["model"].get(
             "vocab_size")
         if vocab is not None and int(vocab) != package.spec.vocab_size:
@@ -104,6 +104,16 @@ class OrtGenaiEngine(BlackBoxEngine):
                 f"{package.spec.vocab_size}: they were not made from one checkpoint",
                 field="vocab_size", value=vocab,
                 remedy="run the package converted from the same checkpoint")
+
+    def open_model(self, folder):
+        """onnxruntime-genai's model of the build in ``folder``, with this engine's session
+        options laid over its ``genai_config.json``."""
+        og = self._og
+        config = og.Config(str(folder))
+        if self.session_options:  # runtime settings over the builder's genai_config.json
+            config.overlay(json.dumps({"model": {"decoder": {
+                "session_options": dict(self.session_options)}}}))
+        return og.Model(config)
 
     @classmethod
     def supports(cls, package) -> Availability:
@@ -174,8 +184,62 @@ class OrtGenaiEngine(BlackBoxEngine):
                                   len(ids) if n == 0 else 1, seconds)
         return DecodeResult(self.name, ids, tokens, ledger, wall, steps, rows)
 
+    def teacher_forced(self, ids, chunk: int | None = None) -> tuple[list[int], np.ndarray]:
+        """``ids`` appended to one generator ``chunk`` positions at a time (None: all at
+        once), the row after each piece (``get_logits()`` holds the last position's only)."""
+        og = self._og
+        ids = [int(t) for t in ids]
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(do_sample=False, max_length=len(ids) + 1)
+        generator = og.Generator(self.model, params)
+        step = len(ids) if chunk is None else int(chunk)
+        positions, rows = [], []
+        for start in range(0, len(ids), step):
+            piece = ids[start:start + step]
+            generator.append_tokens(np.asarray([piece], dtype=np.int32))
+            positions.append(start + len(piece) - 1)
+            rows.append(np.asarray(generator.get_logits())[0, -1].astype(np.float32))
+        del generator
+        return positions, np.stack(rows)
+
     def close(self) -> None:
         self.model = None
+
+
+class OrtGenaiInt4Engine(OrtGenaiEngine):
+    """onnxruntime-genai's int4 build (``-e cpu -p int4``) of a float32 package's checkpoint:
+    a quantized engine. It declares the build's scheme (``MatMulNBits`` bits, block size and
+    accuracy level, read from its graph: ``genai_dequant.build_scheme``) and is judged
+    against float32 over its own weights dequantized exactly (``reference_package``: the
+    build's graph with every quantized weight made a float32 initializer, cached beside the
+    build), under the scheme's calibrated band (``docs/QUANTIZED.md``)."""
+
+    name = "ort-genai-int4"
+    description = ("onnxruntime-genai's generator over its builder's int4 model of the "
+                   "package's checkpoint (CPU, MatMulNBits), judged against its own "
+                   "dequantized weights")
+    precisions: ClassVar[dict[str, str]] = {"float32": "int4"}
+
+    def __init__(self, package, *, checkpoint=None):
+        super().__init__(package, checkpoint=checkpoint)
+
+        self.scheme = build_scheme(self.build.folder)
+        if self.scheme["numeric_scheme"] is None:
+            raise ExecutionError(
+                f"the {self.name} build at {self.build.folder} holds no MatMulNBits: it is "
+                f"not an int4 build", field="precision", value=self.build.precision,
+                remedy="remove the build folder so that it is built again with -p int4")
+        self._reference = dequantized_package_for(self.build)
+
+    def numeric_scheme(self) -> str:
+        return self.scheme["numeric_scheme"]
+
+    def reference_package(self):
+        return self._reference
+
+    def provenance(self) -> dict[str, Any]:
+        return {**super().provenance(), **self.scheme,
+                "reference_package": str(self._reference)}
 
 
 def _cuda_ready() -> Availability:
@@ -222,4 +286,4 @@ class OrtGenaiCudaEngine(OrtGenaiEngine):
         return ""
 
 
-__all__ = ["OrtGenaiCudaEngine", "OrtGenaiEngine"]
+__all__ = ["OrtGenaiCudaEngine", "OrtGenaiEngine", "OrtGenaiInt4Engine"]

@@ -296,6 +296,11 @@ class PackageSpec(_Strict):
     reference: ReferenceSpec | None = Field(
         default=None, description="optional: {folder, content_hash} of the package the "
                                   "oracle runs to judge this one (its float32 twin)")
+    original: ReferenceSpec | None = Field(
+        default=None, description="optional: {folder, content_hash} of the float package "
+                                  "this one's quantized checkpoint was made from; quality "
+                                  "beside the verdict is measured against it, never the "
+                                  "verdict (harness.quality)")
 
     @field_validator("format", mode="before")
     @classmethod
@@ -526,8 +531,9 @@ class PackageSpec(_Strict):
         for cell in data["state"].values():
             if cell["kind"] == "recurrent":  # kv-only keys would only read as noise
                 del cell["seq_axis"], cell["update"]
-        if data["reference"] is None:  # optional: a package without one never mentions it
-            del data["reference"]
+        for optional in ("reference", "original"):  # a package without one never names it
+            if data[optional] is None:
+                del data[optional]
         return yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
 
 

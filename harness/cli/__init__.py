@@ -24,7 +24,7 @@ from engines.registry import lockstep_version
 from harness.cli.arguments import as_option
 from harness.cli.interrupt import Interrupted
 
-SUBCOMMANDS = ("run", "report", "claims", "engines", "bench", "bench_forward", "bench_judge", "fixtures", "convert", "import_genai", "import_package", "cache", "explain", "repro")
+SUBCOMMANDS = ("run", "report", "claims", "engines", "bench", "bench_forward", "bench_judge", "fixtures", "convert", "import_genai", "import_package", "cache", "explain", "repro", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:

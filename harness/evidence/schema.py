@@ -277,6 +277,21 @@ class BandRecord(_Strict):
     flip_p: float  # P(at least this many flips | the band's flip rate)
     reasons: list[str] = Field(default_factory=list)
     within: bool
+    worst: dict[str, float] = Field(default_factory=dict)  # this stream's value per bound
+    ratios: dict[str, float] = Field(default_factory=dict)  # each over its bound
+    first_step: int | None = None  # the first step beyond a per-step bound
+
+
+class QualityRecord(_Strict):
+    """Beside the verdict, never part of it: the stream's rows against the float model the
+    package declares it was quantized from (``package.yaml`` ``original``), on the same
+    prefix, in ``llama-perplexity --kl-divergence``'s terms (``harness.quality``)."""
+    original: PackageRef
+    positions: int = Field(ge=0)
+    kl: dict[str, float]  # mean, median, p90, p99, max (nats, the original as P)
+    same_top: float  # share of steps whose argmax is the original's
+    delta_p: dict[str, float]  # the chosen token's probability, engine minus original
+    ppl_ratio: float | None = None
 
 
 class GreedyRef(_Strict):
@@ -387,6 +402,7 @@ class EvidenceRecord(_Strict):
     concurrency: ConcurrencyRecord | None = None
     numeric_scheme: str | None = None  # Engine.numeric_scheme(): a quantized engine's scheme
     band: BandRecord | None = None  # its band and this stream's statistics
+    quality: QualityRecord | None = None  # against the original float model, where declared
     ledger: LedgerRecord = Field(default_factory=LedgerRecord)
     memory_series: list[MemorySample] = Field(default_factory=list)
     acceptance_per_round: list[int] = Field(default_factory=list)

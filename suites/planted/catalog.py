@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engines.backends.llama_cpp import LlamaCppEngine
+from engines.backends.ort_genai import OrtGenaiInt4Engine
+from harness import mutations as qm
 from suites.planted import engines as pe
 from suites.planted.engines import K
 
@@ -21,6 +24,8 @@ class Case:
     step: int | None  # None: no step (constructor, budgets, identical)
     mode: str = "greedy"
     width: int | None = None
+    min_ratio: float | None = None  # a quantized bug: this many times beyond its band at least
+    quantized: bool = False  # a quantized engine's case: judged by its scheme's band
 
     @property
     def id(self) -> str:
@@ -28,7 +33,7 @@ class Case:
 
     @property
     def control(self) -> bool:
-        return self.status == "identical"
+        return self.status in ("identical", "near-tie")
 
 
 def _greedy(bug, status, step, packages):
@@ -82,6 +87,40 @@ CASES: list[Case] = [
     Case(pe.RollbackNoTruncate, "tiny_llama_pair", "error", -1, "speculative", 2),
 ]
 # step -1: after the first partial accept of a correct engine (the suite computes it)
+
+def _quantized(bug, status, step, min_ratio: float | None = 10.0):
+    """A quantized engine (``harness.mutations``) on SmolLM2, over ``QUANTIZED_PROMPTS``,
+    judged by its scheme's checked-in band: a bug must be at least ``min_ratio`` times beyond
+    it on some metric (the farthest of the prompts); the honest engine passes on every
+    prompt."""
+    return Case(bug, REAL, status, step, quantized=True,
+                min_ratio=None if status in ("identical", "near-tie") else min_ratio)
+
+
+# quantized engines: llama-cpp on SmolLM2's own Q4_1 GGUF, onnxruntime-genai's int4 build
+CASES += [
+    _quantized(LlamaCppEngine, "identical", None),
+    _quantized(qm.LlamaHalvesSwapped, "defect", 0),
+    _quantized(qm.LlamaBlockScale, "drift", 0),
+    _quantized(qm.LlamaRopeBase, "defect", 0),
+    _quantized(qm.LlamaKvShift, "defect", qm.K),
+    # the answer's first token is still the oracle's: the missing BOS shows from the second
+    _quantized(qm.LlamaBosDropped, "defect", 1),
+    _quantized(OrtGenaiInt4Engine, "near-tie", None),
+    _quantized(qm.Int4HalvesSwapped, "defect", 0),
+    _quantized(qm.Int4RopeBase, "defect", 1),
+    # caught (drift), but in these 32-token decodes within 10x of the int4 band (6x, 4x): on
+    # the calibration corpus they are 92x and 41x beyond it (docs/QUANTIZED.md)
+    _quantized(qm.Int4BlockScale, "drift", 1, min_ratio=None),
+    _quantized(qm.Int4BosDropped, "drift", 0, min_ratio=None),
+]
+
+# Two chat prompts (they start with BOS; the chat template adds its default system turn) and
+# a plain one, 32 tokens: RoPE's base shows over the plain prompt's longer stream, a dropped
+# BOS in the chat answers' first steps
+QUANTIZED_PROMPTS = (("chat", "Hi"), ("chat", "Translate 'cat' to French."),
+                     ("plain", "The first ten prime numbers are 2, 3, 5, 7,"))
+QUANTIZED_TOKENS = 32
 
 REAL_TOKENS = 12  # SmolLM2 rows: one prompt, a short stream (the oracle recomputes on CPU)
 FIXTURE_TOKENS = 32

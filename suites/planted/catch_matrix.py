@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROWS = ROOT / ".lockstep" / "catch"
 JSON_OUT = ROOT / "docs" / "catch_matrix.json"
 MD_OUT = ROOT / "docs" / "CATCH_MATRIX.md"
+PASSING = ("identical", "near-tie")  # what a control (a harmless change, an honest engine) gets
 
 
 def observed_step(cells) -> int | None:
@@ -25,15 +26,31 @@ def observed_status(cells) -> str:
     return worst(*(c.status for c in cells))
 
 
-def write_row(case, status: str, step: int | None, expected_step: int | None) -> None:
+def observed_beyond(cells) -> dict | None:
+    """For a quantized engine judged by its band: the metric its stream is farthest beyond
+    the band on and how many times the bound (the farthest over the cells; whole times from
+    10 on, tenths below); None where no cell has a band."""
+    found = [c.band.farthest for c in cells if c.band is not None and c.band.farthest]
+    if not found:
+        return None
+    metric, ratio = max(found, key=lambda f: f[1])
+    return {"metric": metric, "ratio": int(ratio) if ratio >= 10 else round(ratio, 1)}
+
+
+def write_row(case, status: str, step: int | None, expected_step: int | None,
+              beyond: dict | None = None) -> None:
     ROWS.mkdir(parents=True, exist_ok=True)
+    far_enough = case.min_ratio is None or (beyond is not None
+                                            and beyond["ratio"] >= case.min_ratio)
     row = {"bug": case.bug.name.removeprefix("planted-"),
-           "description": " ".join((case.bug.__doc__ or "").split()),
+           "description": " ".join((case.bug.__doc__ or case.bug.description).split()),
            "package": case.package, "mode": case.mode if case.width is None
            else f"{case.mode}/w{case.width}",
            "expected": {"status": case.status, "step": expected_step},
            "observed": {"status": status, "step": step},
-           "caught": status == case.status and step == expected_step}
+           "caught": status == case.status and step == expected_step and far_enough}
+    if beyond is not None:
+        row["beyond"] = beyond
     (ROWS / f"{case.id}.json").write_text(json.dumps(row, indent=1))
 
 
@@ -46,23 +63,29 @@ def gather(since: float, expected_ids: list[str]) -> dict | None:
     if set(expected_ids) - set(fresh):
         return None
     rows = [fresh[i] for i in expected_ids]
-    return {"rows": [r for r in rows if r["expected"]["status"] != "identical"],
-            "control": [r for r in rows if r["expected"]["status"] == "identical"]}
+    return {"rows": [r for r in rows if r["expected"]["status"] not in PASSING],
+            "control": [r for r in rows if r["expected"]["status"] in PASSING]}
 
 
 def markdown(matrix: dict) -> str:
     lines = ["# Catch matrix: planted bugs", "",
              "Written by `suites/test_planted_bugs.py` (`make test`). Each planted bug is a thin",
-             "wrapper over `native-host` that breaks one thing (`suites/planted/engines.py`);",
-             "`step` is the first step anything was found at, lowest over the package's prompts.",
-             "The controls are harmless changes that must stay `identical`.", "",
-             "| bug | package | mode | expected | observed | caught |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "wrapper over `native-host` that breaks one thing (`suites/planted/engines.py`), or",
+             "over a quantized engine (`llama-cpp`, `ort-genai-int4`: `harness/mutations.py`),",
+             "judged by its scheme's band (`docs/QUANTIZED.md`); `step` is the first step",
+             "anything was found at, lowest over the package's prompts; `beyond the band` is",
+             "the metric a quantized bug's stream is farthest beyond its band on, in times the",
+             "bound (at least 10 to count as caught). The controls are harmless changes, and",
+             "the honest quantized engines, that must pass.", "",
+             "| bug | package | mode | expected | observed | beyond the band | caught |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for row in matrix["rows"] + matrix["control"]:
         exp, obs = row["expected"], row["observed"]
         fmt = lambda v: v["status"] + ("" if v["step"] is None else f" @ {v['step']}")  # noqa: E731
+        far = row.get("beyond")
+        far = f"{far['metric']} {far['ratio']}x" if far else ""
         lines.append(f"| {row['bug']} | {row['package']} | {row['mode']} | {fmt(exp)} | "
-                     f"{fmt(obs)} | {'yes' if row['caught'] else '**NO**'} |")
+                     f"{fmt(obs)} | {far} | {'yes' if row['caught'] else '**NO**'} |")
     lines += ["", "What each bug does:", ""]
     seen = set()
     for row in matrix["rows"] + matrix["control"]:

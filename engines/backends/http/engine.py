@@ -24,8 +24,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar
 
+from engines.backends.checkpoint_source import find_checkpoint, read_source
 from engines.backends.http.client import HttpClient, ServerError
 from engines.backends.http.flavours import FLAVOURS, Flavour, Identity, detect
+from engines.backends.http.server_build import HOW, find_server, require_server
+from engines.backends.http.server_process import ServerProcess
+from engines.backends.llama_cpp import gguf_scheme, resolve_threads
 from engines.decode_result import DecodeResult
 from engines.engine import Availability, BlackBoxEngine
 from engines.errors import EngineUnavailable, InputError
@@ -76,7 +80,6 @@ class HttpEngine(BlackBoxEngine):
         if cls.url is not None:
             return Availability(True, f"{cls.flavour_name or 'a'} server at {cls.url} "
                                       f"(reached when a run starts)")
-        from engines.backends.http.server_build import HOW, find_server
 
         try:
             build = find_server()
@@ -117,11 +120,6 @@ class HttpEngine(BlackBoxEngine):
     def _start(self) -> str:
         """llama-server on the package's GGUF (found and hash-checked like the ``llama-cpp``
         engine's), on 127.0.0.1 and a free port, ready within its start-up time."""
-        from engines.backends.checkpoint_source import find_checkpoint, read_source
-        from engines.backends.http.server_build import require_server
-        from engines.backends.http.server_process import ServerProcess
-        from engines.backends.llama_cpp import gguf_scheme, resolve_threads
-
         spec = self.package.spec
         source = read_source(self.package.root)
         if source and source.get("kind", "gguf") != "gguf":

@@ -20,6 +20,7 @@ path; ``-j N`` sets the build's jobs (default: every core).
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -32,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines.backends.llama_cpp import VERSION
-from engines.errors import EngineUnavailable, ExecutionError
+from engines.cache_root import cache_root
+from engines.errors import EngineUnavailable, ExecutionError, InputError, LockstepError
 
 #: llama-cpp-python, the version the ``llama-cpp`` engine pins (pyproject's ``llama`` extra)
 LLAMA_CPP_PYTHON = VERSION
@@ -64,8 +66,6 @@ def build_key(version: str = LLAMA_CPP_PYTHON) -> str:
 def cache_folder() -> Path:
     """``<cache>/llama-server``, symlinks resolved: cmake's tree records absolute paths, and
     one build reached by two spellings of its path would be rebuilt whole."""
-    from engines.cache_root import cache_root
-
     return (cache_root() / "llama-server").resolve()
 
 
@@ -80,8 +80,6 @@ def find_server() -> ServerBuild | None:
     if given:
         path = Path(given).expanduser()
         if not (path.is_file() and os.access(path, os.X_OK)):
-            from engines.errors import InputError
-
             raise InputError("not an executable file", field=BINARY_ENV, value=given,
                              remedy=f"point {BINARY_ENV} at a llama-server binary, or unset it "
                                     f"to use the one {HOW.split(' (')[0]} builds")
@@ -193,10 +191,6 @@ def ensure_server(jobs: int | None = None) -> ServerBuild:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from engines.errors import LockstepError
-
     parser = argparse.ArgumentParser(prog="python -m engines.backends.http.server_build",
                                      description="build (or find) llama-server")
     parser.add_argument("-j", "--jobs", type=int, default=None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
 import os
 import signal
 import socket
@@ -39,8 +40,6 @@ def free_port(host: str = "127.0.0.1") -> int:
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
     """Linux: the kernel sends SIGTERM to the server when lockstep's process dies."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         try:
             ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         except OSError:

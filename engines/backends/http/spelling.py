@@ -18,6 +18,7 @@ import functools
 from urllib.parse import urlsplit
 
 from engines.backends.http.client import check_url
+from engines.backends.http.engine import HttpEngine
 from engines.backends.http.flavours import FLAVOURS
 from engines.errors import InputError
 
@@ -66,8 +67,6 @@ def engine_name(flavour: str | None, url: str | None) -> str:
 @functools.lru_cache(maxsize=None)
 def engine_class(ref: str):
     """The engine class of one spelling (the same class every time it is asked for)."""
-    from engines.backends.http.engine import HttpEngine
-
     flavour, url = parse(ref)
     name = engine_name(flavour, url)
     started = "started by lockstep on the package's GGUF" if url is None else f"at {url}"
