@@ -57,6 +57,8 @@ from harness.row_compare import compare_rows
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORPUS_FILE = Path(__file__).resolve().parent / "texts" / "calibration" / "corpus.yaml"
+KIND = "lockstep-calibrate"
+MARKER = f'"kind": "{KIND}"'  # in a file's first bytes: `calibrate --json` may replace it
 MIN_POSITIONS = 1500  # a band is written from no fewer corpus positions
 WINDOW = 16  # stream statistics: runs of this many consecutive rows (band.window)
 HEADROOM = 2.0
@@ -492,6 +494,6 @@ def reproduce(new: Calibration, old: Band, within: float | None = None) -> Repro
                         [(k, getattr(old, k), getattr(new.band, k)) for k in BOUNDS], problems)
 
 
-__all__ = ["CORPUS_FILE", "Calibration", "Corpus", "MIN_POSITIONS", "Reproduction",
+__all__ = ["CORPUS_FILE", "KIND", "MARKER", "Calibration", "Corpus", "MIN_POSITIONS", "Reproduction",
            "Segment", "band_bounds", "calibrate", "load_corpus", "observe",
            "reproduce", "round_up", "write_band"]

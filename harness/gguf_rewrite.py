@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.gguf_fields import copy_gguf_fields
+
 
 @dataclass(frozen=True)
 class Tensor:
@@ -32,21 +34,7 @@ def _copy_fields(reader, writer, file_type: int | None) -> None:
 
     skip = {"general.architecture", "general.file_type"} | (
         {"general.quantization_version"} if file_type is not None else set())
-    for name, f in reader.fields.items():
-        if name.startswith("GGUF.") or name in skip:
-            continue
-        kind = f.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            if sub == gguf.GGUFValueType.STRING:
-                value = [bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data]
-            else:
-                value = [f.parts[i].tolist()[0] for i in f.data]
-            writer.add_key_value(name, value, kind, sub_type=sub)
-        elif kind == gguf.GGUFValueType.STRING:
-            writer.add_key_value(name, bytes(f.parts[f.data[0]]).decode("utf-8"), kind)
-        else:
-            writer.add_key_value(name, f.parts[f.data[0]].tolist()[0], kind)
+    copy_gguf_fields(reader, writer, skip)
     old = reader.fields.get("general.file_type")
     if file_type is not None:
         writer.add_file_type(file_type)

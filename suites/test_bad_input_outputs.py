@@ -161,6 +161,16 @@ def test_bench_forward_json_is_checked_before_anything_is_timed(tmp_path, capsys
     assert f"[field --json = '{mine}']" in line and _untouched(mine)
 
 
+def test_calibrate_json_is_checked_before_anything_is_scored(tmp_path, capsys, monkeypatch):
+    import harness.calibrate as cal
+
+    monkeypatch.setattr(cal, "calibrate", _never)
+    mine = _user_file(tmp_path / "calibration.json")
+    line = one_line_error(capsys, ["calibrate", "--engine", "native-host", "--package",
+                                   "tiny_llama", "--json", str(mine)])
+    assert f"[field --json = '{mine}']" in line and "--force" in line and _untouched(mine)
+
+
 def test_explain_outputs_are_checked_before_explaining_and_its_own_are_replaced(
         failing_record, tmp_path, capsys, monkeypatch):
     import harness.forensics as forensics

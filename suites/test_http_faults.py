@@ -114,15 +114,14 @@ def _stand_in(tmp_path: Path, body: str) -> Path:
 def managed(monkeypatch, tmp_path, quick):
     """``http:llama-server`` with a stand-in binary serving tiny_llama (the GGUF lookup and
     its scheme answered with placeholders: tiny_llama has no source checkpoint)."""
-    from engines.backends import checkpoint_source
     from engines.backends.checkpoint_source import CheckpointSource
+    from engines.backends.http import engine as http_engine
 
-    from engines.backends import llama_cpp
-
-    monkeypatch.setattr(checkpoint_source, "find_checkpoint",
+    # placeholders where the HTTP engine binds them (it imports both at its top)
+    monkeypatch.setattr(http_engine, "find_checkpoint",
                         lambda root, engine: CheckpointSource(tmp_path / "model.gguf", "gguf",
                                                               "sha256:0"))
-    monkeypatch.setattr(llama_cpp, "gguf_scheme", lambda path: {"numeric_scheme": None})
+    monkeypatch.setattr(http_engine, "gguf_scheme", lambda path: {"numeric_scheme": None})
     monkeypatch.setenv("FAKE_SERVER_PACKAGE", "tiny_llama")
     env = f"PYTHONPATH={REPO} exec {sys.executable} -m suites.fake_server \"$@\""
 

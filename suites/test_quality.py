@@ -47,7 +47,7 @@ def test_a_skewed_change_of_the_chosen_tokens_probability_shows_as_skew():
 def twins(tmp_path):
     """Two sibling copies of tiny_llama: ``quantized`` declares ``original``."""
     from engines.package import load_package
-    from harness.catalog import build
+    from harness.catalog.builtin import build
     from harness.requantize import declare_original
 
     source = build("tiny_llama")
@@ -127,8 +127,7 @@ def quantized_record(prompt="p0", within=True):
         non_finite_steps=0, out_of_tolerance_steps=0, worst_max_abs=0.5, worst_nmse=1e-3)
     flip = finding(4, 66, 7, verdict="near-tie", rank=2, gap=0.25,
                    oracle_top=[(7, 3.5), (66, 3.25), (12, 3.0)])
-    record = make_record(engine="llama-cpp", prompt=prompt, findings=[flip], audit=audit,
-                         status="near-tie" if within else "drift")
+    record = make_record(engine="llama-cpp", prompt=prompt, findings=[flip], audit=audit)
     band = ev.BandRecord(scheme="ggml-cpu:q4_1", bounds={
         "near_tie_margin": 1.2, "step_max_abs": 3.8, "step_nmse": 0.081, "step_kl": 0.064,
         "mean_kl": 0.019, "p99_kl": 0.06, "flip_rate": 0.065, "window": 16},
@@ -148,8 +147,12 @@ def quantized_record(prompt="p0", within=True):
                                positions=6, kl={"mean": 0.27, "median": 0.2, "p90": 0.5,
                                                 "p99": 0.9, "max": 1.0},
                                same_top=0.83, delta_p={"mean": -0.04, "rms": 0.1, "skew": -1.5})
-    return record.model_copy(update={"numeric_scheme": "ggml-cpu:q4_1", "band": band,
-                                     "quality": quality})
+    # the band beside the judgement: a stream beyond it is drift (found_status says so too)
+    record = record.model_copy(update={"numeric_scheme": "ggml-cpu:q4_1", "band": band,
+                                       "quality": quality,
+                                       "status": "near-tie" if within else "drift"})
+    assert ev.found_status(record)[0] == record.status
+    return record
 
 
 def test_the_report_shows_each_band_each_quantized_cell_and_its_quality():

@@ -31,6 +31,7 @@ from engines.backends.checkpoint_source import CheckpointSource, content_hash
 from engines.backends.transformers_quiet import quiet_transformers
 from engines.cache_root import cache_root
 from engines.errors import EngineUnavailable, ExecutionError, InputError, LockstepError
+from engines.gguf_fields import copy_gguf_fields
 from engines.shipped_checkpoint import resolve_checkpoint
 
 BUILD_FILE = "build.json"
@@ -96,21 +97,7 @@ def dequantize_gguf(src: Path, dst: Path) -> Path:
     arch = reader.fields["general.architecture"]
     writer = gguf.GGUFWriter(str(dst), bytes(arch.parts[arch.data[0]]).decode())
     skip = {"general.architecture", "general.file_type", "general.quantization_version"}
-    for name, f in reader.fields.items():
-        if name.startswith("GGUF.") or name in skip:
-            continue
-        kind = f.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            if sub == gguf.GGUFValueType.STRING:
-                value = [bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data]
-            else:
-                value = [f.parts[i].tolist()[0] for i in f.data]
-            writer.add_key_value(name, value, kind, sub_type=sub)
-        elif kind == gguf.GGUFValueType.STRING:
-            writer.add_key_value(name, bytes(f.parts[f.data[0]]).decode("utf-8"), kind)
-        else:
-            writer.add_key_value(name, f.parts[f.data[0]].tolist()[0], kind)
+    copy_gguf_fields(reader, writer, skip)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     for t in reader.tensors:
         values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)

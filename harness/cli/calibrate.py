@@ -39,7 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="write the row into the bands table (refused unless every mutation is "
                         "caught tenfold)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH",
-                   help="also write the row, the observations and the comparison as JSON")
+                   help="also write the row, the observations and the comparison as JSON "
+                        "(checked before the calibration runs; an existing file is replaced "
+                        "only when lockstep calibrate wrote it)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a --json file that lockstep did not write")
     p.set_defaults(func=run)
 
 
@@ -82,6 +86,7 @@ def _reproduction_table(rep) -> Table:
 
 def run(args: argparse.Namespace) -> int:
     from engines.errors import InputError
+    from engines.output_paths import check_output_file
     from engines.registry import get_engine_class
     from engines.tolerances import BANDS_FILE, bands
     from harness import calibrate as cal_mod
@@ -89,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
     from harness.mutations import mutations_for
     from harness.packages import resolve_package
 
+    if args.json is not None:  # before the minutes of scoring whose results it would receive
+        check_output_file(args.json, "--json", marker=cal_mod.MARKER, force=args.force,
+                          example="calibration.json")
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
     path = args.bands or BANDS_FILE
     cls = get_engine_class(args.engine)
@@ -141,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         console.print("this row could not be written: " + "; ".join(refused))
     if args.json is not None:
         args.json.write_text(json.dumps({
-            "band": result.band.to_dict(), "refused": refused,
+            "kind": cal_mod.KIND, "band": result.band.to_dict(), "refused": refused,
             "reproduction": None if rep is None else {
                 "reproduced": rep.reproduced, "problems": rep.problems,
                 "metrics": rep.metrics, "mutations": rep.mutations, "bounds": rep.bounds}},
