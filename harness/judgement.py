@@ -21,6 +21,7 @@ import numpy as np
 
 from engines.tolerances import Tolerance
 from harness.compare import compare_tensors
+from harness.row_compare import log_softmax
 
 # a cell's status, worst first: a cell's status is the worst of what was found in it
 Status = Literal["error", "non-finite", "defect", "budget", "drift", "near-tie", "identical",
@@ -205,12 +206,6 @@ class StepAudit:
     kl: float = float("nan")  # KL(oracle || engine) of the two rows' softmaxes, nats
 
 
-def log_softmax(row: np.ndarray) -> np.ndarray:
-    row = np.asarray(row, dtype=np.float64)
-    shifted = row - row.max()
-    return shifted - np.log(np.exp(shifted).sum())
-
-
 def kl_divergence(reference: np.ndarray, engine_row: np.ndarray) -> float:
     """KL(P || Q) in nats, P the oracle's softmax, Q the engine's: what
     ``llama-perplexity --kl-divergence`` reports per position (float64 throughout)."""
@@ -353,8 +348,8 @@ class BandStatistics:
     this many steps); ``first_step`` is the first step beyond a per-step bound."""
     scheme: str
     steps: int
-    mean_kl: float
-    p99_kl: float
+    mean_kl: float | None  # None: no step's KL was measured (a top-k audit sees no
+    p99_kl: float | None   # whole distribution), so only flips and margins are bounded
     flips: int
     flip_p: float  # P(at least this many flips | the band's flip rate)
     reasons: list[str]
@@ -382,10 +377,11 @@ class BandStatistics:
 def band_statistics(audit: LogitsAudit, judgement: StreamJudgement, band,
                     alpha: float = FLIP_ALPHA) -> BandStatistics:
     """Claim 1d's stream statistics for one cell; ``reasons`` names each one beyond the band."""
-    finite = [s for s in audit.steps if s.non_finite == 0 and math.isfinite(s.kl)]
+    rows = [s for s in audit.steps if s.non_finite == 0]
+    finite = [s for s in rows if math.isfinite(s.kl)]  # steps whose KL was measured
     kls = [s.kl for s in finite]
-    mean_kl = float(np.mean(kls)) if kls else 0.0
-    p99_kl = float(np.percentile(kls, 99)) if kls else 0.0
+    mean_kl = float(np.mean(kls)) if kls else None
+    p99_kl = float(np.percentile(kls, 99)) if kls else None
     flipped = [f for f in judgement.findings if f.engine_token is not None
                and f.oracle_token is not None and f.engine_token != f.oracle_token]
     flips = len(flipped)
@@ -405,18 +401,18 @@ def band_statistics(audit: LogitsAudit, judgement: StreamJudgement, band,
     if flip_p < alpha:
         reasons.append(f"{flips} of {steps} steps flipped (P = {flip_p:.2g} at the band's "
                        f"flip rate {band.flip_rate:.3g}, below {alpha:g})")
-    worst = {"step_kl": max(kls, default=0.0),
-             "step_max_abs": max((s.max_abs for s in finite), default=0.0),
-             "step_nmse": max((s.nmse for s in finite), default=0.0),
+    worst = {"step_max_abs": max((s.max_abs for s in rows), default=0.0),
              "near_tie_margin": max((f.gap for f in flipped if f.gap is not None),
                                     default=0.0),
              "flip_rate": flips / steps if steps else 0.0}
+    if kls:  # full rows: their KL and NMSE (a top-k audit measures neither)
+        worst.update(step_kl=max(kls), step_nmse=max(s.nmse for s in finite))
     if long_enough:
         worst.update(mean_kl=mean_kl, p99_kl=p99_kl)
     ratios = {k: v / getattr(band, k) for k, v in worst.items()
               if k != "flip_rate" and getattr(band, k) > 0}
     # flips against the fewest that would be drift here: 1 or more is beyond the band
     ratios["flip_rate"] = flips / fewest_unlikely(steps, band.flip_rate, alpha)
-    beyond = [s.step for s in over] + [s.step for s in finite if not s.ok]
+    beyond = [s.step for s in over] + [s.step for s in rows if not s.ok]
     return BandStatistics(band.scheme, steps, mean_kl, p99_kl, flips, flip_p, reasons, worst,
                           ratios, min(beyond, default=None))

@@ -249,6 +249,26 @@ def test_a_stream_shorter_than_the_window_is_not_held_to_the_mean():
     assert long.ratios["mean_kl"] == pytest.approx(3.0)
 
 
+def test_a_top_k_audit_reports_no_kl_and_is_held_to_flips_and_its_bound():
+    """A server's audit (log-probabilities of the top k) sees no whole distribution: its KL
+    statistics are not measured, not zero, and the stream is still held to the band's flip
+    rate and to each step's bound."""
+    from harness.judgement import LogitsAudit, StepAudit, StepJudgement, StreamJudgement
+    from harness.judgement import band_statistics
+
+    steps = [StepAudit(i, 0.2, float("nan"), float("nan"), 0, True) for i in range(20)]
+    got = band_statistics(LogitsAudit("s", steps, "same"), StreamJudgement(20, []), band())
+    assert got.within and got.mean_kl is None and got.p99_kl is None
+    assert {"step_kl", "step_nmse", "mean_kl", "p99_kl"}.isdisjoint(got.ratios)
+    assert got.ratios["step_max_abs"] == pytest.approx(0.2 / 3.0)
+    flipped = [StepJudgement(i, 7, 8, 2, 0.1, "near-tie", "", []) for i in range(20)]
+    assert not band_statistics(LogitsAudit("s", steps, "same"), StreamJudgement(20, flipped),
+                               band()).within
+    steps[5] = StepAudit(5, 9.0, float("nan"), float("nan"), 0, False)
+    assert band_statistics(LogitsAudit("s", steps, "same"), StreamJudgement(20, []),
+                           band()).first_step == 5
+
+
 # -- GGUF rewriting and the weight mutations ---------------------------------------------------
 
 @pytest.fixture(scope="module")
