@@ -94,6 +94,7 @@ class FakeLLM:
     ``wrong_step``: at that step it emits the runner-up token instead (the planted bug)."""
 
     wrong_step: int | None = None
+    batched_wrong_step: int | None = None  # the same, only with several prompts in one call
     package = None
     calls: list[list[list[int]]] = []
 
@@ -135,7 +136,13 @@ class FakeLLM:
     def generate(self, prompts, params, use_tqdm=True):
         assert use_tqdm is False and params.temperature == 0 and params.detokenize is False
         self.calls.append([list(p["prompt_token_ids"]) for p in prompts])
-        return [self._decode(list(p["prompt_token_ids"]), params) for p in prompts]
+        alone = self.wrong_step
+        if len(prompts) > 1 and self.batched_wrong_step is not None:
+            self.wrong_step = self.batched_wrong_step
+        try:
+            return [self._decode(list(p["prompt_token_ids"]), params) for p in prompts]
+        finally:
+            self.wrong_step = alone
 
 
 @pytest.fixture
@@ -182,6 +189,16 @@ class WrongTokenVllm(FakeVllm):
         finally:
             FakeLLM.wrong_step = None
         self.llm.wrong_step = 3
+
+
+class BatchedWrongTokenVllm(FakeVllm):
+    """Right alone, a wrong token at step 2 when vLLM batches several prompts."""
+
+    name = "vllm-batched-wrong-token"
+
+    def __init__(self, package):
+        super().__init__(package)
+        self.llm.batched_wrong_step = 2
 
 
 # -- availability ---------------------------------------------------------------------------
@@ -302,6 +319,17 @@ def test_a_wrong_token_at_one_step_is_caught(fake_vllm):
     cell = summary.cells[0]
     assert cell.status != "identical" and cell.verdicts["token_identity"] == "fail", cell.reason
     assert "step 3" in cell.reason
+
+
+@pytest.mark.claim("concurrency_invariance")
+def test_concurrency_is_judged_and_a_batch_only_bug_is_caught(fake_vllm):
+    fine = run_matrix([FakeVllm], ["tiny_llama"], None, 4, max_prompts=2, concurrency=2)
+    assert [c.verdicts["concurrency_invariance"] for c in fine.cells] == ["pass"] * 2
+    broken = run_matrix([BatchedWrongTokenVllm], ["tiny_llama"], None, 4, max_prompts=2,
+                        concurrency=2)
+    for cell in broken.cells:
+        assert cell.verdicts["token_identity"] == "pass"  # alone it is right
+        assert cell.verdicts["concurrency_invariance"] == "fail", cell.reason
 
 
 def test_concurrent_prompts_go_to_vllm_in_one_call(fake_vllm, packages):

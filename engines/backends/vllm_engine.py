@@ -38,6 +38,7 @@ from typing import Any
 
 from engines.backends.checkpoint_source import SIDECAR, find_checkpoint, read_source
 from engines.backends.hf import DTYPES, cuda_availability
+from engines.backends.hf_model import model_from_gguf
 from engines.backends.http.engine import TOP_K
 from engines.cache_root import cache_root
 from engines.decode_result import DecodeResult, StepLogprobs
@@ -158,8 +159,6 @@ def hf_folder(source) -> Path:
     if source.kind != "gguf":
         return Path(source.path)
     import transformers
-
-    from engines.backends.hf_model import model_from_gguf
 
     folder = (cache_root() / "vllm-hf" /
               f"{source.content_hash.partition(':')[2][:16]}-transformers-"
