@@ -16,8 +16,9 @@
 # Here, first: scripts/fetch_gpu_wheels.sh --with-vllm (the parts in .stage/).
 # Environment: PY (python3), TOKENS (64), CONCURRENCY (4), PORT (8765), PKG
 # (/tmp/lockstep-vllm-packages), DEADLINE (seconds a run phase may take, 530).
-# Writes to $OUT: <phase>.txt logs, vllm-<phase>-evidence.tgz (records; no report: the command
-# that renders one is printed), server logs, summary.txt. Every step is recorded with its exit
+# Writes to $OUT (two files: the device brings back eight at most): summary.txt and
+# vllm-<phase>.tgz, each step's log, the servers' logs and the evidence folders (records; no
+# report: the command that renders one is printed). Every step is recorded with its exit
 # status and the next step is still tried; the exit status is non-zero if any step failed.
 set -u
 PHASE=${1:?usage: $0 stage [N] | install | run | offline | server}
@@ -29,17 +30,17 @@ PORT=${PORT:-8765}
 PKG=${PKG:-/tmp/lockstep-vllm-packages}
 DEADLINE=${DEADLINE:-530}
 TAR=lockstep-vllm-wheels.tar
-mkdir -p "$OUT" /tmp/stage
+W=/tmp/vllm-out/$PHASE
+rm -rf "$W" && mkdir -p "$OUT" "$W" /tmp/stage
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/vp:/tmp/site:$PWD
 export LOCKSTEP_CACHE=${LOCKSTEP_CACHE:-/tmp/lockstep-cache}
 export LOCKSTEP_CHECKPOINTS=/tmp/smollm2.gguf  # the engines find the source GGUF here
 F16=$PKG/smollm2-dynamic-float16
-BF16=$PKG/smollm2-dynamic-bfloat16
 status=0
-SUMMARY=$OUT/summary.txt
+SUMMARY=$W/summary.txt
 
 # step NAME SECONDS COMMAND...: COMMAND under `timeout` (at most what the deadline leaves),
-# its output in $OUT/NAME.txt, its exit status in the summary; never stops the script
+# its output in $W/NAME.txt, its exit status in the summary; never stops the script
 step() {
   local name=$1 limit=$2
   shift 2
@@ -51,12 +52,12 @@ step() {
     return 1
   fi
   local start=$SECONDS rc
-  timeout -k 10 "$limit" "$@" > "$OUT/$name.txt" 2>&1
+  timeout -k 10 "$limit" "$@" > "$W/$name.txt" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1
   printf '%-28s rc=%-4s %4ss%s\n' "$name" "$rc" "$((SECONDS - start))" \
     "$([ $rc -eq 124 ] && echo " (timed out at ${limit}s)")" | tee -a "$SUMMARY"
-  tail -n 15 "$OUT/$name.txt"
+  tail -n 15 "$W/$name.txt"
   return $rc
 }
 
@@ -79,7 +80,7 @@ serve() {
   setsid env "$@" "$PY" -m vllm.entrypoints.openai.api_server --model "$folder" \
     --dtype float16 --host 127.0.0.1 --port "$PORT" --seed 0 --gpu-memory-utilization 0.3 \
     --max-model-len 512 --max-logprobs 10 --enforce-eager --no-enable-prefix-caching \
-    > "$OUT/$name-server.log" 2>&1 < /dev/null &
+    > "$W/$name-server.log" 2>&1 < /dev/null &
   SERVER_PID=$!
   local limit=$(( DEADLINE - SECONDS - 60 )) start=$SECONDS
   [ $limit -gt 240 ] && limit=240
@@ -92,38 +93,35 @@ serve() {
     sleep 2
   done
   echo "$name server: not ready after $((SECONDS - start)) s; its log's end:" | tee -a "$SUMMARY"
-  tail -n 30 "$OUT/$name-server.log"
+  tail -n 30 "$W/$name-server.log"
   stop_server
   status=1
   return 1
 }
 
-# evidence NAME DIR: the records, packed for the trip back
-evidence() {
-  [ -d "$2" ] && tar czf "$OUT/vllm-$1-evidence.tgz" -C "$(dirname "$2")" "$(basename "$2")"
-  echo "report: tar -xzf vllm-$1-evidence.tgz && lockstep report $(basename "$2") -o report.html"
-}
 
+# one process a package: each loads its own vLLM (a second engine core in one process is
+# the path vLLM exercises least)
 offline() {
-  local ev=/tmp/vllm-offline-evidence
-  rm -rf "$ev"
-  step offline-run 300 "$PY" -m harness.cli run --engines vllm --packages "$F16,$BF16" \
-    --max-new-tokens "$TOKENS" --concurrency "$CONCURRENCY" --evidence-dir "$ev"
-  evidence offline "$ev"
+  local dtype ev
+  for dtype in float16 bfloat16; do
+    ev=$W/evidence-offline-$dtype
+    step "offline-$dtype-run" 170 "$PY" -m harness.cli run --engines vllm \
+      --packages "$PKG/smollm2-dynamic-$dtype" --max-new-tokens "$TOKENS" \
+      --concurrency "$CONCURRENCY" --evidence-dir "$ev"
+  done
 }
 
 server() {
   local name ev
   for name in server-plain server-batch-invariant; do
-    ev=/tmp/vllm-$name-evidence
-    rm -rf "$ev"
+    ev=$W/evidence-$name
     if [ $name = server-plain ]; then serve $name VLLM_BATCH_INVARIANT=0
     else serve $name VLLM_BATCH_INVARIANT=1; fi || continue
     step "$name-run" 150 "$PY" -m harness.cli run \
       --engines "http:openai=http://127.0.0.1:$PORT" --packages "$F16" \
       --max-new-tokens "$TOKENS" --concurrency "$CONCURRENCY" --evidence-dir "$ev"
     stop_server
-    evidence "$name" "$ev"
   done
 }
 
@@ -169,6 +167,11 @@ esac
 echo "== summary ($PHASE, ${SECONDS}s) =="
 cat "$SUMMARY" 2>/dev/null
 grep -h -E "identical|drift|diverge|fail|error|unavailable|concurrency" \
-  "$OUT"/offline-run.txt "$OUT"/server-*-run.txt 2>/dev/null | tail -n 40
+  "$W"/offline-*-run.txt "$W"/server-*-run.txt 2>/dev/null | tail -n 40
+cp "$SUMMARY" "$OUT/summary.txt" 2>/dev/null
+tar czf "$OUT/vllm-$PHASE.tgz" -C /tmp/vllm-out "$PHASE"
+compgen -G "$W/evidence-*" > /dev/null && for ev in "$W"/evidence-*; do
+  echo "report: tar -xzf vllm-$PHASE.tgz && lockstep report $PHASE/$(basename "$ev") -o report.html"
+done
 echo "gpu_vllm $PHASE status $status"
 exit $status

@@ -203,11 +203,23 @@ class BatchedWrongTokenVllm(FakeVllm):
 
 # -- availability ---------------------------------------------------------------------------
 
-def test_without_vllm_it_is_unavailable_naming_the_remedy(monkeypatch):
-    def missing(name):
-        raise importlib.metadata.PackageNotFoundError(name)
+def _vllm_version(monkeypatch, version: str | None) -> None:
+    """``importlib.metadata.version`` answering ``version`` for vllm (None: not installed)
+    and the truth for every other distribution (torch reads some as it imports)."""
+    real = importlib.metadata.version
 
-    monkeypatch.setattr(importlib.metadata, "version", missing)
+    def answer(name):
+        if name != "vllm":
+            return real(name)
+        if version is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return version
+
+    monkeypatch.setattr(importlib.metadata, "version", answer)
+
+
+def test_without_vllm_it_is_unavailable_naming_the_remedy(monkeypatch):
+    _vllm_version(monkeypatch, None)
     found = VllmEngine.availability()
     assert not found.ok
     assert "vllm is not installed" in found.reason
@@ -215,7 +227,7 @@ def test_without_vllm_it_is_unavailable_naming_the_remedy(monkeypatch):
 
 
 def test_with_vllm_but_no_gpu_it_is_unavailable_saying_so(monkeypatch):
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.26.0")
+    _vllm_version(monkeypatch, "0.26.0")
     monkeypatch.setattr(vllm_engine, "cuda_availability",
                         lambda torch: Availability(False, "torch 2.13.0 is a CPU-only build"))
     found = VllmEngine.availability()
@@ -289,6 +301,38 @@ def test_the_prompt_record_skips_the_first_position_and_keeps_each_tokens_own():
     assert record[1]["top"][0][0] == 3
     assert record[2] == {"token": 9, "logprob": None, "top": [[3, -0.5]]}
     assert prompt_record([1], None) == []
+
+
+# -- the folder vLLM loads ------------------------------------------------------------------
+
+def test_the_folder_of_smollm2s_gguf_stops_at_the_ggufs_eos(monkeypatch, tmp_path):
+    """transformers' GGUF tokenizer names <|im_start|> (1) as SmolLM2's eos, the GGUF says
+    <|im_end|> (2); vLLM stops at the tokenizer's, so the folder must carry the GGUF's."""
+    pytest.importorskip("gguf", reason="make real (pip install gguf tokenizers)")
+    import transformers
+
+    from engines.backends.checkpoint_source import content_hash
+    from engines.shipped_checkpoint import INSTALL, smollm2_path
+    from engines.backends.vllm_engine import align_eos, hf_folder
+
+    path = smollm2_path()
+    if path is None:
+        pytest.skip(f"SmolLM2 is not installed: {INSTALL}")
+    monkeypatch.setenv("LOCKSTEP_CACHE", str(tmp_path))
+    folder = hf_folder(CheckpointSource(path, "gguf", content_hash(path)))
+    assert folder.parent == tmp_path / "vllm-hf"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["eos_token_id"] == 2
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    assert tokenizer.eos_token_id == 2 and tokenizer.eos_token == "<|im_end|>"
+    assert hf_folder(CheckpointSource(path, "gguf", content_hash(path))) == folder  # cached
+    # what transformers 5.17 hands over (5.24 has it right): the tokenizer's eos is moved
+    tokenizer.eos_token = "<|im_start|>"
+    assert tokenizer.eos_token_id == 1
+    align_eos(tokenizer, config["eos_token_id"])
+    assert tokenizer.eos_token_id == 2
+    align_eos(tokenizer, None)  # a configuration without one leaves it
+    assert tokenizer.eos_token_id == 2
 
 
 # -- judged through the runner --------------------------------------------------------------

@@ -151,6 +151,14 @@ def to_result(engine: str, prompt: list[int], output: Any, ledger: Ledger, wall_
 
 # -- the model folder vLLM loads ------------------------------------------------------------
 
+def align_eos(tokenizer, eos: Any) -> None:
+    """Make ``eos`` (the configuration's, which transformers reads from the GGUF's
+    ``tokenizer.ggml.eos_token_id``) the tokenizer's eos: vLLM stops at the tokenizer's, and
+    transformers 5.17's GGUF tokenizer names SmolLM2's <|im_start|> (1) for its <|im_end|> (2)."""
+    if isinstance(eos, int) and tokenizer.eos_token_id != eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+
+
 def hf_folder(source) -> Path:
     """The Hugging Face folder of ``source`` (a ``CheckpointSource``): the source itself
     when it is one, else transformers' model of the GGUF and its tokenizer saved in float32,
@@ -168,6 +176,7 @@ def hf_folder(source) -> Path:
     path = Path(source.path)
     model = model_from_gguf(path, source.content_hash, "eager")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    align_eos(tokenizer, model.config.eos_token_id)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staged = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -389,4 +398,4 @@ class VllmEngine(BlackBoxEngine):
             torch.cuda.empty_cache()
 
 
-__all__ = ["VllmEngine", "hf_folder", "prompt_record", "step_logprobs", "to_result"]
+__all__ = ["VllmEngine", "align_eos", "hf_folder", "prompt_record", "step_logprobs", "to_result"]
