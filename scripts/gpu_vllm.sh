@@ -69,7 +69,8 @@ stop_server() {
   kill -KILL -- "-$SERVER_PID" 2>/dev/null || kill -KILL "$SERVER_PID" 2>/dev/null
   SERVER_PID=
 }
-trap stop_server EXIT INT TERM
+trap stop_server EXIT
+trap 'stop_server; exit 143' INT TERM
 
 # serve NAME [ENV=VALUE...]: vLLM's OpenAI server on the float16 folder, ready on /health
 serve() {
@@ -170,7 +171,8 @@ grep -h -E "identical|drift|diverge|fail|error|unavailable|concurrency" \
   "$W"/offline-*-run.txt "$W"/server-*-run.txt 2>/dev/null | tail -n 40
 cp "$SUMMARY" "$OUT/summary.txt" 2>/dev/null
 tar czf "$OUT/vllm-$PHASE.tgz" -C /tmp/vllm-out "$PHASE"
-compgen -G "$W/evidence-*" > /dev/null && for ev in "$W"/evidence-*; do
+for ev in "$W"/evidence-*; do  # the folders that hold records
+  compgen -G "$ev/*.json*" > /dev/null || compgen -G "$ev/*/*.json*" > /dev/null || continue
   echo "report: tar -xzf vllm-$PHASE.tgz && lockstep report $PHASE/$(basename "$ev") -o report.html"
 done
 echo "gpu_vllm $PHASE status $status"
