@@ -15,8 +15,7 @@ import importlib.metadata
 import json
 import sys
 import types
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
