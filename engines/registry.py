@@ -41,6 +41,7 @@ BUILTIN: dict[str, str] = {
     "ort-genai-cuda": "engines.backends.ort_genai:OrtGenaiCudaEngine",
     "ort-genai-int4": "engines.backends.ort_genai:OrtGenaiInt4Engine",
     "llama-cpp": "engines.backends.llama_cpp:LlamaCppEngine",
+    "vllm": "engines.backends.vllm_engine:VllmEngine",
 }
 
 REFERENCE_ENGINE = "ort-cpu"

@@ -101,10 +101,11 @@ def _audit_decode(engine, cell: CellResult, max_new_tokens: int, width: int | No
     """The audited rows of a cell's decode and how they were taken: from the judged decode on
     the host (``same``), else from a separate, labelled audit decode (``separate``) whose
     stream must equal the judged one (a finding is added to the judgement otherwise)."""
-    if engine.residency == "host" or not engine.capabilities().logits_audit:
+    caps = engine.capabilities()
+    if engine.residency == "host" or not (caps.logits_audit or caps.logprobs_audit):
         return result, "same"
-    if width is None and result.logits is not None:
-        return result, "same"  # a black box that returns its rows with the stream
+    if width is None and (result.logits is not None or result.top_logprobs is not None):
+        return result, "same"  # a black box that returns its rows (or top-k) with the stream
     audit_run = (greedy_decode(engine, cell.prompt, max_new_tokens, audit=True) if width is None
                  else speculative_decode(engine, cell.prompt, max_new_tokens, width, audit=True))
     return audit_run, "separate"

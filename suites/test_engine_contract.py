@@ -307,7 +307,8 @@ def test_supports_defaults_to_every_package(packages):
     assert all(Scripted.supports(p) for p in packages.values())
 
 
-@pytest.mark.parametrize("name", ["hf", "hf-cuda", "ort-genai", "ort-genai-cuda", "llama-cpp"])
+@pytest.mark.parametrize("name", ["hf", "hf-cuda", "ort-genai", "ort-genai-cuda", "llama-cpp",
+                                  "vllm"])
 def test_what_supports_refuses_the_constructor_refuses_too(name, packages):
     """``supports`` decides from the package alone, before a run plans it; the constructor
     must refuse the same packages (as ``EngineUnavailable``: an unavailable cell, never an

@@ -12,7 +12,7 @@ PRODUCT = ("engines", "harness", "reports")
 NOT_READ = {"suites", "examples", "docs", ".git", ".venv", ".lockstep", "build", "dist"}
 # imported inside functions: optional libraries, heavy or absent on a machine
 OPTIONAL = {"torch", "transformers", "cupy", "cupyx", "onnxruntime_genai", "llama_cpp", "gguf",
-            "tokenizers", "safetensors"}
+            "tokenizers", "safetensors", "vllm"}
 # modules whose imports of lockstep's own code may wait for the function that needs them:
 # the CLI's commands (their machinery loads when the command runs), the pytest plugin (in
 # every pytest session), the GPU pinning that must run before CUDA starts, the tensor ops
