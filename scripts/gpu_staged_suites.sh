@@ -13,8 +13,9 @@
 #   ptx OLD: every kernel's PTX against the old sources in OLD (scripts/kernel_ptx_compare.py
 #     --compiler nvrtc, the file its --save-old wrote here), in the background
 #   ort NAME: join the staged onnxruntime-gpu wheel NAME (its checksum checked), install it
-#     into /tmp/site-ort, then run the onnxruntime CUDA suite (suites/test_ort_cuda.py, which
-#     `suites -k ... and not test_ort_cuda` left out) with it, in the background
+#     into /tmp/site-ort, then run the onnxruntime CUDA suite and the oracle on ort-cuda
+#     (suites/test_ort_cuda.py, test_oracle_engine.py's GPU tests: what `suites -k ... and not
+#     test_ort_cuda and not ort_cuda` leaves out) with it, in the background
 #   wait SECONDS: wait (at most SECONDS) for the background work, then bring back its logs
 #     and exit statuses (suites.tgz, convert.txt, ptx.tgz, ort.txt, background.txt)
 # The kernels compile into /tmp/cupy-cache (CUPY_CACHE_DIR) once; every later call, the
@@ -65,7 +66,7 @@ while [ $# -gt 0 ]; do
       bash scripts/stage_large_file.sh join "$2" "/tmp/$2" >> "$OUT/stage.txt" 2>&1 || status=1
       "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-ort "/tmp/$2" \
         >> "$OUT/stage.txt" 2>&1 || status=1
-      background ort "PYTHONPATH=/tmp/site-ort:/tmp/site:$PWD $PY -m pytest suites/test_ort_cuda.py -m gpu --require-gpu -p no:cacheprovider -q --timeout=300"
+      background ort "PYTHONPATH=/tmp/site-ort:/tmp/site:$PWD $PY -m pytest suites/test_ort_cuda.py suites/test_oracle_engine.py -m gpu --require-gpu -p no:cacheprovider -q --timeout=300"
       shift 2 ;;
     wait)
       deadline=$(( $(date +%s) + $2 ))

@@ -147,6 +147,9 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda,
       torch.cuda.get_device_name(0))"
+    # the suite's one test that needs vLLM itself: the fakes' fields are vLLM's
+    step vllm-suite 120 "$PY" -m pytest suites/test_vllm_engine.py -m gpu --require-gpu \
+      -p no:cacheprovider -q
     for dtype in float16 bfloat16; do  # each writes (or reuses) its float32 twin beside it
       [ -f "$PKG/smollm2-dynamic-$dtype/package.yaml" ] || step "convert-$dtype" 240 \
         "$PY" -m harness.cli convert /tmp/smollm2.gguf -o "$PKG/smollm2-dynamic-$dtype" \
