@@ -35,6 +35,9 @@ rm -rf "$W" && mkdir -p "$OUT" "$W" /tmp/stage
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/vp:/tmp/site:$PWD
 export LOCKSTEP_CACHE=${LOCKSTEP_CACHE:-/tmp/lockstep-cache}
 export LOCKSTEP_CHECKPOINTS=/tmp/smollm2.gguf  # the engines find the source GGUF here
+# FlashInfer is not shipped (fetch_gpu_wheels.sh --with-vllm leaves it out); vLLM 0.26.0's
+# model runner imports it for its top-k/top-p sampler unless this is 0 (greedy needs neither)
+export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
 F16=$PKG/smollm2-dynamic-float16
 status=0
 SUMMARY=$W/summary.txt

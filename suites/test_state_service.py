@@ -36,7 +36,15 @@ SPECS = {
 
 
 def to_host(value) -> np.ndarray:
-    return value.get() if hasattr(value, "get") and not isinstance(value, np.ndarray) else value
+    """A state value on the host. A device value is read once the device is idle: the ops
+    order their work on a non-blocking stream, which a plain ``get`` on the default stream
+    does not wait for (under load on the GPU the read raced the cache's writes)."""
+    if isinstance(value, np.ndarray) or not hasattr(value, "get"):
+        return value
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    return value.get()
 
 
 def outcome(fn):
