@@ -33,7 +33,7 @@ import numpy as np
 from engines.dtypes import dtype_of
 from engines.engine import Engine
 from engines.errors import ExecutionError, InputError, PackageError
-from engines.package import load_package, package_content_hash
+from engines.package.sibling import pinned_sibling
 from engines.registry import REFERENCE_ENGINE, get_engine_class
 from engines.requests import check_request
 
@@ -279,23 +279,11 @@ def reference_package(package):
     ref = package.spec.reference
     if ref is None:
         return package
-    folder = package.root.parent / ref.folder
     where = str(package.yaml_path)
     remedy = (f"put the reference package {ref.folder!r} beside {package.root.name!r} (for a "
               f"converted checkpoint: run lockstep convert with --dtype "
               f"{package.spec.dtype} again, which writes its float32 twin there)")
-    if not (folder / "package.yaml").is_file():
-        raise PackageError(f"package {package.spec.name!r} is judged against its reference "
-                           f"package {ref.folder!r}, which is not in {package.root.parent}",
-                           field="reference.folder", value=ref.folder, remedy=remedy,
-                           where=where)
-    actual = package_content_hash(folder)
-    if actual != ref.content_hash:
-        raise PackageError(f"the reference package {ref.folder!r} has changed since "
-                           f"{package.spec.name!r} was made: its content hash is {actual}",
-                           field="reference.content_hash", value=ref.content_hash,
-                           remedy=remedy, where=where)
-    twin = load_package(folder)
+    twin = pinned_sibling(package, ref, "reference", "reference", remedy)
     mine, theirs = package.spec, twin.spec
     for key in ("vocab_size", "bos_id", "eos_id"):
         if getattr(mine, key) != getattr(theirs, key):

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from engines.errors import PackageError
-from engines.package import load_package, package_content_hash
+from engines.package.sibling import pinned_sibling
 from harness.row_compare import compare_rows
 
 
@@ -37,23 +37,10 @@ def original_package(package):
     spec = package.spec.original
     if spec is None:
         return None
-
-    folder = package.root.parent / spec.folder
     where = str(package.yaml_path)
     remedy = (f"put the original package {spec.folder!r} beside {package.root.name!r}, or "
               f"remake this package (python -m harness.requantize)")
-    if not (folder / "package.yaml").is_file():
-        raise PackageError(f"package {package.spec.name!r} declares the original "
-                           f"{spec.folder!r}, which is not in {package.root.parent}",
-                           field="original.folder", value=spec.folder, remedy=remedy,
-                           where=where)
-    actual = package_content_hash(folder)
-    if actual != spec.content_hash:
-        raise PackageError(f"the original package {spec.folder!r} has changed since "
-                           f"{package.spec.name!r} was made: its content hash is {actual}",
-                           field="original.content_hash", value=spec.content_hash,
-                           remedy=remedy, where=where)
-    original = load_package(folder)
+    original = pinned_sibling(package, spec, "original", "original", remedy)
     if original.spec.vocab_size != package.spec.vocab_size:
         raise PackageError(f"the original package {spec.folder!r} has vocab_size "
                            f"{original.spec.vocab_size}, this package "
