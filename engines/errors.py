@@ -5,6 +5,7 @@ without a traceback and a test can assert on each part.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -32,7 +33,8 @@ class LockstepError(Exception):
             parts.append("]")
         if self.remedy:
             parts.append(f"; remedy: {self.remedy}")
-        return "".join(parts)
+        # one line, whatever a wrapped parser message (YAML's, with its caret) held
+        return re.sub(r"\s*\n\s*", " ", "".join(parts))
 
 
 class PackageError(LockstepError):

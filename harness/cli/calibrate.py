@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "only when lockstep calibrate wrote it)")
     p.add_argument("--force", action="store_true",
                    help="replace a --json file that lockstep did not write")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, fields={"engine": "--engine", "package": "--package"})
 
 
 def _g(value) -> str:
