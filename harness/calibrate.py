@@ -57,6 +57,9 @@ from harness.row_compare import compare_rows
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORPUS_FILE = Path(__file__).resolve().parent / "texts" / "calibration" / "corpus.yaml"
+# A corpus's files lie in its manifest's folder; ours may also reach the shared texts above
+# it (``../long_context.txt``, the long prompts' text), as its recorded hash was taken with.
+SHARED_TEXTS = CORPUS_FILE.parent.parent
 KIND = "lockstep-calibrate"
 MARKER = f'"kind": "{KIND}"'  # in a file's first bytes: `calibrate --json` may replace it
 MIN_POSITIONS = 1500  # a band is written from no fewer corpus positions
@@ -128,21 +131,7 @@ def load_corpus(package, path: Path | str = CORPUS_FILE,
         raise InputError(f"the corpus has no segment {unknown[0]!r}", field="--segments",
                          value=unknown[0], remedy=f"choose from: {', '.join(map(str, names))}")
     segments = []
-    for i, entry in enumerate(entries):
-        where = f"segments[{i}]"
-        if not isinstance(entry, dict) or not {"name", "kind", "file"} <= set(entry):
-            raise InputError("a segment needs name, kind and file", field=where, value=entry,
-                             remedy="write {name, kind: plain|chat, topic, file}",
-                             where=str(path))
-        if entry["kind"] not in KINDS:
-            raise InputError("unknown segment kind", field=f"{where}.kind",
-                             value=entry["kind"], remedy=f"use one of: {', '.join(KINDS)}",
-                             where=str(path))
-        file = path.parent / entry["file"]
-        if not file.is_file():
-            raise InputError(f"{file} does not exist", field=f"{where}.file",
-                             value=entry["file"], remedy="name a file beside the manifest",
-                             where=str(path))
+    for where, entry, file in _checked_segments(path, entries):
         if only and entry["name"] not in only:
             continue
         data = file.read_bytes()
@@ -161,6 +150,42 @@ def load_corpus(package, path: Path | str = CORPUS_FILE,
         ids = resolve(source, package).ids
         segments.append(Segment(entry["name"], entry["kind"], entry.get("topic", ""), ids))
     return Corpus(path, f"sha256:{digest.hexdigest()}", segments)
+
+
+def _checked_segments(path: Path, entries: list) -> list[tuple[str, dict, Path]]:
+    """(field, entry, file) for each of the manifest's segments, every one checked before
+    any is read or tokenized."""
+    root = SHARED_TEXTS if path.resolve() == CORPUS_FILE else path.parent.resolve()
+    checked, seen = [], set()
+    for i, entry in enumerate(entries):
+        where = f"segments[{i}]"
+        if not isinstance(entry, dict) or not {"name", "kind", "file"} <= set(entry):
+            raise InputError("a segment needs name, kind and file", field=where, value=entry,
+                             remedy="write {name, kind: plain|chat, topic, file}",
+                             where=str(path))
+        if entry["name"] in seen:
+            raise InputError("two segments share one name (--segments and the results "
+                             "name a segment by it)", field=f"{where}.name",
+                             value=entry["name"], remedy="give each segment its own name",
+                             where=str(path))
+        seen.add(entry["name"])
+        if entry["kind"] not in KINDS:
+            raise InputError("unknown segment kind", field=f"{where}.kind",
+                             value=entry["kind"], remedy=f"use one of: {', '.join(KINDS)}",
+                             where=str(path))
+        file = path.parent / str(entry["file"])
+        if not file.resolve().is_relative_to(root):
+            raise InputError(f"{entry['file']} lies outside the corpus folder {path.parent} "
+                             "(a corpus is its manifest and the files beside it)",
+                             field=f"{where}.file", value=entry["file"],
+                             remedy="name a file beside the manifest (copy it there)",
+                             where=str(path))
+        if not file.is_file():
+            raise InputError(f"{file} does not exist", field=f"{where}.file",
+                             value=entry["file"], remedy="name a file beside the manifest",
+                             where=str(path))
+        checked.append((where, entry, file))
+    return checked
 
 
 # -- comparing rows ----------------------------------------------------------------------

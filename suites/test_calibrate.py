@@ -169,8 +169,13 @@ def corpus_dir(tmp_path):
     ("segments:\n  - {name: a, kind: plain, file: missing.txt}\n", "segments[0].file"),
     ("segments:\n  - {name: a, kind: plain}\n", "segments[0]"),
     ("nothing: here\n", "segments"),
+    ("segments:\n  - {name: a, kind: plain, file: ../outside.txt}\n", "segments[0].file"),
+    ("segments:\n  - {name: a, kind: plain, file: /etc/hostname}\n", "segments[0].file"),
+    ("segments:\n  - {name: a, kind: plain, file: a.txt}\n"
+     "  - {name: a, kind: plain, file: a.txt}\n", "segments[1].name"),
 ])
 def test_a_bad_corpus_names_its_field(corpus_dir, text, field):
+    (corpus_dir.parent / "outside.txt").write_text("beside the folder, not in it")
     (corpus_dir / "corpus.yaml").write_text(text)
     with pytest.raises(InputError) as err:
         cal.load_corpus(None, corpus_dir / "corpus.yaml")
