@@ -50,6 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.errors import InputError
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -119,13 +121,32 @@ class Band:
         return asdict(self)
 
 
-def bands(path: Path | None = None) -> dict[str, Band]:
-    """The checked-in bands by scheme (``BANDS_FILE``; none when the file is absent)."""
+def bands(path: Path | None = None, option: str | None = None) -> dict[str, Band]:
+    """The checked-in bands by scheme (``BANDS_FILE``; none when the file is absent). A
+    table that cannot be read is an ``InputError`` naming ``option`` (the one that gave
+    ``path``; else the file)."""
     path = BANDS_FILE if path is None else path
-    if not path.is_file():
+    if not path.exists():
         return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
-    return {scheme: Band(scheme=scheme, **row) for scheme, row in data["schemes"].items()}
+
+    def refuse(why: str) -> InputError:
+        return InputError(f"{path} {why}", field=option or path.name, value=str(path),
+                          remedy='give a bands table {"schemes": {SCHEME: {...}}} as written by '
+                                 "lockstep calibrate --write, or a path where none exists yet")
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise refuse(f"cannot be read ({err.__class__.__name__}: {err})") from None
+    except json.JSONDecodeError as err:
+        raise refuse(f"is not valid JSON ({err})") from None
+    schemes = data.get("schemes") if isinstance(data, dict) else None
+    if not isinstance(schemes, dict):
+        raise refuse('holds no "schemes" mapping')
+    try:
+        return {scheme: Band(scheme=scheme, **row) for scheme, row in schemes.items()}
+    except TypeError as err:
+        raise refuse(f"holds a row that is not a band ({err})") from None
 
 
 def band_for(scheme: str | None) -> Band | None:

@@ -154,6 +154,18 @@ def test_the_table_is_written_beside_other_schemes_and_read_back(tmp_path):
     assert not list(tmp_path.glob(".*tmp*"))
 
 
+@pytest.mark.parametrize("text, why", [
+    ("{nope", "not valid JSON"), ("[1, 2]", '"schemes"'), ('{"schemes": [1]}', '"schemes"'),
+    ('{"schemes": {"q": {"sharpness": 1}}}', "not a band")])
+def test_a_bands_table_that_cannot_be_read_names_the_option(tmp_path, text, why):
+    path = tmp_path / "bands.json"
+    path.write_text(text)
+    with pytest.raises(InputError) as err:
+        bands(path, "--bands")
+    assert (err.value.field, err.value.value) == ("--bands", str(path))
+    assert why in err.value.message and err.value.remedy
+
+
 # -- the corpus --------------------------------------------------------------------------------
 
 @pytest.fixture

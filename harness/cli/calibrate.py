@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
                           example="calibration.json")
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
     path = args.bands or BANDS_FILE
+    checked_in = bands(path, "--bands")  # before the minutes of scoring it is compared with
     cls = get_engine_class(args.engine)
     found = cls.availability()
     if not found.ok:
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
                                    on_step=lambda text: console.print(f"[dim]{text}[/dim]"))
     finally:
         engine.close()
-    old = bands(path).get(result.band.scheme)
+    old = checked_in.get(result.band.scheme)
     console.print(_bounds_table(result, old))
     console.print(_mutations_table(result))
     for pair, entry in result.self_consistency.items():
