@@ -169,7 +169,7 @@ LEFT = {  # unclear today, left for a later fix (the report says why): strict xf
     "run-width-empty-item", "run-engines-module-not-a-class", "run-evidence-dir-empty",
     "run-prompt-blank",
     "convert-name-a-path", "convert-name-empty",
-    "bench-forward-prefill-past-context", "explain-a-run-manifest",
+    "bench-forward-prefill-past-context",
     "import-package-no-components", "engines-unknown-option", "command-misspelled",
     "http-unreachable-port", "http-timeout-word"}
 

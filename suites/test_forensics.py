@@ -168,6 +168,15 @@ def test_a_black_box_is_explained_by_its_logits_rows(records):
     assert node.name == "logits[last row]" and abs(node.error - 0.5) < 1e-3 > node.floor
 
 
+def test_a_run_manifest_given_as_a_record_is_named_with_a_record_to_give(tmp_path):
+    summary = run_matrix(["native-host"], ["tiny_llama"], None, 2, tmp_path, max_prompts=1)
+    [manifest] = (tmp_path / "runs").glob("*.json")
+    with pytest.raises(InputError, match="run manifest") as err:
+        explain_record(manifest)
+    assert (err.value.field, err.value.value) == ("EVIDENCE_FILE", str(manifest))
+    assert str(summary.cells[0].record_path) in err.value.remedy
+
+
 def test_nothing_to_explain_is_an_input_error(tmp_path, records):
     from harness.evidence import read_evidence
 

@@ -6,20 +6,42 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engines import json_text
 from engines.errors import EngineDefinitionError, InputError, UnknownEngine
 from engines.package import Package
 from engines.registry import check_engine_class, class_reference, get_engine_class
-from harness.evidence import read_evidence
+from harness.evidence import EvidenceError, evidence_files, read_evidence
 from harness.evidence.schema import EvidenceRecord
 from harness.packages import resolve_package
 
 
 def load_record(record_or_path) -> tuple:
-    """(the record, the path it was read from or None) for a record or a path to one."""
+    """(the record, the path it was read from or None) for a record or a path to one; a run
+    manifest (``runs/<run_id>.json``, the cells a run planned) given instead is named as one,
+    with a record of its folder to give."""
     if isinstance(record_or_path, EvidenceRecord):
         return record_or_path, None
     path = Path(record_or_path)
-    return read_evidence(path), str(path)
+    try:
+        return read_evidence(path), str(path)
+    except EvidenceError:
+        if _is_run_manifest(path):
+            folder = path.parent.parent
+            records = evidence_files(folder) if folder.is_dir() else []
+            example = records[0] if records else folder / "<record>.json"
+            raise InputError("this is a run manifest (the cells one run planned), not a "
+                             "cell's record", field="EVIDENCE_FILE", value=str(path),
+                             remedy=f"give one of the records beside its runs/ folder, such "
+                                    f"as {example}") from None
+        raise
+
+
+def _is_run_manifest(path: Path) -> bool:
+    try:
+        data = json_text.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"run_id", "planned"} <= set(data)
 
 
 def failing_step(record) -> tuple[int, str] | None:
