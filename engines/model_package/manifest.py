@@ -117,7 +117,7 @@ def _validated(model: type[BaseModel], data: Any, path: Path, prefix: str):
     except ValidationError as err:
         first = err.errors()[0]
         loc = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "")
-        raise PackageError(f"{path.name}: {first['msg'].lower()}", field=loc,
+        raise PackageError(first["msg"].lower(), field=loc,
                            value=first.get("input") if first["type"] != "missing" else None,
                            remedy="write the field as onnxruntime's model-package schema 1.x "
                                   "defines it", where=str(path)) from None
