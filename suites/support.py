@@ -15,14 +15,15 @@ def write_figure(evidence_dir, name: str, data) -> None:
     (figures / f"{name}.json").write_text(json.dumps(data, indent=1))
 
 
-def one_line_error(capsys, argv) -> str:
-    """``lockstep ARGV``'s error: exit status 2, no traceback, exactly one
-    ``lockstep: error: `` line on stderr and it comes last (after any progress lines)."""
+def one_line_error(capsys, argv, status: int = 2) -> str:
+    """``lockstep ARGV``'s error: exit ``status`` (2: bad input; 1: a run that failed), no
+    traceback, exactly one ``lockstep: error: `` line on stderr and it comes last (after any
+    progress lines)."""
     from harness.cli import main
 
-    status = main(argv)
+    got = main(argv)
     err = capsys.readouterr().err
-    assert status == 2, err
+    assert got == status, err
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("lockstep: error: ")]

@@ -121,8 +121,14 @@ def test_an_engine_unavailable_here_is_left_out_shown_in_one_line_and_fails_only
             for lo in manifest.left_out] == [("never-here", "lookup_chained", "greedy", 3,
                                               "machine")]
     assert "libfoo" in manifest.left_out[0].reason
-    status, _ = _run(args[:-2] + ["--evidence-dir", str(tmp_path / "strict"), "--strict"], capsys)
+    assert "lockstep: error" not in out
+    status, out = _run(args[:-2] + ["--evidence-dir", str(tmp_path / "strict"), "--strict"],
+                       capsys)
     assert status == 1
+    assert out.splitlines()[-1] == (  # why it failed, on one line (the last, on stderr)
+        "lockstep: error: --strict: never-here: 3 cell(s) on 1 package(s) not run: not "
+        "available here: needs the imaginary libfoo; pip install foo; remedy: make the engine "
+        "runnable here, or drop --strict to report it without failing the run")
 
 
 class LookupOnly(Planted):
@@ -152,7 +158,7 @@ def test_an_engine_named_explicitly_that_can_run_nothing_is_still_visible(tmp_pa
     # --strict: it was never this engine's to run
     args[3] = "tiny_llama,lookup_chained"
     status, out = _run(args + ["--no-evidence", "--strict"], capsys)
-    assert status == 0
+    assert status == 0 and "lockstep: error" not in out
     assert "lookup-only: 1 cell(s) on 1 package(s) not run: loads lookup tables only\n" in out
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -21,6 +22,7 @@ STYLE = {"identical": "green", "near-tie": "yellow", "drift": "bold red", "budge
          "defect": "bold red", "non-finite": "bold red", "error": "bold red",
          "unavailable": "bold yellow"}
 RANK = {s: i for i, s in enumerate(reversed(SEVERITY))}  # higher: worse
+SETUP_STAGES = ("availability", "constructor")  # an engine that failed there ran no cell
 
 
 def parse_prompt(text: str) -> list[int]:
@@ -288,10 +290,33 @@ def run(args: argparse.Namespace) -> int:
         explain_and_print(summary, engines, print_fn=print, repro=True)
     # --strict: an engine that cannot run here, a cell found unavailable, or an engine asked
     # for by name that ran nothing fails the run (what declarations leave out does not)
-    unavailable = (any(c.status == "unavailable" for c in summary.cells)
-                   or any(lo.decided_by == "machine" for lo in summary.left_out)
-                   or bool(asked - ran))
+    unavailable = ({c.engine for c in summary.cells if c.status == "unavailable"}
+                   | {lo.engine for lo in summary.left_out if lo.decided_by == "machine"}
+                   | (asked - ran))
+    for line in failure_lines(summary, unavailable if args.strict else set()):
+        print(f"lockstep: error: {line}", file=sys.stderr)
     return 1 if summary.failed or (args.strict and unavailable) else 0
+
+
+def failure_lines(summary, strict_failed: set[str]) -> list[str]:
+    """Why a run fails without a verdict, one line per engine (the cells table wraps a
+    reason over rows): an engine that could not be set up (its availability check or
+    constructor raised, so each of its cells is an error), and under ``--strict`` each
+    engine in ``strict_failed`` (not run here, or asked for and running no cell)."""
+    from harness.plan import fold_not_run
+
+    broken = fold_not_run([(c.engine, c.package, str(c.error), 1) for c in summary.cells
+                           if c.error is not None and c.error.stage in SETUP_STAGES])
+    strict = [row for row in not_run(summary) if row.engine in strict_failed]
+    return ([_with_remedy(row.line(), "see the cells table and the engine's record")
+             for row in broken]
+            + [_with_remedy(f"--strict: {row.line()}", "make the engine runnable here, or "
+                            "drop --strict to report it without failing the run")
+               for row in strict])
+
+
+def _with_remedy(line: str, remedy: str) -> str:
+    return line if "remedy:" in line else f"{line}; remedy: {remedy}"
 
 
 def not_run(summary):
