@@ -170,8 +170,7 @@ LEFT = {  # unclear today, left for a later fix (the report says why): strict xf
     "run-width-empty-item", "run-engines-module-not-a-class", "run-evidence-dir-empty",
     "run-prompt-blank",
     "convert-name-a-path", "convert-name-empty",
-    "bench-forward-prefill-past-context", "engines-unknown-option", "command-misspelled",
-    "http-timeout-word"}
+    "bench-forward-prefill-past-context", "engines-unknown-option", "command-misspelled"}
 
 
 CHAT = '{"chat": %s}\n'

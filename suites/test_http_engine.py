@@ -147,6 +147,32 @@ def test_a_bad_server_spelling_is_one_line_exit_2(spelling, needle, capsys):
     assert needle in err and "--engines" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("variable, value, spelling", [
+    ("LOCKSTEP_HTTP_TIMEOUT", "soon", "http:openai=http://127.0.0.1:8000"),
+    ("LOCKSTEP_HTTP_TIMEOUT", "-1", "http:llama-server"),
+    ("LOCKSTEP_HTTP_STARTUP_TIMEOUT", "later", "http:llama-server"),
+    ("LOCKSTEP_HTTP_SLOTS", "2.5", "http:llama-server"),
+])
+def test_a_bad_setting_is_refused_when_the_server_is_named(variable, value, spelling,
+                                                          monkeypatch, capsys):
+    """Checked when the engine is named (again after its class was made), before any cell
+    or request: one line naming the variable, exit 2."""
+    from harness.cli import main
+
+    get_engine_class(spelling)  # its class made with the settings as they were
+    monkeypatch.setenv(variable, value)
+    assert main(["run", "--engines", spelling, "--packages", "tiny_llama",
+                 "--no-evidence"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lockstep: error: {variable} must be a positive")
+    assert repr(value) in err and "remedy:" in err and "cells planned" not in err
+
+
+def test_a_started_servers_settings_do_not_concern_a_server_given_by_url(monkeypatch):
+    monkeypatch.setenv("LOCKSTEP_HTTP_STARTUP_TIMEOUT", "later")
+    assert get_engine_class("http:openai=http://127.0.0.1:8000").url == "http://127.0.0.1:8000"
+
+
 def test_one_spelling_is_one_engine_class_and_its_capabilities_are_declared():
     cls = get_engine_class("http:openai=http://127.0.0.1:8000")
     assert cls is get_engine_class("http:openai=http://127.0.0.1:8000")

@@ -59,6 +59,16 @@ def setting(env: str, kind: type = float) -> Any:
     return value
 
 
+def check_settings(starts_server: bool) -> None:
+    """The settings an engine of this spelling will read, checked when it is named (before
+    any cell, any request): the request timeout, and for a server lockstep starts its
+    start-up timeout and slots."""
+    setting(TIMEOUT_ENV)
+    if starts_server:
+        setting(STARTUP_ENV)
+        setting(SLOTS_ENV, int)
+
+
 class HttpEngine(BlackBoxEngine):
     """A server that speaks one of ``FLAVOURS`` (the base of every spelling's class)."""
 
@@ -225,4 +235,4 @@ class HttpEngine(BlackBoxEngine):
             self.server_exit_code = server.exit_code
 
 
-__all__ = ["DEFAULTS", "HttpEngine", "TOP_K", "setting"]
+__all__ = ["DEFAULTS", "HttpEngine", "TOP_K", "check_settings", "setting"]

@@ -18,7 +18,7 @@ import functools
 from urllib.parse import urlsplit
 
 from engines.backends.http.client import check_url
-from engines.backends.http.engine import HttpEngine
+from engines.backends.http.engine import HttpEngine, check_settings
 from engines.backends.http.flavours import FLAVOURS
 from engines.errors import InputError
 
@@ -64,9 +64,16 @@ def engine_name(flavour: str | None, url: str | None) -> str:
     return f"{PREFIX}-{flavour or 'auto'}@{parts.hostname}-{parts.port or 80}"
 
 
-@functools.lru_cache(maxsize=None)
 def engine_class(ref: str):
-    """The engine class of one spelling (the same class every time it is asked for)."""
+    """The engine class of one spelling (the same class every time it is asked for); the
+    environment's settings it will read are checked each time it is named (an
+    ``InputError`` naming the variable, before any request)."""
+    check_settings(starts_server=parse(ref)[1] is None)
+    return _made(ref)
+
+
+@functools.lru_cache(maxsize=None)
+def _made(ref: str):
     flavour, url = parse(ref)
     name = engine_name(flavour, url)
     started = "started by lockstep on the package's GGUF" if url is None else f"at {url}"
