@@ -58,7 +58,8 @@ from harness.row_compare import compare_rows
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORPUS_FILE = Path(__file__).resolve().parent / "texts" / "calibration" / "corpus.yaml"
 # A corpus's files lie in its manifest's folder; ours may also reach the shared texts above
-# it (``../long_context.txt``, the long prompts' text), as its recorded hash was taken with.
+# it (``../long_context.txt``, the long prompts' text): the checked-in bands record the hash
+# of its manifest as written.
 SHARED_TEXTS = CORPUS_FILE.parent.parent
 KIND = "lockstep-calibrate"
 MARKER = f'"kind": "{KIND}"'  # in a file's first bytes: `calibrate --json` may replace it
