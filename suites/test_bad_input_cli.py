@@ -180,6 +180,28 @@ def test_report_output_on_a_full_disk(capsys, evidence, tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())
 
 
+# -- argparse's own errors: one line, the argument named, the help to read --------------------
+
+@pytest.mark.parametrize("argv, needles", [
+    (["reprot", "evidence"], ("[field COMMAND = 'reprot']", "did you mean repro or report?",
+                              "see lockstep --help")),
+    (["engines", "--jsno"], ("unrecognized arguments: --jsno", "see lockstep engines --help")),
+    (["cache", "prune", "--bogus"], ("[field --bogus]", "see lockstep cache prune --help")),
+    (["cache", "prnue"], ("[field ACTION = 'prnue']", "did you mean prune?")),
+    (["run", "--mode", "greedyy"], ("[field --mode = 'greedyy']", "did you mean greedy?",
+                                    "see lockstep run --help")),
+    (["run", "--max-new-tokens"], ("[field --max-new-tokens]", "expected one argument")),
+    (["bench-forward"], ("required: --engines, --packages", "see lockstep bench-forward")),
+    ([], ("required: COMMAND", "see lockstep --help")),
+])
+def test_an_argparse_error_is_one_line_without_the_usage_block(capsys, argv, needles):
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("lockstep: error: ") and "usage:" not in err
+    assert all(needle in err for needle in needles), err
+
+
 # -- help -------------------------------------------------------------------------------------
 
 def _parsers(parser, path=()):

@@ -169,7 +169,7 @@ LEFT = {  # unclear today, left for a later fix (the report says why): strict xf
     "calibrate-corpus-duplicate-names",
     "calibrate-corpus-file-escapes", "calibrate-bands-not-json",
     "explain-a-run-manifest",
-    "import-package-no-components", "engines-unknown-option", "command-misspelled",
+    "import-package-no-components",
     "http-unreachable-port", "http-timeout-word"}
 
 
