@@ -35,6 +35,12 @@ SMALL = ["--packages", "lookup_chained", "--engines", "native-host", "--max-new-
     (["bench", "--engines", "", "--packages", "lookup_chained"], "--engines", "''"),
     (["bench", "--packages", "lookup_chained,lookup_chained"], "--packages",
      "'lookup_chained,lookup_chained'"),
+    (["run", *SMALL, "--mode", "speculative", "--width", "2,"], "--width", "'2,'"),
+    (["run", *SMALL, "--prompt", ","], "--prompt", "','"),
+    (["run", *SMALL, "--evidence-dir", " "], "--evidence-dir", "' '"),
+    (["convert", "nowhere.gguf", "--name", "."], "--name", "'.'"),
+    (["convert", "nowhere.gguf", "--name", "a/b"], "--name", "'a/b'"),
+    (["import-genai", "nowhere", "--name", ".."], "--name", "'..'"),
 ])
 def test_empty_repeated_or_nonpositive_options_are_refused(capsys, argv, field, value):
     line = one_line_error(capsys, argv + ["--no-evidence"] if argv[0] == "run" else argv)
