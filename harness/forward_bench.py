@@ -80,14 +80,13 @@ def _check_lengths(spec, prefill: Sequence[int], rows: Sequence[int], prefix: in
     if limit is None:
         return
     longest, reach = max(prefill, default=0), prefix + max(rows, default=0)
-    past = f"would reach position {{}}, past the max_context {limit} of package {spec.name!r}"
+    where = f"past the max_context {limit} of package {spec.name!r}"
     if longest > limit:  # named by what the user gave: the prefill, or the rows' prefix
-        raise InputError(f"a prefill of {longest} tokens {past.format(longest)}",
-                         field="prefill", value=longest,
-                         remedy=f"use prefill lengths of at most {limit}")
+        raise InputError(f"a prefill of {longest} tokens goes {where}", field="prefill",
+                         value=longest, remedy=f"use prefill lengths of at most {limit}")
     if reach > limit:
-        raise InputError(f"a forward of {max(rows)} rows after a prefix of {prefix} "
-                         f"{past.format(reach)}", field="prefix", value=prefix,
+        raise InputError(f"{max(rows)} rows after a prefix of {prefix} reach position {reach}, "
+                         f"{where}", field="prefix", value=prefix,
                          remedy=f"use a smaller --prefix or --rows (prefix + rows at most "
                                 f"{limit})")
 

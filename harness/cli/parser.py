@@ -24,6 +24,9 @@ class LockstepParser(argparse.ArgumentParser):
         return parsed
 
     def error(self, message: str):
+        """argparse's ``message`` as an ``InputError``: the argument it names is the field
+        (with the value, for a choice not offered), the remedy the closest choices and the
+        help of the command that refused it."""
         field, value, remedy = None, None, f"see {self.prog} --help"
         named = re.match(r"argument ([^:]+): (.*)", message)
         if named:
@@ -34,9 +37,7 @@ class LockstepParser(argparse.ArgumentParser):
                 offered = [c.strip(" '") for c in chosen[2].split(",")]
                 close = difflib.get_close_matches(value, offered, n=3)
                 if close:
-                    guess = " or ".join([", ".join(close[:-1]), close[-1]] if close[1:]
-                                        else close)
-                    remedy = f"did you mean {guess}? ({remedy})"
+                    remedy = f"did you mean {' or '.join(close)}? ({remedy})"
         else:
             listed = re.match(r"(unrecognized arguments|the following arguments are "
                               r"required): (.*)", message)
