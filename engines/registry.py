@@ -295,7 +295,14 @@ def _resolve_entry(entry: _Entry) -> type[Engine]:
 
 def _resolve_reference(ref: str, scan: _Scan) -> type[Engine]:
     """A ``"package.module:ClassName"`` reference: its class, checked, under its own name."""
-    cls = check_engine_class(_load(ref, origin=f"engine class {ref!r}", value=ref))
+    found = _load(ref, origin=f"engine class {ref!r}", value=ref)
+    if not (isinstance(found, type) and issubclass(found, Engine)):  # what the user typed
+        raise EngineDefinitionError(
+            f"{ref!r} names {_label(found)}, not an engine class (one deriving from "
+            f"engines.engine.Engine)", field="engine", value=ref,
+            remedy="name an engine class as package.module:ClassName, or a registered "
+                   "engine (lockstep engines lists them)")
+    cls = check_engine_class(found)
     name, label = cls.name, _label(cls)
     if name in BUILTIN and _target_of(cls) != BUILTIN[name]:
         raise EngineDefinitionError(

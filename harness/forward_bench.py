@@ -76,11 +76,19 @@ def _check_lengths(spec, prefill: Sequence[int], rows: Sequence[int], prefix: in
         if not isinstance(value, int) or value < 1:
             raise InputError("a forward covers one or more positions", field="tokens",
                              value=value, remedy="give lengths of 1 or more")
-    need = max([*prefill, prefix + max(rows, default=0)], default=0)
-    if spec.max_context is not None and need > spec.max_context:
-        raise InputError(f"a forward of package {spec.name!r} would reach position {need}, "
-                         f"past its max_context {spec.max_context}", field="tokens",
-                         value=need, remedy="use shorter lengths or a smaller --prefix")
+    limit = spec.max_context
+    if limit is None:
+        return
+    longest, reach = max(prefill, default=0), prefix + max(rows, default=0)
+    where = f"past the max_context {limit} of package {spec.name!r}"
+    if longest > limit:  # named by what the user gave: the prefill, or the rows' prefix
+        raise InputError(f"a prefill of {longest} tokens goes {where}", field="prefill",
+                         value=longest, remedy=f"use prefill lengths of at most {limit}")
+    if reach > limit:
+        raise InputError(f"{max(rows)} rows after a prefix of {prefix} reach position {reach}, "
+                         f"{where}", field="prefix", value=prefix,
+                         remedy=f"use a smaller --prefix or --rows (prefix + rows at most "
+                                f"{limit})")
 
 
 def _time_forward(engine: Engine, session: DecodeSession, prefix_ids: Sequence[int],

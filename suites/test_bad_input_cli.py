@@ -35,6 +35,12 @@ SMALL = ["--packages", "lookup_chained", "--engines", "native-host", "--max-new-
     (["bench", "--engines", "", "--packages", "lookup_chained"], "--engines", "''"),
     (["bench", "--packages", "lookup_chained,lookup_chained"], "--packages",
      "'lookup_chained,lookup_chained'"),
+    (["run", *SMALL, "--mode", "speculative", "--width", "2,"], "--width", "'2,'"),
+    (["run", *SMALL, "--prompt", ","], "--prompt", "','"),
+    (["run", *SMALL, "--evidence-dir", " "], "--evidence-dir", "' '"),
+    (["convert", "nowhere.gguf", "--name", "."], "--name", "'.'"),
+    (["convert", "nowhere.gguf", "--name", "a/b"], "--name", "'a/b'"),
+    (["import-genai", "nowhere", "--name", ".."], "--name", "'..'"),
 ])
 def test_empty_repeated_or_nonpositive_options_are_refused(capsys, argv, field, value):
     line = one_line_error(capsys, argv + ["--no-evidence"] if argv[0] == "run" else argv)
@@ -178,6 +184,28 @@ def test_report_output_on_a_full_disk(capsys, evidence, tmp_path, monkeypatch):
     line = one_line_error(capsys, ["report", str(evidence), "-o", str(tmp_path / "r.html")])
     assert "No space left" in line and "[field -o" in line
     assert not list(tmp_path.iterdir())
+
+
+# -- argparse's own errors: one line, the argument named, the help to read --------------------
+
+@pytest.mark.parametrize("argv, needles", [
+    (["reprot", "evidence"], ("[field COMMAND = 'reprot']", "did you mean repro or report?",
+                              "see lockstep --help")),
+    (["engines", "--jsno"], ("unrecognized arguments: --jsno", "see lockstep engines --help")),
+    (["cache", "prune", "--bogus"], ("[field --bogus]", "see lockstep cache prune --help")),
+    (["cache", "prnue"], ("[field ACTION = 'prnue']", "did you mean prune?")),
+    (["run", "--mode", "greedyy"], ("[field --mode = 'greedyy']", "did you mean greedy?",
+                                    "see lockstep run --help")),
+    (["run", "--max-new-tokens"], ("[field --max-new-tokens]", "expected one argument")),
+    (["bench-forward"], ("required: --engines, --packages", "see lockstep bench-forward")),
+    ([], ("required: COMMAND", "see lockstep --help")),
+])
+def test_an_argparse_error_is_one_line_without_the_usage_block(capsys, argv, needles):
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("lockstep: error: ") and "usage:" not in err
+    assert all(needle in err for needle in needles), err
 
 
 # -- help -------------------------------------------------------------------------------------

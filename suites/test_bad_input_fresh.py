@@ -166,11 +166,7 @@ class Case:
     status: int = 2  # the exit status: 2 for bad input, unless the case says why not
 
 
-LEFT = {  # unclear today, left for a later fix (the report says why): strict xfail
-    "run-width-empty-item", "run-engines-module-not-a-class", "run-evidence-dir-empty",
-    "run-prompt-blank",
-    "convert-name-a-path", "convert-name-empty",
-    "bench-forward-prefill-past-context", "engines-unknown-option", "command-misspelled"}
+LEFT: set[str] = set()  # unclear today, left for a later fix (the report says why): strict xfail
 
 
 CHAT = '{"chat": %s}\n'

@@ -97,7 +97,10 @@ def test_a_forward_past_max_context_is_refused():
     spec = resolve_package("tiny_llama").spec
     with pytest.raises(InputError) as err:
         bench_forwards(["native-host"], ["tiny_llama"], rows=[2], prefix=spec.max_context)
-    assert err.value.field == "tokens" and "max_context" in str(err.value)
+    assert err.value.field == "prefix" and "max_context" in str(err.value)
+    with pytest.raises(InputError) as err:
+        bench_forwards(["native-host"], ["tiny_llama"], prefill=[spec.max_context + 1])
+    assert err.value.field == "prefill" and err.value.value == spec.max_context + 1
 
 
 @pytest.mark.parametrize("value", ["0", "1,x", "2,2", "-1"])

@@ -164,6 +164,10 @@ def test_bad_references_name_what_is_wrong():
     assert "check the module path" in info.value.remedy
     with pytest.raises(UnknownEngine):
         get_engine_class("warp-drive")
+    for ref in ("json:dumps", f"{HERE}:NotAnEngine"):  # what was typed, as an engine
+        with pytest.raises(EngineDefinitionError, match="not an engine class") as info:
+            get_engine_class(ref)
+        assert info.value.field == "engine" and info.value.value == ref
 
 
 # -- entry points ----------------------------------------------------------------------------

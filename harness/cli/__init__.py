@@ -13,7 +13,6 @@ line and exits 130.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 from pathlib import Path
@@ -23,14 +22,15 @@ from engines.errors import LockstepError
 from engines.registry import lockstep_version
 from harness.cli.arguments import as_option
 from harness.cli.interrupt import Interrupted
+from harness.cli.parser import LockstepParser
 
 SUBCOMMANDS = ("run", "report", "claims", "engines", "bench", "bench_forward", "bench_judge", "fixtures", "convert", "import_genai", "import_package", "cache", "explain", "repro", "calibrate")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lockstep", description=__doc__.split("\n\nEach")[0])
+def build_parser() -> LockstepParser:
+    parser = LockstepParser(prog="lockstep", description=__doc__.split("\n\nEach")[0])
     parser.add_argument("--version", action="version", version=f"lockstep {lockstep_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
         importlib.import_module(f"harness.cli.{name}").register(sub)
     return parser

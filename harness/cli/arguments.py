@@ -12,6 +12,7 @@ the option the user gave it with (``--packages``): ``main`` names the option in 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +35,35 @@ def existing(option: str, kind: str = "file") -> Callable[[str], Path]:
             raise InputError(f"{option} {what}", field=option, value=text,
                              remedy=f"give {option} an existing {kind}")
         return path
+
+    return parse
+
+
+def path_option(option: str) -> Callable[[str], Path]:
+    """``type=`` for a path to write to: an empty value is refused, where ``Path("")`` would
+    quietly mean the current folder."""
+    def parse(text: str) -> Path:
+        if not text.strip():
+            raise InputError(f"{option} names no path", field=option, value=text,
+                             remedy=f"give {option} a folder, or leave it out for the default")
+        return Path(text).expanduser()
+
+    return parse
+
+
+def package_name(option: str) -> Callable[[str], str]:
+    """``type=`` for a package's name: checked before any work starts against the pattern
+    the package schema holds a name to, so a path (``../up``), ``.`` or an empty value is
+    refused here, not after a conversion."""
+    def parse(text: str) -> str:
+        from engines.package.schema import PACKAGE_NAME_PATTERN  # pydantic: only when given
+
+        if re.fullmatch(PACKAGE_NAME_PATTERN, text) is None:
+            raise InputError(f"{option} takes a package name (not a path, not empty)",
+                             field=option, value=text,
+                             remedy="use only letters, digits, '_', '-' and '.', starting "
+                                    "with a letter, digit or '_'")
+        return text
 
     return parse
 

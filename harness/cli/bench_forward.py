@@ -55,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "existing file is replaced only when lockstep wrote it)")
     p.add_argument("--force", action="store_true",
                    help="replace a --json file that lockstep did not write")
-    p.set_defaults(func=run, fields={"package": "--packages", "engine": "--engines"})
+    p.set_defaults(func=run, fields={"package": "--packages", "engine": "--engines",
+                                     "prefill": "--prefill", "prefix": "--prefix"})
 
 
 def _table(rows) -> Table:

@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "The caches live under $LOCKSTEP_CACHE (default: "
                                    ".lockstep/fixtures); prune removes conversions and stale "
                                    "staging folders.")
-    actions = p.add_subparsers(dest="cache_command", required=True)
+    actions = p.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     ls = actions.add_parser("list", help="every cached package and staging folder, its size "
                                          "and age")
     ls.set_defaults(func=list_)

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from engines.errors import LockstepError
 from engines.shipped_checkpoint import resolve_checkpoint
-from harness.cli.arguments import as_option, integer
+from harness.cli.arguments import as_option, integer, package_name
 from harness.cli.progress import converting_steps
 from harness.convert.architectures import titles
 
@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-layers", type=integer("--draft-layers"), default=None, metavar="N",
                    help="add a layer-skip drafter (the first N blocks, the final norm and the "
                         "head) for self-speculative decoding: lockstep run --mode speculative")
-    p.add_argument("--name", default=None, help="package name (default: from the file name)")
+    p.add_argument("--name", type=package_name("--name"), default=None,
+                   help="package name (default: from the file name)")
     p.add_argument("--no-tokenizer", action="store_true",
                    help="convert the weights only (prompts are then token ids)")
     p.add_argument("--force", action="store_true",

@@ -13,7 +13,7 @@ from harness.cli.tables import print_table
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fixtures", help="build or list the built-in fixture packages")
-    actions = p.add_subparsers(dest="fixtures_command", required=True)
+    actions = p.add_subparsers(dest="fixtures_command", metavar="ACTION", required=True)
     b = actions.add_parser("build", help="build fixtures into the cache (only missing ones "
                                          "unless --force)")
     b.add_argument("names", nargs="*", metavar="NAME",

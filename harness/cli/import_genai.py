@@ -17,6 +17,7 @@ from rich.console import Console
 from engines.errors import InputError, LockstepError
 from engines.output_paths import check_output_folder
 from engines.shipped_checkpoint import resolve_checkpoint
+from harness.cli.arguments import package_name
 from harness.cli.progress import converting_steps
 
 # lockstep convert's --dtype -> the builder's -p
@@ -36,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a package (folder or fixture name) whose prompts to copy; it must "
                         "share the build's tokenizer (default: lockstep's real prompts "
                         "through the build's tokenizer.json)")
-    p.add_argument("--name", default=None,
+    p.add_argument("--name", type=package_name("--name"), default=None,
                    help="the package name (default: genai-<build folder name>)")
     p.add_argument("--force", action="store_true",
                    help="replace the output folder if it exists")

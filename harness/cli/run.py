@@ -12,7 +12,7 @@ from rich.table import Table
 
 from engines.errors import InputError
 from engines.registry import engine_names
-from harness.cli.arguments import engine_list, integer, name_list
+from harness.cli.arguments import engine_list, integer, name_list, path_option
 from harness.cli.interrupt import counted
 from harness.cli.progress import CellProgress
 from harness.cli.tables import print_table
@@ -29,10 +29,13 @@ def parse_prompt(text: str) -> list[int]:
     """``"1 5 7"`` or ``"1,5,7"`` -> [1, 5, 7]."""
     parts = [p for p in text.replace(",", " ").split() if p]
     try:
-        return [int(p) for p in parts]
+        ids = [int(p) for p in parts]
     except ValueError:
+        ids = []
+    if not ids:  # a word, or nothing at all: no prompt to run
         raise InputError("a prompt is a list of integer token ids", field="--prompt", value=text,
-                         remedy='write it as "1 5 7" or "1,5,7"') from None
+                         remedy='write it as "1 5 7" or "1,5,7"')
+    return ids
 
 
 def _prompts(args: argparse.Namespace):
@@ -58,7 +61,8 @@ def parse_widths(text: str | None) -> list[int] | str | None:
         widths = [int(t) for t in text.replace(",", " ").split()]
     except ValueError:
         widths = []
-    if not widths or any(w < 1 for w in widths):
+    if not widths or any(w < 1 for w in widths) or \
+            any(not item.strip() for item in text.split(",")):  # "1,,2": a width left out
         raise InputError("a width is a positive integer", field="--width", value=text,
                          remedy='write --width 2, --width "1,3" or --width all')
     return widths
@@ -158,7 +162,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the engine's greedy stream and the oracle (default: greedy)")
     p.add_argument("--width", metavar="N|all",
                    help='speculative widths: N, "1,3" or all (default: all, 1..max_width)')
-    p.add_argument("--evidence-dir", type=Path, default=Path("evidence"),
+    p.add_argument("--evidence-dir", type=path_option("--evidence-dir"), default=Path("evidence"),
                    help="where one JSON evidence record per cell is written (default: ./evidence)")
     p.add_argument("--no-evidence", action="store_true",
                    help="write no evidence (verdicts and budgets are judged all the same)")
