@@ -104,13 +104,31 @@ def read_manifests(folder: str | os.PathLike) -> list[RunManifest]:
     out = []
     for path in sorted(runs.glob("*.json")):
         try:
-            out.append(RunManifest.model_validate(json_text.loads(path.read_text())))
-        except (ValueError, ValidationError) as exc:
+            data = json_text.loads(path.read_text())
+        except ValueError as exc:  # not JSON at all, or cut short: the write was interrupted
             raise LockstepError(f"unreadable run manifest ({type(exc).__name__})",
                                 where=str(path),
                                 remedy="the run was interrupted while writing it; re-run "
                                        "or delete the file") from exc
+        out.append(_validated(data, path))
     return sorted(out, key=lambda m: m.started)
+
+
+def _validated(data: object, path: Path) -> RunManifest:
+    """A manifest that is JSON but not a manifest was edited or damaged, not cut short: the
+    line names pydantic's first error: its field, and the value found there (none when the
+    field is missing or the whole file is the wrong shape)."""
+    try:
+        return RunManifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise LockstepError(f"invalid run manifest: {first['msg']}{more}",
+                            field=loc or "<manifest>",
+                            value=None if not loc or first["type"] == "missing"
+                            else first.get("input"),
+                            where=str(path), remedy="fix or delete the file") from exc
 
 
 def finish(folder: str | os.PathLike, manifest: RunManifest, when: datetime) -> Path:

@@ -113,3 +113,24 @@ def test_a_run_killed_before_its_first_record_is_incomplete_not_an_empty_folder(
     assert main(["report", str(empty), "-o", str(tmp_path / "x.html")]) == 2
     err = capsys.readouterr().err
     assert "no evidence files" in err and str(empty) in err
+
+
+@pytest.mark.parametrize("text, said, remedy", [
+    ('{"run_id": "run-1", "star', "JSONDecodeError", "interrupted while writing it"),
+    ('{"run_id": "run-1", "started": "2026-01-02T00:00:00Z", "planned": "all"}',
+     "[field planned = 'all']", "remedy: fix or delete the file"),
+    ('{"started": "2026-01-02T00:00:00Z", "planned": []}', "[field run_id]",
+     "remedy: fix or delete the file"),
+])
+def test_a_damaged_manifest_names_its_field_and_blames_an_interruption_only_when_cut_short(
+        tmp_path, text, said, remedy):
+    from engines.errors import LockstepError
+    from harness.manifest import read_manifests
+
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "run-1.json").write_text(text)
+    with pytest.raises(LockstepError) as caught:
+        read_manifests(tmp_path)
+    line = str(caught.value)
+    assert said in line and remedy in line and "\n" not in line
+    assert ("interrupted" in line) == (remedy == "interrupted while writing it")
