@@ -38,6 +38,7 @@ from onnx import numpy_helper
 from engines.backends.checkpoint_source import CheckpointSource, content_hash, find_checkpoint
 from engines.backends.llama_cpp import LlamaCppEngine, gguf_scheme
 from engines.backends.ort_genai import OrtGenaiInt4Engine
+from engines.errors import InputError
 from harness.convert.gguf_header import field_value
 from harness.convert.gguf_reader import open_gguf
 from harness.gguf_rewrite import Tensor, rewrite_gguf
@@ -141,9 +142,23 @@ class _LlamaWeights(_PrivateCopy, LlamaCppEngine):
     def mutate(tensor) -> np.ndarray:  # pragma: no cover - each subclass sets it
         raise NotImplementedError
 
-    def target(self, gguf_path) -> str:
+    @classmethod
+    def target(cls, gguf_path) -> str:
         """The tensor to change in the GGUF at ``gguf_path``."""
-        return self.tensor
+        return cls.tensor
+
+    @classmethod
+    def check_plantable(cls, path: Path, engine: str, given: str) -> None:
+        """Refuse, before the minutes of scoring, a GGUF this bug cannot be written into: its
+        target tensor absent, or of a type whose blocks it does not know (a float tensor)."""
+        target = cls.target(path)
+        found = {t.name: t.tensor_type.name for t in open_gguf(path).tensors}.get(target)
+        if found not in BLOCKS:
+            what = f"holds no tensor {target}" if found is None else f"{target} is {found}"
+            raise InputError(f"{engine} cannot be calibrated on {path.name}: {what}, and the "
+                             f"planted bug {cls.name} rewrites only {', '.join(BLOCKS)} "
+                             f"blocks", field="--package", value=given,
+                             remedy=f"calibrate a quantized GGUF ({', '.join(BLOCKS)})")
 
     def __init__(self, package, **options):
         honest = find_checkpoint(package.root, self.name)
@@ -181,7 +196,8 @@ class LlamaBlockScale(_LlamaWeights):
     name = "planted-llama-block-scale"
     mutate = staticmethod(gguf_block_scale_doubled)
 
-    def target(self, gguf_path) -> str:
+    @classmethod
+    def target(cls, gguf_path) -> str:
         scheme = gguf_scheme(gguf_path)["numeric_scheme"]
         return LLAMA_SCALE_TENSORS.get(scheme, LLAMA_SCALE_TENSORS[None])
 
@@ -338,4 +354,12 @@ def mutations_for(engine: str) -> tuple[type, ...]:
     return MUTATIONS.get(engine, ())
 
 
-__all__ = ["MUTATIONS", "mutations_for"]
+def check_plantable(mutations, engine, given: str) -> None:
+    """Each planted bug that rewrites the open ``engine``'s GGUF can be written into it
+    (``given``: the --package the user named)."""
+    for cls in mutations:
+        if issubclass(cls, _LlamaWeights):
+            cls.check_plantable(engine.source.path, engine.name, given)
+
+
+__all__ = ["MUTATIONS", "check_plantable", "mutations_for"]

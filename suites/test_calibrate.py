@@ -360,6 +360,29 @@ def test_block_scale_doubles_one_blocks_scale(tiny, name):
     assert np.allclose(after[b] - offset, 2 * low, atol=1e-3 * abs(before[b]).max())
 
 
+def test_a_gguf_a_planted_bug_cannot_be_written_into_is_refused_before_scoring(tmp_path):
+    """The tiny GGUF's blk.0.attn_v.weight is F16: halves-swapped has no blocks to swap there
+    (one line naming the type and the remedy, not a ValueError after the scoring); made Q4_0,
+    it can, and block-scale then names the tensor a 2-block file lacks."""
+    pytest.importorskip("gguf", reason="make real (pip install gguf)")
+    from engines.errors import InputError
+    from harness.mutations import LlamaBlockScale, LlamaHalvesSwapped
+    from suites.convert_support import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    with pytest.raises(InputError) as caught:
+        LlamaHalvesSwapped.check_plantable(path, "llama-cpp", "pkg")
+    line = str(caught.value)
+    assert "llama-cpp" in line and "blk.0.attn_v.weight is F16" in line
+    assert "[field --package = 'pkg']" in line
+    assert line.endswith("remedy: calibrate a quantized GGUF (Q4_0, Q4_1, Q8_0)")
+    quantized = write_tiny_gguf(tmp_path / "q.gguf", override_type=("blk.0.attn_v.weight",
+                                                                    "Q4_0"))
+    LlamaHalvesSwapped.check_plantable(quantized, "llama-cpp", "pkg")
+    with pytest.raises(InputError, match="holds no tensor blk.2.ffn_down.weight"):
+        LlamaBlockScale.check_plantable(quantized, "llama-cpp", "pkg")
+
+
 def test_the_shipped_corpus_covers_prose_code_digits_and_chat():
     """The manifest's segments exist and cover prose, code, digits and chat (the tokenized
     count, at least MIN_POSITIONS, is checked with the checkpoint)."""

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from engines.tolerances import BANDS_FILE, bands
     from harness import calibrate as cal_mod
     from harness.cli.arguments import name_list
-    from harness.mutations import mutations_for
+    from harness.mutations import check_plantable, mutations_for
     from harness.packages import resolve_package
 
     if args.json is not None:  # before the minutes of scoring whose results it would receive
@@ -109,14 +109,16 @@ def run(args: argparse.Namespace) -> int:
     package = resolve_package(args.package)
     corpus = cal_mod.load_corpus(package, args.corpus or cal_mod.CORPUS_FILE,
                                  name_list(args.segments, "--segments"))
+    mutations = mutations_for(cls.name)
     engine = cls(package)
     try:
+        check_plantable(mutations, engine, args.package)  # before the minutes of scoring
         reference = engine.reference_package()
         if reference is not None:
             from engines.package import load_package
 
             reference = load_package(reference)
-        result = cal_mod.calibrate(engine, package, corpus, mutations_for(cls.name), reference,
+        result = cal_mod.calibrate(engine, package, corpus, mutations, reference,
                                    on_step=lambda text: console.print(f"[dim]{text}[/dim]"))
     finally:
         engine.close()
