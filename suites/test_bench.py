@@ -432,6 +432,7 @@ def test_cli_ignore_eos_times_every_token_asked_for(eos_package, capsys, monkeyp
     (["--mode", "speculative", "--width", "two"], "--width"),
     (["--repeats", "0"], "--repeats"),
     (["--warmup-steps", "-1"], "--warmup-steps"),
+    (["--max-new-tokens", "4", "--warmup-steps", "3"], "--warmup-steps"),
 ])
 def test_cli_bad_input_exits_2_naming_the_field(argv, field, capsys):
     from harness.cli import main
@@ -439,6 +440,23 @@ def test_cli_bad_input_exits_2_naming_the_field(argv, field, capsys):
     status = main(["bench", "--engines", "native-host", "--packages", SMALL, *argv])
     assert status == 2
     assert f"field {field}" in capsys.readouterr().err
+
+
+def test_warmup_steps_must_leave_a_decode_step_to_time():
+    """N new tokens: the prefill makes the first, N - 1 decode steps follow; the K given must
+    leave one of them (an unset K, the default, shrinks to fit)."""
+    from engines.errors import InputError
+    from harness.cli.bench import _check_warmup_steps
+
+    for steps, tokens in ((2, 4), (0, 1), (None, 1), (None, 2)):
+        _check_warmup_steps(steps, tokens)
+    with pytest.raises(InputError) as caught:
+        _check_warmup_steps(3, 4)
+    line = str(caught.value)
+    assert "--max-new-tokens 4" in line and "[field --warmup-steps = 3]" in line
+    assert "give --warmup-steps 2 or fewer, or raise --max-new-tokens to 5 or more" in line
+    with pytest.raises(InputError, match="remedy: raise --max-new-tokens to 3 or more$"):
+        _check_warmup_steps(1, 2)
 
 
 # -- --ignore-eos: exactly the tokens asked for ----------------------------------------------

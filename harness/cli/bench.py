@@ -137,10 +137,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "show where the time went: the host functions, and for an engine that "
                         "replays a CUDA graph, one forward's device time beside the steady "
                         "step and its kernels (torch's profiler, where torch is importable)")
-    p.add_argument("--warmup-steps", type=integer("--warmup-steps", minimum=0),
-                   default=WARMUP_STEPS, metavar="K",
+    p.add_argument("--warmup-steps", type=integer("--warmup-steps", minimum=0), metavar="K",
                    help=f"decode steps at the start of every timed decode left out of the "
-                        f"steady decode median (default {WARMUP_STEPS})")
+                        f"steady decode median (default {WARMUP_STEPS}, fewer where the decode "
+                        f"is shorter); must leave at least one of the --max-new-tokens - 1 "
+                        f"decode steps")
     p.add_argument("--baseline", default=REFERENCE_ENGINE,
                    help=f"the engine every ratio is taken against (default {REFERENCE_ENGINE}); "
                         f"it joins --engines when missing")
@@ -153,6 +154,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, fields={"package": "--packages", "engine": "--baseline",
                                      "baseline": "--baseline",
                                      "max_new_tokens": "--max-new-tokens"})
+
+
+def _check_warmup_steps(steps: int | None, new_tokens: int) -> None:
+    """A decode of N tokens has at most N - 1 decode steps (the prefill makes the first): the
+    K given must leave one for the steady median, which would otherwise time a step it was
+    told to leave out (the default shrinks to fit, silently)."""
+    if steps and steps >= new_tokens - 1:
+        fewer = f"give --warmup-steps {new_tokens - 2} or fewer, or " if new_tokens > 2 else ""
+        raise InputError(f"--warmup-steps {steps} leaves no decode step of --max-new-tokens "
+                         f"{new_tokens} to time (the prefill makes the first token: "
+                         f"{new_tokens - 1} decode step(s) at most)", field="--warmup-steps",
+                         value=steps, remedy=f"{fewer}raise --max-new-tokens to {steps + 2} "
+                                             f"or more")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
     if width is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
                          value=args.width, remedy="add --mode speculative, or drop --width")
+    _check_warmup_steps(args.warmup_steps, args.max_new_tokens)
     engines = engine_list(args.engines, "--engines") or engine_names()
     if args.packages is not None:
         packages = name_list(args.packages, "--packages")
@@ -181,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_bench(engines, packages, mode=args.mode, width=width, repeats=args.repeats,
                       max_new_tokens=args.max_new_tokens, baseline=args.baseline,
                       warmup=args.warmup, ignore_eos=args.ignore_eos,
-                      warmup_steps=args.warmup_steps, pipelined=args.pipelined,
+                      warmup_steps=WARMUP_STEPS if args.warmup_steps is None
+                      else args.warmup_steps, pipelined=args.pipelined,
                       interleave=args.interleave, profile=args.profile)
 
     with CellProgress("bench", unit="decodes") as progress:  # on stderr; plain lines in CI
