@@ -152,6 +152,13 @@ class Engine(abc.ABC):
         return Availability(True)
 
     @classmethod
+    def check_settings(cls) -> None:
+        """The environment variables the engine will read, checked when it is named in a
+        list to run (``engines.registry.resolve_engine_list``), before any cell: a bad one is
+        an ``InputError`` naming the variable, not a cell error after the run. Default: the
+        engine reads none."""
+
+    @classmethod
     def capabilities(cls) -> Capabilities:
         """The engine's declared capabilities, from its class attributes."""
         return Capabilities(residency=cls.residency, graph_slots=cls.graph_slots,

@@ -392,7 +392,8 @@ def resolve_engine_list(refs, *, field: str = "engines",
                         value: object = None) -> dict[str, type[Engine]]:
     """An engines list (registered names, ``"module:Class"`` references, entry point names or
     classes) -> ``{engine name: class}`` in the list's order, each class checked with
-    :func:`check_engine_class`; an unknown or ill-defined engine fails here.
+    :func:`check_engine_class`, and the settings each reads (``Engine.check_settings``); an
+    unknown or ill-defined engine, or a bad setting, fails here.
 
     One engine named twice is an ``InputError`` (``field``, ``value``: the list as given
     unless ``value`` says otherwise): the same spelling twice, two spellings of one class
@@ -406,6 +407,7 @@ def resolve_engine_list(refs, *, field: str = "engines",
     first: dict[str, object] = {}  # engine name -> the entry that named it first
     for ref in refs:
         cls = check_engine_class(ref) if isinstance(ref, type) else get_engine_class(str(ref))
+        cls.check_settings()
         name = cls.name
         if name not in out:
             out[name], first[name] = cls, ref

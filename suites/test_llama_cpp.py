@@ -117,6 +117,23 @@ def test_the_thread_count_is_pinned(monkeypatch):
     assert (err.value.field, err.value.value) == ("threads", 0)
 
 
+@pytest.mark.parametrize("engine", ["llama-cpp", "http:llama-server"])
+@pytest.mark.parametrize("value", ["many", "0"])
+def test_bad_threads_are_refused_when_the_engine_is_named(engine, value, monkeypatch, capsys):
+    """Both engines that read LOCKSTEP_LLAMA_THREADS check it when a run names them, before
+    any cell: one line naming the variable, exit 2 (not a cell error after the run)."""
+    from harness.cli import main
+
+    monkeypatch.setenv(llama_backend.THREADS_ENV, value)
+    assert main(["run", "--engines", engine, "--packages", "tiny_llama", "--no-evidence"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lockstep: error: {llama_backend.THREADS_ENV} ")
+    assert f"[field {llama_backend.THREADS_ENV} = {value if value == '0' else repr(value)}]" \
+        in err and "remedy:" in err and "cells planned" not in err
+    monkeypatch.setenv(llama_backend.THREADS_ENV, "2")  # a good count: no refusal to plan
+    LlamaCppEngine.check_settings()
+
+
 def test_cpu_features_are_the_ones_the_build_marks_on():
     line = "CPU : SSE3 = 1 | AVX512 = 1 | AVX512_BF16 = 0 | LLAMAFILE = 1 | OPENMP = 1 |"
     assert llama_backend.cpu_features(line) == ["SSE3", "AVX512", "LLAMAFILE", "OPENMP"]

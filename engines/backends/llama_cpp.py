@@ -152,6 +152,10 @@ class LlamaCppEngine(BlackBoxEngine):
     batch_shapes = (None, 1)
 
     @classmethod
+    def check_settings(cls) -> None:
+        resolve_threads(None)
+
+    @classmethod
     def availability(cls) -> Availability:
         try:
             build = build_info()
