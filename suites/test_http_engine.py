@@ -168,6 +168,31 @@ def test_a_bad_setting_is_refused_when_the_server_is_named(variable, value, spel
     assert repr(value) in err and "remedy:" in err and "cells planned" not in err
 
 
+@pytest.mark.parametrize("content, mode, why", [
+    ("my-host\n", 0o755, "not a program (neither a compiled binary nor a #! script)"),
+    ("#!/bin/sh\n", 0o644, "not an executable file"),
+])
+def test_a_named_server_binary_that_cannot_start_is_refused_when_the_server_is_named(
+        content, mode, why, tmp_path, monkeypatch, capsys):
+    """LOCKSTEP_LLAMA_SERVER is checked before any cell: a text file marked executable would
+    fail only when the first cell starts it (an exec format error, the variable unnamed)."""
+    from engines.backends.http.server_build import find_server
+    from harness.cli import main
+
+    binary = tmp_path / "llama-server"
+    binary.write_text(content)
+    binary.chmod(mode)
+    monkeypatch.setenv("LOCKSTEP_LLAMA_SERVER", str(binary))
+    assert main(["run", "--engines", "http:llama-server", "--packages", "tiny_llama",
+                 "--no-evidence"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lockstep: error: {why} [field LOCKSTEP_LLAMA_SERVER = "
+                          f"{str(binary)!r}]") and "remedy:" in err
+    binary.write_text("#!/bin/sh\n")  # a script of the user's own is a program
+    binary.chmod(0o755)
+    assert find_server().binary == binary
+
+
 def test_a_started_servers_settings_do_not_concern_a_server_given_by_url(monkeypatch):
     monkeypatch.setenv("LOCKSTEP_HTTP_STARTUP_TIMEOUT", "later")
     assert get_engine_class("http:openai=http://127.0.0.1:8000").url == "http://127.0.0.1:8000"

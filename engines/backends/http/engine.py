@@ -62,12 +62,14 @@ def setting(env: str, kind: type = float) -> Any:
 def check_settings(starts_server: bool) -> None:
     """The settings an engine of this spelling will read, checked when it is named (before
     any cell, any request): the request timeout, and for a server lockstep starts its
-    start-up timeout, slots and threads (the llama-cpp engine's ``LOCKSTEP_LLAMA_THREADS``)."""
+    start-up timeout, slots, threads (the llama-cpp engine's ``LOCKSTEP_LLAMA_THREADS``) and
+    the binary a user names (``LOCKSTEP_LLAMA_SERVER``)."""
     setting(TIMEOUT_ENV)
     if starts_server:
         setting(STARTUP_ENV)
         setting(SLOTS_ENV, int)
         resolve_threads(None)
+        find_server()
 
 
 class HttpEngine(BlackBoxEngine):

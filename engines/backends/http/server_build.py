@@ -44,6 +44,9 @@ CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
                  "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
                  "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF",
                  "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF")
+#: how a program the OS can start begins: ELF, Mach-O (32/64-bit, either byte order, fat), #!
+PROGRAM_MAGIC = (b"\x7fELF", b"\xfe\xed\xfa\xce", b"\xfe\xed\xfa\xcf", b"\xce\xfa\xed\xfe",
+                 b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"#!")
 HOW = ("make llama-server (python -m engines.backends.http.server_build: llama.cpp's server "
        "from llama-cpp-python's sdist, about 10 minutes on 2 cores, once)")
 
@@ -74,16 +77,22 @@ def build_folder(version: str = LLAMA_CPP_PYTHON) -> Path:
 
 
 def find_server() -> ServerBuild | None:
-    """``$LOCKSTEP_LLAMA_SERVER`` where set (it must be an executable file), else the cached
-    build of the pinned version; None where neither exists."""
+    """``$LOCKSTEP_LLAMA_SERVER`` where set (it must be an executable program: a file marked
+    executable that is a compiled binary or a ``#!`` script, so a text file fails here, not
+    as an exec error when the first cell starts it), else the cached build of the pinned
+    version; None where neither exists."""
     given = os.environ.get(BINARY_ENV, "").strip()
     if given:
         path = Path(given).expanduser()
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise InputError("not an executable file", field=BINARY_ENV, value=given,
-                             remedy=f"point {BINARY_ENV} at a llama-server binary, or unset it "
-                                    f"to use the one {HOW.split(' (')[0]} builds")
-        return ServerBuild(path, {"source": f"${BINARY_ENV}", "built_by": "the user"})
+            why = "not an executable file"
+        elif not _starts_as_program(path):
+            why = "not a program (neither a compiled binary nor a #! script)"
+        else:
+            return ServerBuild(path, {"source": f"${BINARY_ENV}", "built_by": "the user"})
+        raise InputError(why, field=BINARY_ENV, value=given,
+                         remedy=f"point {BINARY_ENV} at a llama-server binary, or unset it to "
+                                f"use the one {HOW.split(' (')[0]} builds")
     folder = build_folder()
     binary, record = folder / "llama-server", folder / BUILD_FILE
     if binary.is_file() and record.is_file():
@@ -92,6 +101,15 @@ def find_server() -> ServerBuild | None:
         except ValueError:
             return None
     return None
+
+
+def _starts_as_program(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return False
+    return head.startswith(PROGRAM_MAGIC)
 
 
 def require_server() -> ServerBuild:
@@ -208,5 +226,5 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
 
-__all__ = ["BINARY_ENV", "CMAKE_OPTIONS", "LLAMA_CPP_PYTHON", "ServerBuild", "build_folder",
+__all__ = ["BINARY_ENV", "CMAKE_OPTIONS", "PROGRAM_MAGIC", "LLAMA_CPP_PYTHON", "ServerBuild", "build_folder",
            "build_key", "ensure_server", "find_server", "require_server", "server_version"]
