@@ -114,8 +114,6 @@ class Case:
 
 
 LEFT: set[str] = {  # unclear today, left for a later fix (the report says why): strict xfail
-    "explain-an-html-report",  # "partial or corrupted; re-run the cell or delete it"
-    "repro-a-passing-record",  # "nothing to explain ... pass --step", an option repro lacks
     "bench-judge-new-tokens-fill-context",  # "keep each length within 0"
 }
 

@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from engines.errors import InputError
+from harness.evidence import EvidenceError
 from harness.forensics import (explain_record, explain_run, explanation_html,
                                layer_curve_svg, load_explanations, save_layer_curve,
                                shrink_prompt, write_repro)
@@ -177,12 +178,33 @@ def test_a_run_manifest_given_as_a_record_is_named_with_a_record_to_give(tmp_pat
     assert str(summary.cells[0].record_path) in err.value.remedy
 
 
+def test_a_file_that_is_not_json_is_not_called_a_damaged_record(tmp_path):
+    """A report or a log given instead of a record is not a record at all; a .json file that
+    is not JSON is still a record cut short or damaged."""
+    report = tmp_path / "report.html"
+    report.write_text("<html></html>")
+    with pytest.raises(InputError) as err:
+        explain_record(report)
+    assert (err.value.field, err.value.value) == ("EVIDENCE_FILE", str(report))
+    assert err.value.remedy == "give one <evidence>/<cell>.json record"
+    cut = tmp_path / "cell.json"
+    cut.write_text('{"schema_version": ')
+    with pytest.raises(EvidenceError, match="partial or corrupted"):
+        explain_record(cut)
+
+
 def test_nothing_to_explain_is_an_input_error(tmp_path, records):
     from harness.evidence import read_evidence
 
     summary = run_matrix(["native-host"], ["tiny_llama"], None, 4, tmp_path, max_prompts=1)
-    with pytest.raises(InputError, match="nothing to explain"):
+    with pytest.raises(InputError, match="nothing to explain") as err:
         explain_record(summary.cells[0].record_path)
+    assert "--step" in err.value.remedy
+    pack = tmp_path / "pack"  # repro has no --step to advise, and makes no folder
+    with pytest.raises(InputError, match="nothing to reproduce") as err:
+        write_repro(summary.cells[0].record_path, pack)
+    assert err.value.field == "status" and "--step" not in str(err.value)
+    assert not pack.exists()
     record = read_evidence(records(pe.PositionOffByOne, "tiny_llama"))
     assert record.engine_class == "suites.planted.engines:PositionOffByOne"
     with pytest.raises(InputError, match="not registered here"):  # a record without the class

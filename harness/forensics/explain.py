@@ -45,8 +45,8 @@ from .capture import Recorder
 from .compare import FACTOR, dtype_name, max_abs_error, noise_floor, scale_of
 from .explanation import Explanation, InputFinding, LayerPoint, NodeError, StepData
 from .layers import OUTPUT, assign_layers
-from .record_resolution import (class_ref, failing_step, load_record, resolve_engine_class,
-                                resolve_record_package, steps_decided)
+from .record_resolution import (class_ref, load_record, resolve_engine_class,
+                                resolve_record_package, step_to_examine, steps_decided)
 
 
 def explain_record(record_or_path, *, engine=None, package=None, step: int | None = None,
@@ -64,22 +64,8 @@ def explain_record(record_or_path, *, engine=None, package=None, step: int | Non
                          remedy="explain the same engine's greedy record (lockstep run "
                                 "--mode greedy), whose stream the speculative one must equal")
     if step is None:
-        found = failing_step(record)
-        if found is None and record.error is not None:
-            raise InputError(f"nothing to explain: the cell failed in its {record.error.stage} "
-                             f"({record.error.type}), outside any forward", field="error.stage",
-                             value=record.error.stage,
-                             remedy="fix what the error names; explain needs a forward")
-        if found is None and record.status == "budget":
-            raise InputError("nothing to explain: a budget failure is about crossings, not "
-                             "values (every token and logits row passed)", field="status",
-                             value=record.status, remedy="see the record's budgets")
-        if found is None:
-            raise InputError("nothing to explain: the record has no finding (no defect, no "
-                             "logits out of tolerance, no error)", field="status",
-                             value=record.status, remedy="explain a failing record, or pass "
-                                                         "--step to compare a step anyway")
-        step, trigger = found
+        step, trigger = step_to_examine(record, "explain",
+                                        ", or pass --step to compare a step anyway")
     else:
         decided = steps_decided(record)
         if not 0 <= step < decided:

@@ -11,6 +11,7 @@ from engines.errors import EngineDefinitionError, InputError, UnknownEngine
 from engines.package import Package
 from engines.registry import check_engine_class, class_reference, get_engine_class
 from harness.evidence import EvidenceError, evidence_files, read_evidence
+from harness.evidence.store import SUFFIX
 from harness.evidence.schema import EvidenceRecord
 from harness.packages import resolve_package
 
@@ -18,7 +19,8 @@ from harness.packages import resolve_package
 def load_record(record_or_path) -> tuple:
     """(the record, the path it was read from or None) for a record or a path to one; a run
     manifest (``runs/<run_id>.json``, the cells a run planned) given instead is named as one,
-    with a record of its folder to give."""
+    with a record of its folder to give, and a file that is neither JSON nor named ``.json``
+    (a report, a log) as not a record at all, not as a record damaged."""
     if isinstance(record_or_path, EvidenceRecord):
         return record_or_path, None
     path = Path(record_or_path)
@@ -33,14 +35,26 @@ def load_record(record_or_path) -> tuple:
                              "cell's record", field="EVIDENCE_FILE", value=str(path),
                              remedy=f"give one of the records beside its runs/ folder, such "
                                     f"as {example}") from None
+        if path.suffix != SUFFIX and path.is_file() and _parsed(path) is _NOT_JSON:
+            raise InputError("not a JSON evidence record", field="EVIDENCE_FILE",
+                             value=str(path), remedy="give one <evidence>/<cell>.json record"
+                             ) from None
         raise
 
 
-def _is_run_manifest(path: Path) -> bool:
+_NOT_JSON = object()
+
+
+def _parsed(path: Path):
+    """The JSON a readable file holds, or ``_NOT_JSON``."""
     try:
-        data = json_text.loads(path.read_bytes())
+        return json_text.loads(path.read_bytes())
     except (OSError, ValueError):
-        return False
+        return _NOT_JSON
+
+
+def _is_run_manifest(path: Path) -> bool:
+    data = _parsed(path)
     return isinstance(data, dict) and {"run_id", "planned"} <= set(data)
 
 
@@ -72,6 +86,27 @@ def failing_step(record) -> tuple[int, str] | None:
     if record.divergence is not None:
         return record.divergence.step, record.divergence.verdict
     return None
+
+
+def step_to_examine(record, verb: str, anyway: str = "") -> tuple[int, str]:
+    """``failing_step`` of a record, or an ``InputError`` saying why there is nothing to
+    ``verb`` (explain, reproduce) in it; ``anyway``: how the command is told to look at a step
+    regardless (explain's --step; repro has none)."""
+    found = failing_step(record)
+    if found is not None:
+        return found
+    if record.error is not None:
+        raise InputError(f"nothing to {verb}: the cell failed in its {record.error.stage} "
+                         f"({record.error.type}), outside any forward", field="error.stage",
+                         value=record.error.stage,
+                         remedy=f"fix what the error names; {verb} needs a forward")
+    if record.status == "budget":
+        raise InputError(f"nothing to {verb}: a budget failure is about crossings, not "
+                         "values (every token and logits row passed)", field="status",
+                         value=record.status, remedy="see the record's budgets")
+    raise InputError(f"nothing to {verb}: the record has no finding (no defect, no logits out "
+                     "of tolerance, no error)", field="status", value=record.status,
+                     remedy=f"{verb} a failing record{anyway}")
 
 
 def steps_decided(record) -> int:
@@ -137,4 +172,4 @@ def class_ref(cls) -> str:
 
 
 __all__ = ["class_ref", "failing_step", "load_record", "resolve_engine_class",
-           "resolve_record_package", "steps_decided"]
+           "resolve_record_package", "step_to_examine", "steps_decided"]

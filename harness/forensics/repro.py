@@ -59,7 +59,8 @@ from .arbiter import to_host
 from .compare import FACTOR
 from .explain import explain_record
 from .explanation import Explanation, jsonable
-from .record_resolution import class_ref, load_record, resolve_engine_class, resolve_record_package
+from .record_resolution import (class_ref, load_record, resolve_engine_class,
+                                resolve_record_package, step_to_examine)
 
 SCHEMA = 1
 
@@ -412,6 +413,7 @@ def write_repro(record_or_path, out_dir, *, engine=None, package=None, shrink: b
     in-process on the buggy engine and on native-host and record what they did
     (``_self_check``)."""
     record, source = load_record(record_or_path)
+    step_to_examine(record, "reproduce")  # before the output folder is made
     cls = resolve_engine_class(engine, record.engine, record.engine_class)
     pkg = resolve_record_package(record, package)
     out = Path(out_dir)
