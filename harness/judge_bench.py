@@ -107,19 +107,35 @@ def prompt_of_length(package, n: int) -> list[int]:
     return [int(t) for t in rng.integers(low, package.spec.vocab_size, n)]
 
 
+def _check_fit(package, lengths: Sequence[int], max_new_tokens: int) -> None:
+    """Every length and the new tokens within the package's context; where the new tokens
+    alone leave no room for a prompt, they are what to change, not the lengths."""
+    limit, name = package.spec.max_context, package.spec.name
+    room = limit - max_new_tokens
+    if room < 1:
+        shortest = min(lengths, default=1)
+        most = limit - shortest
+        raise InputError(f"{max_new_tokens} new tokens fill the context of {name!r} ({limit}): "
+                         f"no prompt length fits", field="--max-new-tokens",
+                         value=max_new_tokens,
+                         remedy=f"ask for at most {most} --max-new-tokens (for the shortest "
+                                f"length, {shortest})" if most >= 1 else
+                                f"give lengths below {limit} and fewer --max-new-tokens")
+    for n in lengths:
+        if n > room:
+            raise InputError(f"a {n}-token prompt and {max_new_tokens} new tokens exceed the "
+                             f"context of {name!r} ({limit})", field="--lengths", value=n,
+                             remedy=f"keep each length within {room}, or ask for fewer "
+                                    f"--max-new-tokens")
+
+
 def bench_judge(engines: Sequence[str], package_ref: str, lengths: Sequence[int],
                 max_new_tokens: int, oracle_mode: str = STREAM,
                 on_cell=None) -> JudgeBench:
     """Every engine at every length, each cell through ``run_matrix``; a length that does
     not fit the package's context is refused before anything runs."""
     package = resolve_package(package_ref)
-    limit = package.spec.max_context
-    for n in lengths:
-        if n + max_new_tokens > limit:
-            raise InputError(f"a {n}-token prompt and {max_new_tokens} new tokens exceed the "
-                             f"context of {package.spec.name!r} ({limit})", field="--lengths",
-                             value=n, remedy=f"keep each length within {limit - max_new_tokens}"
-                                             f", or ask for fewer --max-new-tokens")
+    _check_fit(package, lengths, max_new_tokens)
     bench = JudgeBench(package.spec.name, max_new_tokens, oracle_mode)
     for n in lengths:
         prompt = prompt_of_length(package, n)
