@@ -113,8 +113,7 @@ class Case:
     env: dict[str, str | Callable[[Materials], str]] = field(default_factory=dict)
 
 
-LEFT: set[str] = {  # unclear today, left for a later fix (the report says why): strict xfail
-}
+LEFT: set[str] = set()  # unclear today, left for a later fix (the report says why): strict xfail
 
 
 CASES = [

@@ -11,8 +11,8 @@ from engines.errors import EngineDefinitionError, InputError, UnknownEngine
 from engines.package import Package
 from engines.registry import check_engine_class, class_reference, get_engine_class
 from harness.evidence import EvidenceError, evidence_files, read_evidence
-from harness.evidence.store import SUFFIX
 from harness.evidence.schema import EvidenceRecord
+from harness.evidence.store import SUFFIX
 from harness.packages import resolve_package
 
 

@@ -226,5 +226,6 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
 
-__all__ = ["BINARY_ENV", "CMAKE_OPTIONS", "PROGRAM_MAGIC", "LLAMA_CPP_PYTHON", "ServerBuild", "build_folder",
-           "build_key", "ensure_server", "find_server", "require_server", "server_version"]
+__all__ = ["BINARY_ENV", "CMAKE_OPTIONS", "LLAMA_CPP_PYTHON", "PROGRAM_MAGIC", "ServerBuild",
+           "build_folder", "build_key", "ensure_server", "find_server", "require_server",
+           "server_version"]
