@@ -471,6 +471,12 @@ def _alarm(signum, frame):
     pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason="left unclear")]
                  if c.id in LEFT else []) for c in CASES])
 def test_fresh_bad_input_ends_in_one_clear_line(case, materials, capsys):
+    check_case(case, materials, capsys)
+
+
+def check_case(case, materials, capsys, shuns=()) -> None:
+    """``case`` ends in one clear line within ``SECONDS``, naming its needles and none of
+    ``shuns``, with a remedy, and the user's file it names unchanged."""
     argv = case.argv(materials)
     kept = case.kept(materials) if case.kept else None
     before = hashlib.sha256(kept.read_bytes()).hexdigest() if kept else None
@@ -488,4 +494,6 @@ def test_fresh_bad_input_ends_in_one_clear_line(case, materials, capsys):
         assert kept.is_file() and hashlib.sha256(kept.read_bytes()).hexdigest() == before
     for needle in case.needles:
         assert needle in line, line
+    for wrong in shuns:
+        assert wrong not in line, line
     assert "remedy:" in line, line

@@ -10,11 +10,8 @@ with a remedy, the user's files untouched, within ``SECONDS``.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +22,10 @@ pytest.importorskip("gguf", reason="the converter needs the 'real' extra (make r
 pytest.importorskip("tokenizers", reason="the converter needs the 'real' extra (make real)")
 pytest.importorskip("safetensors", reason="the converter needs the 'real' extra (make real)")
 
-from suites.support import one_line_error  # noqa: E402
 from suites.test_bad_input_fresh import (  # noqa: E402,F401  (intact, materials: fixtures)
-    BASE, SECONDS, TINY, Materials, _calibrate, _copy, _corpus, _manifest, _mp_file,
-    _mp_json, _prompts, _record, _record_path, _run, _user_file, _write, intact, materials)
+    BASE, TINY, Materials, _calibrate, _copy, _corpus, _manifest, _mp_file,
+    _mp_json, _prompts, _record, _record_path, _run, _user_file, _write, check_case, intact,
+    materials)
 
 
 def _package(m: Materials, change: Callable[[dict], object]) -> list[str]:
@@ -361,37 +358,10 @@ CASES = [
 ]
 
 
-class _Hung(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise _Hung(f"no answer within {SECONDS} s")
-
-
 @pytest.mark.parametrize("case", [
     pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason="left unclear")]
                  if c.id in LEFT else []) for c in CASES])
 def test_third_bad_input_ends_in_one_clear_line(case, materials, capsys, monkeypatch):
     for name, value in case.env.items():
         monkeypatch.setenv(name, value if isinstance(value, str) else value(materials))
-    argv = case.argv(materials)
-    kept = case.kept(materials) if case.kept else None
-    before = hashlib.sha256(kept.read_bytes()).hexdigest() if kept else None
-    capsys.readouterr()
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(SECONDS)
-    start = time.monotonic()
-    try:
-        line = one_line_error(capsys, argv, case.status)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-        assert time.monotonic() - start < SECONDS
-    if kept is not None:
-        assert kept.is_file() and hashlib.sha256(kept.read_bytes()).hexdigest() == before
-    for needle in case.needles:
-        assert needle in line, line
-    for wrong in case.shuns:
-        assert wrong not in line, line
-    assert "remedy:" in line, line
+    check_case(case, materials, capsys, case.shuns)
