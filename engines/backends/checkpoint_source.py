@@ -45,6 +45,17 @@ def read_source(package_root: Path) -> dict | None:
     return json.loads(path.read_text()).get("source")
 
 
+def require_gguf_source(package, engine: str, needs: str, remedy: str) -> None:
+    """An engine that runs the package's source GGUF (``needs``: what it does with it) is
+    unavailable for a package converted from another kind of checkpoint."""
+    source = read_source(package.root)
+    if source and source.get("kind", "gguf") != "gguf":
+        raise EngineUnavailable(
+            f"{engine} {needs}; {package.spec.name!r} was converted from a "
+            f"{source.get('kind')!r} checkpoint", field="checkpoint", value=source.get("file"),
+            remedy=remedy)
+
+
 @functools.lru_cache(maxsize=32)
 def _hash(path: str, size: int, mtime_ns: int) -> str:
     return checkpoint_hash(path)
@@ -99,4 +110,5 @@ def find_checkpoint(package_root: Path, engine: str) -> CheckpointSource:
         remedy=f"set {SEARCH_ENV} to the checkpoint file or the folder holding it")
 
 
-__all__ = ["CheckpointSource", "SEARCH_ENV", "content_hash", "find_checkpoint", "read_source"]
+__all__ = ["CheckpointSource", "SEARCH_ENV", "content_hash", "find_checkpoint", "read_source",
+           "require_gguf_source"]

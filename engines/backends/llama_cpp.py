@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from engines.backends.checkpoint_source import SIDECAR, find_checkpoint, read_source
+from engines.backends.checkpoint_source import (SIDECAR, find_checkpoint, read_source,
+                                                require_gguf_source)
 from engines.decode_result import DecodeResult
 from engines.engine import Availability, BlackBoxEngine
 from engines.errors import EngineUnavailable, ExecutionError, InputError
@@ -198,14 +199,9 @@ class LlamaCppEngine(BlackBoxEngine):
                                     remedy=INSTALL)
         self.threads = resolve_threads(threads)
         self.n_batch = int(n_batch)
-        source = read_source(package.root)
-        if source and source.get("kind", "gguf") != "gguf":
-            raise EngineUnavailable(
-                f"{self.name} runs GGUF files; {package.spec.name!r} was converted from a "
-                f"{source.get('kind')!r} checkpoint", field="checkpoint",
-                value=source.get("file"),
-                remedy="convert the checkpoint to GGUF (llama.cpp's convert_hf_to_gguf.py) "
-                       "and run lockstep convert on that file")
+        require_gguf_source(package, self.name, "runs GGUF files",
+                            "convert the checkpoint to GGUF (llama.cpp's convert_hf_to_gguf.py) "
+                            "and run lockstep convert on that file")
         if checkpoint is None:
             named = self.supports(package)  # the package must name its source GGUF
             if not named:

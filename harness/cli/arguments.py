@@ -68,6 +68,16 @@ def package_name(option: str) -> Callable[[str], str]:
     return parse
 
 
+def json_output(parser, what: str) -> None:
+    """``--json PATH`` (``what`` written as JSON) and ``--force``: the commands whose JSON file
+    is checked (``engines.output_paths.check_output_file``) before their work starts."""
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help=f"also write {what} as JSON (checked before the work starts; an "
+                             f"existing file is replaced only when lockstep wrote it)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a --json file that lockstep did not write")
+
+
 def _span(minimum, maximum, above=None) -> str:
     """The range in words: "of at least 1", "above 0", "from 2 to 16777216"."""
     def show(v) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -14,7 +13,7 @@ from rich.table import Table
 from engines.errors import InputError
 from engines.output_paths import check_output_file
 from engines.registry import REFERENCE_ENGINE, engine_names
-from harness.cli.arguments import engine_list, integer, name_list
+from harness.cli.arguments import engine_list, integer, json_output, name_list
 from harness.cli.progress import CellProgress
 from harness.cli.tables import print_table
 
@@ -145,11 +144,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default=REFERENCE_ENGINE,
                    help=f"the engine every ratio is taken against (default {REFERENCE_ENGINE}); "
                         f"it joins --engines when missing")
-    p.add_argument("--json", type=Path, metavar="PATH",
-                   help="also write the rows as JSON (checked before the bench runs; an "
-                        "existing file is replaced only when it is a lockstep bench JSON)")
-    p.add_argument("--force", action="store_true",
-                   help="replace a --json file that lockstep did not write")
+    json_output(p, "the rows")
     # library names -> options (harness.cli.main); --engines is checked before the bench
     p.set_defaults(func=run, fields={"package": "--packages", "engine": "--baseline",
                                      "baseline": "--baseline",

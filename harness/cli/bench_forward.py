@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import shutil
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from engines.errors import InputError
 from engines.output_paths import check_output_file
-from harness.cli.arguments import integer
+from harness.cli.arguments import integer, json_output
 from harness.cli.tables import print_table
 
 
@@ -50,11 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=integer("--warmup", minimum=0), default=2,
                    help="untimed forwards per shape first: graph captures, step memos "
                         "(default 2); the first is the table's 'first ms'")
-    p.add_argument("--json", type=Path, metavar="PATH",
-                   help="also write the rows as JSON (checked before anything is timed; an "
-                        "existing file is replaced only when lockstep wrote it)")
-    p.add_argument("--force", action="store_true",
-                   help="replace a --json file that lockstep did not write")
+    json_output(p, "the rows")
     p.set_defaults(func=run, fields={"package": "--packages", "engine": "--engines",
                                      "prefill": "--prefill", "prefix": "--prefix"})
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from engines.output_paths import check_output_file
-from harness.cli.arguments import engine_list, integer
+from harness.cli.arguments import engine_list, integer, json_output
 from harness.cli.progress import CellProgress
 from harness.cli.tables import print_table
 
@@ -31,12 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--oracle-mode", choices=("stream", "recompute"), default="stream",
                    help="the oracle's mode (recompute: to show what one forward per prefix "
                         "costs; keep its lengths short)")
-    p.add_argument("--json", type=Path, metavar="PATH",
-                   help="write every row and the growth exponents as JSON (checked before "
-                        "anything runs; an existing file is replaced only when lockstep wrote "
-                        "it)")
-    p.add_argument("--force", action="store_true",
-                   help="replace a --json file that lockstep did not write")
+    json_output(p, "every row and the growth exponents")
     p.set_defaults(func=run, fields={"package": "--packages"})
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from harness.cli.arguments import json_output, name_list
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure a quantized engine's band (its scheme's "
@@ -38,12 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--write", action="store_true",
                    help="write the row into the bands table (refused unless every mutation is "
                         "caught tenfold)")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH",
-                   help="also write the row, the observations and the comparison as JSON "
-                        "(checked before the calibration runs; an existing file is replaced "
-                        "only when lockstep calibrate wrote it)")
-    p.add_argument("--force", action="store_true",
-                   help="replace a --json file that lockstep did not write")
+    json_output(p, "the row, the observations and the comparison")
     p.set_defaults(func=run, fields={"engine": "--engine", "package": "--package"})
 
 
@@ -90,7 +87,6 @@ def run(args: argparse.Namespace) -> int:
     from engines.registry import get_engine_class
     from engines.tolerances import BANDS_FILE, bands
     from harness import calibrate as cal_mod
-    from harness.cli.arguments import name_list
     from harness.mutations import check_plantable, mutations_for
     from harness.packages import resolve_package
 

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar
 
-from engines.backends.checkpoint_source import find_checkpoint, read_source
+from engines.backends.checkpoint_source import find_checkpoint, require_gguf_source
 from engines.backends.http.client import HttpClient, ServerError
 from engines.backends.http.flavours import FLAVOURS, Flavour, Identity, detect
 from engines.backends.http.server_build import HOW, find_server, require_server
@@ -134,14 +134,9 @@ class HttpEngine(BlackBoxEngine):
         """llama-server on the package's GGUF (found and hash-checked like the ``llama-cpp``
         engine's), on 127.0.0.1 and a free port, ready within its start-up time."""
         spec = self.package.spec
-        source = read_source(self.package.root)
-        if source and source.get("kind", "gguf") != "gguf":
-            raise EngineUnavailable(
-                f"{self.name} starts llama-server on a GGUF file; {spec.name!r} was converted "
-                f"from a {source.get('kind')!r} checkpoint", field="checkpoint",
-                value=source.get("file"),
-                remedy="run a package converted from a GGUF, or start your own server and "
-                       "give its URL (http:openai=URL)")
+        require_gguf_source(self.package, self.name, "starts llama-server on a GGUF file",
+                            "run a package converted from a GGUF, or start your own server "
+                            "and give its URL (http:openai=URL)")
         self.source = find_checkpoint(self.package.root, self.name)
         self.build = require_server()
         self.scheme = gguf_scheme(self.source.path)
