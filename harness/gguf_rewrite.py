@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from engines.gguf_fields import copy_gguf_fields
+from harness.convert.gguf_reader import open_gguf
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def rewrite_gguf(src: Path, dst: Path, change: Callable[[Tensor], Tensor | None]
     import gguf
 
     src, dst = Path(src), Path(dst)
-    reader = gguf.GGUFReader(str(src))
+    reader = open_gguf(src)
     arch = reader.fields["general.architecture"]
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     writer = gguf.GGUFWriter(str(tmp), bytes(arch.parts[arch.data[0]]).decode())

@@ -39,7 +39,7 @@ from engines.backends.checkpoint_source import CheckpointSource, content_hash, f
 from engines.backends.llama_cpp import LlamaCppEngine, gguf_scheme
 from engines.backends.ort_genai import OrtGenaiInt4Engine
 from engines.errors import InputError
-from harness.convert.gguf_header import field_value
+from engines.gguf_header import field_value
 from harness.convert.gguf_reader import open_gguf
 from harness.gguf_rewrite import Tensor, rewrite_gguf
 

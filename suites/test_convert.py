@@ -27,6 +27,7 @@ from engines.registry import get_engine_class  # noqa: E402
 from engines.tolerances import tolerance_for  # noqa: E402
 from engines.workflow import greedy_decode  # noqa: E402
 from harness.convert.conversion import convert, read_checkpoint  # noqa: E402
+from engines.gguf_header import field_value, tensor_table  # noqa: E402
 from harness.convert.gguf_reader import dequantize_tensor, open_gguf, weight_key  # noqa: E402
 from harness.compare import compare_tensors  # noqa: E402
 from harness.judgement import IDENTICAL, audit_logits, judge_stream  # noqa: E402
@@ -92,6 +93,37 @@ def test_q4_1_and_q8_0_blocks_decode_as_specified(tiny_gguf):
     d = raw[0:2].view(np.float16).astype(np.float32)[0]
     expected = d * raw[2:34].view(np.int8).astype(np.float32)
     assert np.array_equal(dequantize_tensor(q80)[5, :32], expected)
+
+
+def test_the_header_walk_reads_the_tensor_table_the_full_reader_reads(tiny_gguf, tmp_path):
+    """``tensor_table`` (what ``gguf_scheme`` reads) agrees with gguf's own parse on every
+    tensor's name, type and element count and on the scalar metadata; a file it cannot
+    follow (cut short in the tensor infos, not GGUF) is None, never a wrong table."""
+    reader = gguf.GGUFReader(str(tiny_gguf))
+    table = tensor_table(tiny_gguf)
+    assert table.tensors == [(t.name, int(t.tensor_type), int(t.n_elements))
+                             for t in reader.tensors]
+    scalars = {name: field_value(reader, name) for name, f in reader.fields.items()
+               if not name.startswith("GGUF.") and f.types[0] != gguf.GGUFValueType.ARRAY}
+    assert table.metadata == scalars and table.metadata["general.architecture"] == "llama"
+    data = tiny_gguf.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:data.index(b"blk.0.attn_q.weight") + 8])
+    assert tensor_table(cut) is None
+    cut.write_bytes(b"PK\x03\x04" + data[4:])
+    assert tensor_table(cut) is None
+
+
+def test_a_gguf_is_parsed_once_until_it_is_written_again(tiny_gguf, tmp_path):
+    """``open_gguf`` keeps the last readers by the file's identity: the same file opens to
+    the same reader; a copy written over it is read afresh."""
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(tiny_gguf.read_bytes())
+    first = open_gguf(copy)
+    assert open_gguf(copy) is first and open_gguf(str(copy)) is first
+    copy.unlink()
+    write_tiny_gguf(copy)
+    assert open_gguf(copy) is not first
 
 
 # -- converted packages run --------------------------------------------------------------

@@ -115,16 +115,14 @@ def smollm2_tokenizer(tmp_path_factory):
     """SmolLM2's tokenizer and chat template, read from its GGUF as the converter reads them
     and saved as a package holds them (tokenizer.json, chat_template.jinja)."""
     pytest.importorskip("gguf")
-    from gguf import GGUFReader
-
     from engines.shipped_checkpoint import smollm2_path
-    from harness.convert.gguf_reader import field_value
+    from harness.convert.gguf_reader import field_value, open_gguf
     from harness.convert.tokenizer_builder import tokenizer_from_gguf
 
     path = smollm2_path()
     if path is None:
         pytest.skip("SmolLM2 is not installed (make real)")
-    reader = GGUFReader(str(path))
+    reader = open_gguf(path)
     template = field_value(reader, "tokenizer.chat_template")
     tok = tokenizer_from_gguf(reader)
     folder = tmp_path_factory.mktemp("smollm2_tokenizer")

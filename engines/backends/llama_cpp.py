@@ -43,6 +43,7 @@ from engines.backends.checkpoint_source import (SIDECAR, find_checkpoint, read_s
 from engines.decode_result import DecodeResult
 from engines.engine import Availability, BlackBoxEngine
 from engines.errors import EngineUnavailable, ExecutionError, InputError
+from engines.gguf_header import field_value, tensor_table
 from engines.requests import check_count, check_request
 
 VERSION = "0.3.36"
@@ -100,26 +101,32 @@ def gguf_scheme(path: Path) -> dict[str, Any]:
     """The numeric scheme a GGUF runs under on ggml's CPU backend: ``ggml-cpu:<type>``, the
     weight type holding the most elements (a quantized one where the file has any: the
     1-D norms stay F32 in every quantization), with every tensor type's count and the file's
-    declared ``general.file_type``."""
+    declared ``general.file_type``. Read from the header's walk (``tensor_table``); a file
+    the walk cannot follow goes to the full reader, which says what is wrong with it."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    table = tensor_table(path)
+    if table is None:
+        reader = gguf.GGUFReader(str(path))
+        rows = [(t.name, int(t.tensor_type), int(t.n_elements)) for t in reader.tensors]
+        declared = field_value(reader, "general.file_type")
+    else:
+        rows, declared = table.tensors, table.metadata.get("general.file_type")
     counts: Counter[str] = Counter()
     elements: Counter[str] = Counter()
-    for tensor in reader.tensors:
-        counts[tensor.tensor_type.name] += 1
-        elements[tensor.tensor_type.name] += int(tensor.n_elements)
+    for _, kind, n in rows:
+        name = gguf.GGMLQuantizationType(kind).name
+        counts[name] += 1
+        elements[name] += n
     quantized = {k: n for k, n in elements.items() if k not in FLOAT_TYPES}
     pool = quantized or elements
     dominant = max(sorted(pool), key=pool.__getitem__)
-    field = reader.fields.get("general.file_type")
     file_type = None
-    if field is not None:
-        value = int(field.contents())
+    if declared is not None:
         try:
-            file_type = gguf.LlamaFileType(value).name
+            file_type = gguf.LlamaFileType(int(declared)).name
         except ValueError:
-            file_type = str(value)
+            file_type = str(declared)
     return {"numeric_scheme": f"ggml-cpu:{dominant.lower()}",
             "tensor_types": dict(sorted(counts.items())), "gguf_file_type": file_type}
 

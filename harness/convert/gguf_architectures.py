@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from engines.errors import InputError
-from harness.convert.gguf_header import field_value
+from engines.gguf_header import field_value
 from harness.convert.kinds import POSITIVE, Kind
 
 

@@ -30,7 +30,7 @@ from harness.convert import errors
 from harness.convert.architectures import BY_NAME, GGUF_FAMILIES
 from harness.convert.checkpoint import Architecture, Checkpoint
 from harness.convert.gguf_architectures import GgufLayout
-from harness.convert.gguf_header import field_value, read_metadata
+from engines.gguf_header import field_value, read_metadata
 from harness.convert.kinds import COUNT, POSITIVE
 from harness.convert.tokenizer_builder import special_ids, tokenizer_from_gguf
 
@@ -109,7 +109,22 @@ def _reader_class():
 
 
 def open_gguf(path: str | Path):
-    """A ``gguf.GGUFReader`` (memory-mapped), or an InputError if the file is not GGUF."""
+    """A ``gguf.GGUFReader`` (memory-mapped, read-only), or an InputError if the file is not
+    GGUF. The full parse takes seconds on a real vocabulary, and one run opens the same file
+    for the scheme, the conversion, the tokenizer and each planted bug: the last few readers
+    are kept, by the file's identity (inode, size and modification time, so a file written
+    again is read again)."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError:
+        st = None
+    key = None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns)
+    return _open_gguf(str(path.resolve()), key)
+
+
+@functools.lru_cache(maxsize=4)
+def _open_gguf(path: str, identity: tuple | None):
     path = Path(path)
     try:
         return _reader_class()(str(path))

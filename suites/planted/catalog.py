@@ -37,7 +37,7 @@ class Case:
 
 
 def _greedy(bug, status, step, packages):
-    return [Case(bug, p, status, step) for p in packages]
+    return [Case(pe.on_ort(bug) if p == REAL else bug, p, status, step) for p in packages]
 
 
 FIXTURES = ("tiny_llama", "tiny_llama_static", "tied_llama", "hybrid_mtp")

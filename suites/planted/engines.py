@@ -1,5 +1,7 @@
 """Planted-bug engines: each a thin wrapper over ``native-host`` that breaks exactly one
-thing, the way real engines break. A verdict is only as good as the bugs it catches; the
+thing, the way real engines break. On a real checkpoint the same hooks wrap ``ort-cpu``
+instead (``on_ort``): native-host's fixed-order numpy kernels take about a second a SmolLM2
+step, and what the verdict must catch is the planted bug, not the engine under it. A verdict is only as good as the bugs it catches; the
 suite asserts each of these is caught with its verdict and step, and the control is not.
 
 ``step`` below is the index of the emitted token a forward decides: the prefill is step 0,
@@ -8,11 +10,14 @@ of forwards the (fresh, per decode) ledger has completed.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
 from engines.backends.native_host import NativeHostEngine
+from engines.backends.ort_cpu import OrtCpuEngine
+from engines.engine import Engine
 from engines.tensor_ops.host import HostTensorOps
 
 K = 3  # the step at which step-triggered bugs strike
@@ -23,6 +28,14 @@ class Planted(NativeHostEngine):
 
     name = "planted-base"
     description = "native-host with one planted bug"
+    on_ort = False  # the forward is ort-cpu's (``on_ort``)
+
+    def __init__(self, package):
+        if not self.on_ort:
+            super().__init__(package)
+            return
+        Engine.__init__(self, package)
+        self.ort = OrtCpuEngine(package)
 
     @property
     def step(self) -> int:
@@ -30,7 +43,10 @@ class Planted(NativeHostEngine):
 
     def run_component(self, component: str, feeds: dict[str, Any], phase: str | None = None):
         feeds = self.corrupt_feeds(component, dict(feeds), phase)
-        out = dict(super().run_component(component, feeds, phase=phase))
+        if self.on_ort:
+            out = dict(self.ort.run_component(component, feeds, phase=phase))
+        else:
+            out = dict(super().run_component(component, feeds, phase=phase))
         return self.corrupt(component, feeds, out, phase)
 
     def corrupt_feeds(self, component, feeds, phase):
@@ -404,3 +420,11 @@ class SimulatedExtraReadback(SimulatedDevice):
     def corrupt(self, component, feeds, out, phase):
         self.ledger.record_readback("token_id", 4)
         return out
+
+
+@functools.cache
+def on_ort(bug: type) -> type:
+    """``bug`` with its forward computed by ort-cpu (the same name, hooks and description):
+    for the catch matrix's rows on a real checkpoint."""
+    return type(bug.__name__, (bug,), {"name": bug.name, "on_ort": True, "batch_invariant": False,
+                                       "__doc__": bug.__doc__, "__module__": bug.__module__})
