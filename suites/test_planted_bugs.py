@@ -135,6 +135,17 @@ def test_a_dropped_bos_is_judged_only_on_prompts_that_start_with_the_bos():
         assert [i[0] for i in ids] == [bos] * len(ids) and min(map(len, ids)) > 1, ids
 
 
+def test_the_catch_matrix_names_what_each_quantized_row_was_decoded_on():
+    row = {"bug": "x-bos-dropped", "package": REAL, "mode": "greedy", "caught": True,
+           "description": "", "expected": {"status": "defect", "step": 0},
+           "observed": {"status": "defect", "step": 0},
+           "prompts": ["chat: Hi", "plain: <|im_start|>system\nYou"]}
+    text = catch_matrix.markdown({"rows": [row, {**row, "bug": "y-bos-dropped"}],
+                                  "control": []})
+    assert ("x-bos-dropped, y-bos-dropped: decoded on `chat: Hi`, "
+            "`plain: <|im_start|>system\\nYou`.") in text.splitlines()
+
+
 def test_greedy_only_bug_names_the_greedy_path_and_the_right_reference():
     """Claim 1 in speculative mode: a broken greedy path is named as such, with the oracle's
     token, and the speculative stream is judged correct on its own."""

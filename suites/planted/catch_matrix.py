@@ -95,8 +95,8 @@ def markdown(matrix: dict) -> str:
             if row["bug"] not in names:
                 names.append(row["bug"])
     for prompts, bugs in workloads.items():
-        lines += ["", f"Decoded on {', '.join(f'`{p!r}`' for p in prompts)}: "
-                      f"{', '.join(bugs)}."]
+        shown = ", ".join("`" + p.replace("\n", "\\n") + "`" for p in prompts)
+        lines += ["", f"{', '.join(bugs)}: decoded on {shown}."]
     lines += ["", "What each bug does:", ""]
     seen = set()
     for row in matrix["rows"] + matrix["control"]:
