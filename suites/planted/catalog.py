@@ -98,7 +98,7 @@ QUANTIZED_PROMPTS = (("chat", "Hi"), ("chat", "Translate 'cat' to French."),
 # judged only after its prompt: after the two chats (31 and 38 tokens) int4 is 3-4x beyond its
 # band, after 30 more chats of 18-43 tokens 0.5-17x (tenfold on 3, all of 18-19). So the BOS
 # rows decode the two chats and a chat's opening, the first four tokens of every chat with the
-# default system turn, whose steps lie next to the BOS (int4 34x, llama.cpp 13x; the openings
+# default system turn, whose steps lie next to the BOS (int4 33x, llama.cpp 13x; the openings
 # of 3 to 14 tokens measured: int4 4-44x, 5 of 9 tenfold; llama.cpp 3-40x, 6 of 9)
 BOS_PROMPTS = (*QUANTIZED_PROMPTS[:2], ("plain", "<|im_start|>system\nYou"))
 QUANTIZED_TOKENS = 32
