@@ -16,8 +16,8 @@ decode and in teacher-forced scoring alike, the way such engines break:
   ``MatMulNBits`` scales (every layer's qkv, o, gate, up and down projections and the LM
   head), scored at the catch matrix's decode positions (its prompts and the honest engine's
   32 tokens, teacher-forced), in 4, and by a wide margin only in layer 9's down projection
-  (83x; the next 11x; layer 2's, picked before on the corpus alone, 9x). A band cannot see
-  every corrupt block, and ``docs/QUANTIZED.md`` says so;
+  (83x beyond the band; the next 11x; layer 2's, picked before on the corpus alone, 9x). A
+  band cannot see every corrupt block, and ``docs/QUANTIZED.md`` says so;
 - ``rope-base``: RoPE's frequency base a tenth of the model's (a wrong config key);
 - ``kv-shift`` (llama.cpp): the cached positions moved one on, from step ``K`` of a decode
   (position ``SHIFT_AT`` of a scored sequence), through llama.cpp's own sequence-shift call;
