@@ -12,12 +12,18 @@ decode and in teacher-forced scoring alike, the way such engines break:
   largest scale of one matrix, a matrix where that block carries enough of the signal to be
   seen (``LLAMA_SCALE_TENSORS``, ``INT4_SCALE_TENSOR``). Most single blocks are not: of the
   28 matrices of layers 0, 1, 2 and 29 tried on llama.cpp, the largest-scale block's doubling
-  went tenfold beyond the band in 4, of the 20 of layers 0-3 on int4 in 1 (two corpus
-  segments); a band cannot see every corrupt block, and ``docs/QUANTIZED.md`` says so;
+  went tenfold beyond the band in 4 (two corpus segments); of the int4 build's 151
+  ``MatMulNBits`` scales (every layer's qkv, o, gate, up and down projections and the LM
+  head), scored at the catch matrix's decode positions (its prompts and the honest engine's
+  32 tokens, teacher-forced), in 4, and by a wide margin only in layer 9's down projection
+  (83x beyond the band; the next 11x; layer 2's, picked before on the corpus alone, 9x). A
+  band cannot see every corrupt block, and ``docs/QUANTIZED.md`` says so;
 - ``rope-base``: RoPE's frequency base a tenth of the model's (a wrong config key);
 - ``kv-shift`` (llama.cpp): the cached positions moved one on, from step ``K`` of a decode
   (position ``SHIFT_AT`` of a scored sequence), through llama.cpp's own sequence-shift call;
-- ``bos-dropped``: a prompt's leading BOS not fed (a tokenizer/template bug).
+- ``bos-dropped``: a prompt's leading BOS not fed (a tokenizer/template bug). It acts only on
+  a prompt that starts with the BOS (SmolLM2's is ``<|im_start|>``: its chats do, its text
+  does not), and most at the positions next to it.
 
 The weights' bugs are written into a private copy of the checkpoint (a GGUF through
 ``harness.gguf_rewrite``; an onnxruntime-genai build folder through ``onnx``),
@@ -51,7 +57,7 @@ LLAMA_HALVES_TENSOR = "blk.0.attn_v.weight"
 # and the symmetric types (d q: doubling d doubles the block), where the bug shows
 LLAMA_SCALE_TENSORS = {"ggml-cpu:q4_1": "blk.29.ffn_gate.weight", None: "blk.2.ffn_down.weight"}
 INT4_HALVES_TENSOR = "model.layers.0.attn.o_proj.MatMul.weight_Q4"
-INT4_SCALE_TENSOR = "model.layers.2.mlp.down_proj.MatMul.weight_scales"
+INT4_SCALE_TENSOR = "model.layers.9.mlp.down_proj.MatMul.weight_scales"
 # GGUF block layouts: bytes a block, where its f16 scale and its 4-bit values are
 BLOCKS = {"Q4_0": (18, 0, 2), "Q4_1": (20, 0, 4), "Q8_0": (34, 0, None)}
 
@@ -304,8 +310,8 @@ class Int4HalvesSwapped(_Int4Build):
 
 
 class Int4BlockScale(_Int4Build):
-    """ort-genai-int4 with one block's scale doubled (the largest of the third layer's FFN
-    down projection, ``model.layers.2.mlp.down_proj``)."""
+    """ort-genai-int4 with one block's scale doubled (the largest of the tenth layer's FFN
+    down projection, ``model.layers.9.mlp.down_proj``)."""
     name = "planted-int4-block-scale"
 
     def mutate(self, values):

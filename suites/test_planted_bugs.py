@@ -11,20 +11,24 @@ import pytest
 from harness.runner import run_matrix
 from suites.planted import catch_matrix
 from suites.planted import engines as pe
-from suites.planted.catalog import (CASES, FIXTURE_TOKENS, QUANTIZED_PROMPTS, QUANTIZED_TOKENS,
-                                    REAL, REAL_TOKENS, Case)
+from suites.planted.catalog import (CASES, FIXTURE_TOKENS, QUANTIZED_TOKENS, REAL, REAL_TOKENS,
+                                    Case)
 
 pytestmark = pytest.mark.claim("token_identity")
 
 
+def _quantized_prompts(case: Case):
+    from harness.prompts import chat_prompt, text_prompt
+
+    return [chat_prompt([{"role": "user", "content": text}], name=f"q{i}")
+            if kind == "chat" else text_prompt(text, name=f"q{i}")
+            for i, (kind, text) in enumerate(case.prompts)]
+
+
 def _run(case: Case, evidence_dir=None):
     if case.quantized:
-        from harness.prompts import chat_prompt, text_prompt
-
-        prompts = [chat_prompt([{"role": "user", "content": text}], name=f"q{i}")
-                   if kind == "chat" else text_prompt(text, name=f"q{i}")
-                   for i, (kind, text) in enumerate(QUANTIZED_PROMPTS)]
-        return run_matrix([case.bug], [case.package], prompts, QUANTIZED_TOKENS, evidence_dir)
+        return run_matrix([case.bug], [case.package], _quantized_prompts(case),
+                          QUANTIZED_TOKENS, evidence_dir)
     real = case.package == REAL
     return run_matrix([case.bug], [case.package], None, REAL_TOKENS if real else FIXTURE_TOKENS,
                       evidence_dir, mode=case.mode, widths=[case.width] if case.width else None,
@@ -101,6 +105,45 @@ def test_planted_bug_is_caught_with_its_verdict_and_step(case: Case):
         assert not summary.failed
     else:
         assert summary.failed
+
+
+@pytest.mark.claim("quantized_band")
+def test_every_planted_quantized_bug_must_land_tenfold_beyond_its_band():
+    """Claim 1d: no quantized bug's row is let off the tenfold distance (the catch matrix's
+    decodes, as ``calibrate`` requires on the corpus)."""
+    bugs = [c for c in CASES if c.quantized and not c.control]
+    assert {"Int4BlockScale", "Int4BosDropped"} <= {c.bug.__name__ for c in bugs}
+    assert [c.id for c in bugs if c.min_ratio is None or c.min_ratio < 10] == []
+
+
+@pytest.mark.claim("quantized_band")
+@pytest.mark.real_checkpoint
+def test_a_dropped_bos_is_judged_only_on_prompts_that_start_with_the_bos():
+    """The BOS rows decode prompts the bug acts on: each starts with the package's BOS (on
+    SmolLM2 a text prompt does not: its tokenizer adds none)."""
+    pytest.importorskip("gguf")
+    from harness.packages import resolve_package
+    from harness.prompts import resolve, text_prompt
+
+    package = resolve_package(REAL)
+    bos = package.spec.bos_id
+    assert resolve(text_prompt("Hi"), package).ids[0] != bos
+    rows = [c for c in CASES if c.bug.__name__.endswith("BosDropped")]
+    assert len(rows) == 2
+    for case in rows:
+        ids = [resolve(p, package).ids for p in _quantized_prompts(case)]
+        assert [i[0] for i in ids] == [bos] * len(ids) and min(map(len, ids)) > 1, ids
+
+
+def test_the_catch_matrix_names_what_each_quantized_row_was_decoded_on():
+    row = {"bug": "x-bos-dropped", "package": REAL, "mode": "greedy", "caught": True,
+           "description": "", "expected": {"status": "defect", "step": 0},
+           "observed": {"status": "defect", "step": 0},
+           "prompts": ["chat: Hi", "plain: <|im_start|>system\nYou"]}
+    text = catch_matrix.markdown({"rows": [row, {**row, "bug": "y-bos-dropped"}],
+                                  "control": []})
+    assert ("x-bos-dropped, y-bos-dropped: decoded on `chat: Hi`, "
+            "`plain: <|im_start|>system\\nYou`.") in text.splitlines()
 
 
 def test_greedy_only_bug_names_the_greedy_path_and_the_right_reference():

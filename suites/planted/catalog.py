@@ -26,6 +26,7 @@ class Case:
     width: int | None = None
     min_ratio: float | None = None  # a quantized bug: this many times beyond its band at least
     quantized: bool = False  # a quantized engine's case: judged by its scheme's band
+    prompts: tuple[tuple[str, str], ...] = ()  # a quantized case's: (chat or plain, text)
 
     @property
     def id(self) -> str:
@@ -88,13 +89,28 @@ CASES: list[Case] = [
 ]
 # step -1: after the first partial accept of a correct engine (the suite computes it)
 
-def _quantized(bug, status, step, min_ratio: float | None = 10.0):
-    """A quantized engine (``harness.mutations``) on SmolLM2, over ``QUANTIZED_PROMPTS``,
-    judged by its scheme's checked-in band: a bug must be at least ``min_ratio`` times beyond
-    it on some metric (the farthest of the prompts); the honest engine passes on every
-    prompt."""
-    return Case(bug, REAL, status, step, quantized=True,
-                min_ratio=None if status in ("identical", "near-tie") else min_ratio)
+# Two chat prompts (they start with BOS; the chat template adds its default system turn) and
+# a plain one, 32 tokens: RoPE's base shows over the plain prompt's longer stream
+QUANTIZED_PROMPTS = (("chat", "Hi"), ("chat", "Translate 'cat' to French."),
+                     ("plain", "The first ten prime numbers are 2, 3, 5, 7,"))
+# A dropped BOS acts only on a prompt that starts with it (SmolLM2's BOS is <|im_start|>: its
+# chats do, its text does not) and fades within a few positions of it, while a decode is
+# judged only after its prompt: after the two chats (31 and 38 tokens) int4 is 3-4x beyond its
+# band, after 30 more chats of 18-43 tokens 0.5-17x (tenfold on 3, all of 18-19). So the BOS
+# rows decode the two chats and a chat's opening, the first four tokens of every chat with the
+# default system turn, whose steps lie next to the BOS (int4 33x, llama.cpp 13x; the openings
+# of 3 to 14 tokens measured: int4 4-44x, 5 of 9 tenfold; llama.cpp 3-40x, 6 of 9)
+BOS_PROMPTS = (*QUANTIZED_PROMPTS[:2], ("plain", "<|im_start|>system\nYou"))
+QUANTIZED_TOKENS = 32
+
+
+def _quantized(bug, status, step, prompts=QUANTIZED_PROMPTS):
+    """A quantized engine (``harness.mutations``) on SmolLM2, over ``prompts``, judged by its
+    scheme's checked-in band: a bug must be at least ten times beyond it on some metric (the
+    farthest of the prompts); the honest engine passes on every prompt."""
+    control = status in ("identical", "near-tie")
+    return Case(bug, REAL, status, step, quantized=True, min_ratio=None if control else 10.0,
+                prompts=prompts)
 
 
 # quantized engines: llama-cpp on SmolLM2's own Q4_1 GGUF, onnxruntime-genai's int4 build
@@ -104,23 +120,13 @@ CASES += [
     _quantized(qm.LlamaBlockScale, "drift", 0),
     _quantized(qm.LlamaRopeBase, "defect", 0),
     _quantized(qm.LlamaKvShift, "defect", qm.K),
-    # the answer's first token is still the oracle's: the missing BOS shows from the second
-    _quantized(qm.LlamaBosDropped, "defect", 1),
+    _quantized(qm.LlamaBosDropped, "defect", 0, BOS_PROMPTS),
     _quantized(OrtGenaiInt4Engine, "near-tie", None),
     _quantized(qm.Int4HalvesSwapped, "defect", 0),
     _quantized(qm.Int4RopeBase, "defect", 1),
-    # caught (drift), but in these 32-token decodes within 10x of the int4 band (6x, 4x): on
-    # the calibration corpus they are 92x and 41x beyond it (docs/QUANTIZED.md)
-    _quantized(qm.Int4BlockScale, "drift", 1, min_ratio=None),
-    _quantized(qm.Int4BosDropped, "drift", 0, min_ratio=None),
+    _quantized(qm.Int4BlockScale, "defect", 0),
+    _quantized(qm.Int4BosDropped, "defect", 0, BOS_PROMPTS),
 ]
-
-# Two chat prompts (they start with BOS; the chat template adds its default system turn) and
-# a plain one, 32 tokens: RoPE's base shows over the plain prompt's longer stream, a dropped
-# BOS in the chat answers' first steps
-QUANTIZED_PROMPTS = (("chat", "Hi"), ("chat", "Translate 'cat' to French."),
-                     ("plain", "The first ten prime numbers are 2, 3, 5, 7,"))
-QUANTIZED_TOKENS = 32
 
 REAL_TOKENS = 12  # SmolLM2 rows: one prompt, a short stream (the oracle recomputes on CPU)
 FIXTURE_TOKENS = 32

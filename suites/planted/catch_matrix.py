@@ -51,6 +51,8 @@ def write_row(case, status: str, step: int | None, expected_step: int | None,
            "caught": status == case.status and step == expected_step and far_enough}
     if beyond is not None:
         row["beyond"] = beyond
+    if case.prompts:  # a quantized case: what it was decoded on
+        row["prompts"] = [f"{kind}: {text}" for kind, text in case.prompts]
     (ROWS / f"{case.id}.json").write_text(json.dumps(row, indent=1))
 
 
@@ -86,6 +88,15 @@ def markdown(matrix: dict) -> str:
         far = f"{far['metric']} {far['ratio']}x" if far else ""
         lines.append(f"| {row['bug']} | {row['package']} | {row['mode']} | {fmt(exp)} | "
                      f"{fmt(obs)} | {far} | {'yes' if row['caught'] else '**NO**'} |")
+    workloads: dict[tuple, list[str]] = {}
+    for row in matrix["rows"] + matrix["control"]:
+        if row.get("prompts"):
+            names = workloads.setdefault(tuple(row["prompts"]), [])
+            if row["bug"] not in names:
+                names.append(row["bug"])
+    for prompts, bugs in workloads.items():
+        shown = ", ".join("`" + p.replace("\n", "\\n") + "`" for p in prompts)
+        lines += ["", f"{', '.join(bugs)}: decoded on {shown}."]
     lines += ["", "What each bug does:", ""]
     seen = set()
     for row in matrix["rows"] + matrix["control"]:
