@@ -11,6 +11,7 @@ asked for (or the other way round), under a writable folder. Each refusal is one
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,9 +38,17 @@ def _writable_ancestor(path: Path, option: str, start: Path) -> None:
         if not above.is_dir():
             raise InputError(f"{option}: {above} is a file, not a folder", field=option,
                              value=str(path), remedy="choose a path under a folder")
-        if not os.access(above, os.W_OK | os.X_OK):
-            raise InputError(f"{option}: the folder {above} is not writable", field=option,
-                             value=str(path),
+        refused = None if os.access(above, os.W_OK | os.X_OK) else "permission denied"
+        if refused is None:
+            try:  # root passes os.access everywhere, even where the file system refuses
+                # (/proc, a read-only mount): a file made there answers for it
+                with tempfile.TemporaryFile(dir=above):
+                    pass
+            except OSError as exc:
+                refused = exc.strerror or str(exc)
+        if refused is not None:
+            raise InputError(f"{option}: the folder {above} is not writable ({refused})",
+                             field=option, value=str(path),
                              remedy="choose a path in a folder you can write to")
         return
 
