@@ -94,4 +94,19 @@ def check_output_folder(path: str | os.PathLike, option: str, *, force: bool = F
     return path
 
 
-__all__ = ["HEAD_BYTES", "check_output_file", "check_output_folder", "lockstep_wrote"]
+def check_apart(path: str | os.PathLike, source: str | os.PathLike, option: str,
+                what: str) -> None:
+    """An output ``path`` is not the ``source`` it is made from (``what``: "checkpoint",
+    "build"), nor a folder holding it, nor inside it: even with ``--force``, replacing it
+    would remove the user's input (or write into it)."""
+    path, source = Path(path).expanduser().resolve(), Path(source).expanduser().resolve()
+    relation = ("is" if path == source else "holds" if path in source.parents else
+                "lies inside" if source in path.parents else None)
+    if relation is not None:
+        raise InputError(f"{option} {relation} the {what} it would be written from",
+                         field=option, value=str(path),
+                         remedy=f"write to a folder outside {source}")
+
+
+__all__ = ["HEAD_BYTES", "check_apart", "check_output_file", "check_output_folder",
+           "lockstep_wrote"]

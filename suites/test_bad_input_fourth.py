@@ -208,9 +208,6 @@ LEFT: set[str] = {  # unclear today, left for a later fix: strict xfail
     "run-no-evidence-with-evidence-dir",
     "run-prompt-negative-id",
     "convert-a-folder-holding-a-gguf",
-    "convert-output-is-the-checkpoint",
-    "convert-output-holds-the-checkpoint",
-    "convert-gguf-into-its-own-folder",
     "convert-tensor-missing",
     "convert-tensor-extra-layer",
     "report-same-folder-twice",
@@ -224,13 +221,11 @@ LEFT: set[str] = {  # unclear today, left for a later fix: strict xfail
     "calibrate-corpus-name-a-number",
     "calibrate-corpus-file-binary",
     "bench-pipelined-speculative",
-    "import-package-output-inside-the-source",
     "import-package-shared-asset-tampered",
     "env-http-timeout-nan",
     "env-step-memo-no",
     "env-gpu-count-negative",
     "env-cache-a-broken-link",
-    "interrupt-import-package-over-an-earlier-import",
 }
 
 

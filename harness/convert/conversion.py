@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines.errors import InputError
+from engines.output_paths import check_apart
 from engines.package import load_package, package_content_hash
 from engines.package.hashing import checkpoint_hash
 from harness.convert import cache, disk_room
@@ -63,6 +64,7 @@ def convert(checkpoint: str | Path, out: str | Path | None = None, force: bool =
         read_checkpoint(path)  # raises the clear error
     folder = None if out is None else Path(out).expanduser().resolve()
     if folder is not None:  # before any work: a folder of the user's is never replaced
+        check_apart(folder, path, "-o", "checkpoint")  # where --force could not help
         cache.claim_output(folder, force)
     precheck(path, opts)
     log.info("hashing %s", path.name)
