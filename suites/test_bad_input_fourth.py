@@ -210,19 +210,10 @@ LEFT: set[str] = {  # unclear today, left for a later fix: strict xfail
     "convert-a-folder-holding-a-gguf",
     "convert-tensor-missing",
     "convert-tensor-extra-layer",
-    "report-same-folder-twice",
-    "report-folder-named-like-a-record",
-    "report-record-broken-link",
-    "report-runs-a-file",
-    "report-record-steps-judged-past-tokens",
-    "report-manifest-complete-a-string",
-    "report-baseline-empty-folder",
-    "calibrate-bands-margin-a-word",
     "calibrate-corpus-name-a-number",
     "calibrate-corpus-file-binary",
     "bench-pipelined-speculative",
     "import-package-shared-asset-tampered",
-    "env-http-timeout-nan",
     "env-step-memo-no",
     "env-gpu-count-negative",
     "env-cache-a-broken-link",
@@ -568,6 +559,19 @@ CASES = [
          kept=lambda m: m.tmp / "r.html", status=130, interrupt="reports:render_report"),
 ]
 
+# issue 33's leftovers, known before this battery was written (so not in its count); the
+# fourth, ``lockstep engines`` on a bad LOCKSTEP_LLAMA_SERVER, is in test_engines_cli.py
+KNOWN = [
+    Case("explain-empty-object", lambda m: ["explain", str(_write(m.tmp / "e.json", "{}"))],
+         ("e.json", "the required fields", "are missing"), shuns=("schema version",)),
+    Case("bench-speculative-without-a-speculative-section", lambda m: [
+        "bench", *BENCH, "--mode", "speculative"],
+         ("--packages", "'tiny_llama' has no speculative section", "--mode greedy"),
+         shuns=("lockstep run",)),
+    Case("calibrate-bands-a-folder-in-words", lambda m: _calibrate(m, "--bands", str(m.tmp)),
+         ("--bands", "is a folder"), shuns=("IsADirectoryError", "Errno")),
+]
+
 
 def _ctrl_c(*args, **kwargs):
     raise KeyboardInterrupt
@@ -604,6 +608,11 @@ def test_fourth_bad_input_ends_in_one_clear_line(case, bad, capsys, monkeypatch)
     module, function = case.interrupt.split(":")
     monkeypatch.setattr(__import__(module, fromlist=[function]), function, _ctrl_c)
     check_interrupt(case, bad, capsys)
+
+
+@pytest.mark.parametrize("case", KNOWN, ids=[c.id for c in KNOWN])
+def test_issue_33_leftovers_end_in_one_clear_line(case, materials, capsys):
+    check_case(case, materials, capsys, case.shuns)
 
 
 def test_the_cases_are_new():
