@@ -46,7 +46,9 @@ clear (70.7%), 39 not:
 
 Those five were corrected after that run: the first three removed, the two
 ``LOCKSTEP_CHECKPOINTS`` cases given ``--strict`` (exit 1, a failing run). Without them:
-94 of 128 clear (73.4%).
+94 of 128 clear (73.4%). env-step-memo-no found a real fault (``no`` silently meant on), but
+native-host never reads the variable, and ``no`` now means off: it became
+env-step-memo-misspelt (``of``, on native-cuda, the engine that reads it).
 """
 from __future__ import annotations
 
@@ -204,19 +206,11 @@ class Case:
 
 
 LEFT: set[str] = {  # unclear today, left for a later fix: strict xfail
-    "run-concurrency-without-a-server",
-    "run-no-evidence-with-evidence-dir",
-    "run-prompt-negative-id",
     "convert-a-folder-holding-a-gguf",
     "convert-tensor-missing",
     "convert-tensor-extra-layer",
-    "calibrate-corpus-name-a-number",
-    "calibrate-corpus-file-binary",
     "bench-pipelined-speculative",
     "import-package-shared-asset-tampered",
-    "env-step-memo-no",
-    "env-gpu-count-negative",
-    "env-cache-a-broken-link",
 }
 
 
@@ -538,8 +532,10 @@ CASES = [
     Case("env-checkpoints-a-text-file", lambda m: [*_llama_cpp(m), "--strict"],
          ("LOCKSTEP_CHECKPOINTS", "notes.gguf"), status=1,
          env={"LOCKSTEP_CHECKPOINTS": lambda m: str(_write(m.tmp / "notes.gguf", "notes"))}),
-    Case("env-step-memo-no", lambda m: [*TINY], ("LOCKSTEP_STEP_MEMO", "no"),
-         env={"LOCKSTEP_STEP_MEMO": "no"}),
+    # corrected after the first run (see above): the engine that reads it, a misspelt value
+    Case("env-step-memo-misspelt", lambda m: [
+        "run", "--packages", "tiny_llama", "--engines", "native-cuda", "--no-evidence"],
+         ("LOCKSTEP_STEP_MEMO", "of"), env={"LOCKSTEP_STEP_MEMO": "of"}),
     Case("env-gpu-count-negative", lambda m: [*TINY, "--devices", "all"],
          ("LOCKSTEP_GPU_COUNT", "-1"), env={"LOCKSTEP_GPU_COUNT": "-1"}),
     Case("env-llama-server-a-folder", _llama_server, ("LOCKSTEP_LLAMA_SERVER",),
