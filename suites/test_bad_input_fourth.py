@@ -209,8 +209,6 @@ LEFT: set[str] = {  # unclear today, left for a later fix: strict xfail
     "convert-a-folder-holding-a-gguf",
     "convert-tensor-missing",
     "convert-tensor-extra-layer",
-    "bench-pipelined-speculative",
-    "import-package-shared-asset-tampered",
 }
 
 
