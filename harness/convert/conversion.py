@@ -44,10 +44,10 @@ def read_checkpoint(path: str | Path, with_tokenizer: bool = True) -> Checkpoint
         return read_hf_folder(path, with_tokenizer)
     what = "folder without config.json" if path.is_dir() else "path that does not exist"
     ggufs = sorted(path.glob("*.gguf")) if path.is_dir() else []
-    raise InputError(f"{path} is a {what}", field="CHECKPOINT", value=str(path),
-                     remedy=f"pass the GGUF file in it ({', '.join(str(g) for g in ggufs[:3])})"
-                     if ggufs else "pass a .gguf file, a Hugging Face folder (config.json + "
-                                   "*.safetensors), or 'smollm2'")
+    remedy = (f"pass the GGUF file in it ({', '.join(str(g) for g in ggufs[:3])})" if ggufs
+              else "pass a .gguf file, a Hugging Face folder (config.json + *.safetensors), "
+                   "or 'smollm2'")
+    raise InputError(f"{path} is a {what}", field="CHECKPOINT", value=str(path), remedy=remedy)
 
 
 def convert(checkpoint: str | Path, out: str | Path | None = None, force: bool = False,

@@ -178,9 +178,10 @@ def read_evidence(path: str | os.PathLike) -> EvidenceRecord:
     if not isinstance(data, dict):
         raise EvidenceError(f"top level is a JSON {type(data).__name__}, not an object",
                             where=where, remedy="an evidence file holds one JSON object")
-    missing = [name for name, f in EvidenceRecord.model_fields.items()
-               if f.is_required() and name not in data]
-    if "schema_version" not in data and missing:  # not a record at all, of any version
+    missing = [] if "schema_version" in data else [
+        name for name, f in EvidenceRecord.model_fields.items()
+        if f.is_required() and name not in data]
+    if missing:  # no version and no record's fields: not a record at all, of any version
         raise EvidenceError(f"not an evidence record: the required fields "
                             f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} "
                             f"are missing", field=missing[0], where=where,
