@@ -16,14 +16,19 @@ CACHE_ENV = "LOCKSTEP_CACHE"
 
 
 def cache_root() -> Path:
-    """``$LOCKSTEP_CACHE``, else ``<repo>/.lockstep/fixtures``. A variable naming a file, or
-    a folder under a file, is an ``InputError`` naming the variable (a write there would
-    fail later with the bare path)."""
+    """``$LOCKSTEP_CACHE``, else ``<repo>/.lockstep/fixtures``. A variable naming a file, a
+    folder under a file or a link to nothing is an ``InputError`` naming the variable (a
+    write there would fail later with the bare path, a listing would show an empty cache)."""
     env = os.environ.get(CACHE_ENV)
     if not env:
         return REPO_ROOT / ".lockstep" / "fixtures"
     root = Path(env).expanduser()
     for above in (root, *root.parents):
+        if above.is_symlink() and not above.exists():  # its folder is gone (a disk not there)
+            raise InputError(f"{above} is a link to {os.readlink(above)}, which does not "
+                             f"exist", field=CACHE_ENV, value=env,
+                             remedy=f"create the folder it points to, or set {CACHE_ENV} to "
+                                    f"another folder")
         if above.exists():
             if not above.is_dir():
                 raise InputError(f"{above} is a file, not a folder", field=CACHE_ENV,

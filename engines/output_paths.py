@@ -11,6 +11,7 @@ asked for (or the other way round), under a writable folder. Each refusal is one
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,9 +38,17 @@ def _writable_ancestor(path: Path, option: str, start: Path) -> None:
         if not above.is_dir():
             raise InputError(f"{option}: {above} is a file, not a folder", field=option,
                              value=str(path), remedy="choose a path under a folder")
-        if not os.access(above, os.W_OK | os.X_OK):
-            raise InputError(f"{option}: the folder {above} is not writable", field=option,
-                             value=str(path),
+        refused = None if os.access(above, os.W_OK | os.X_OK) else "permission denied"
+        if refused is None:
+            try:  # root passes os.access everywhere, even where the file system refuses
+                # (/proc, a read-only mount): a file made there answers for it
+                with tempfile.TemporaryFile(dir=above):
+                    pass
+            except OSError as exc:
+                refused = exc.strerror or str(exc)
+        if refused is not None:
+            raise InputError(f"{option}: the folder {above} is not writable ({refused})",
+                             field=option, value=str(path),
                              remedy="choose a path in a folder you can write to")
         return
 
@@ -85,4 +94,19 @@ def check_output_folder(path: str | os.PathLike, option: str, *, force: bool = F
     return path
 
 
-__all__ = ["HEAD_BYTES", "check_output_file", "check_output_folder", "lockstep_wrote"]
+def check_apart(path: str | os.PathLike, source: str | os.PathLike, option: str,
+                what: str) -> None:
+    """An output ``path`` is not the ``source`` it is made from (``what``: "checkpoint",
+    "build"), nor a folder holding it, nor inside it: even with ``--force``, replacing it
+    would remove the user's input (or write into it)."""
+    path, source = Path(path).expanduser().resolve(), Path(source).expanduser().resolve()
+    relation = ("is" if path == source else "holds" if path in source.parents else
+                "lies inside" if source in path.parents else None)
+    if relation is not None:
+        raise InputError(f"{option} {relation} the {what} it would be written from",
+                         field=option, value=str(path),
+                         remedy=f"write to a folder outside {source}")
+
+
+__all__ = ["HEAD_BYTES", "check_apart", "check_output_file", "check_output_folder",
+           "lockstep_wrote"]

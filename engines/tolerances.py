@@ -45,7 +45,8 @@ to another engine running the same package than to the twin alone. The per-op en
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -134,19 +135,53 @@ def bands(path: Path | None = None, option: str | None = None) -> dict[str, Band
                           remedy='give a bands table {"schemes": {SCHEME: {...}}} as written by '
                                  "lockstep calibrate --write, or a path where none exists yet")
 
+    if path.is_dir():
+        raise refuse("is a folder, not a bands table")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
-        raise refuse(f"cannot be read ({err.__class__.__name__}: {err})") from None
+    except OSError as err:
+        raise refuse(f"cannot be read ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise refuse(f"is not UTF-8 text (byte {err.start})") from None
     except json.JSONDecodeError as err:
         raise refuse(f"is not valid JSON ({err})") from None
     schemes = data.get("schemes") if isinstance(data, dict) else None
     if not isinstance(schemes, dict):
         raise refuse('holds no "schemes" mapping')
-    try:
-        return {scheme: Band(scheme=scheme, **row) for scheme, row in schemes.items()}
-    except TypeError as err:
-        raise refuse(f"holds a row that is not a band ({err})") from None
+    out = {}
+    for scheme, row in schemes.items():
+        problems = _band_problems(row)
+        if problems:
+            raise refuse(f"holds a row {scheme!r} that is not a band: {'; '.join(problems)}")
+        out[scheme] = Band(scheme=scheme, **row)
+    return out
+
+
+def _band_problems(row) -> list[str]:
+    """What keeps ``row`` (one scheme's entry of the table) from being a ``Band``: a bound
+    missing or not a finite number of at least 0, a window that is no count, a field no band
+    has."""
+    if not isinstance(row, dict):
+        return [f"a JSON {type(row).__name__}, not an object"]
+    known = {f.name: f for f in fields(Band) if f.name != "scheme"}
+    problems = [f"{name} is missing" for name, f in known.items() if name not in row
+                and f.default is MISSING and f.default_factory is MISSING]
+    problems += [f"{name} is not a field of a band" for name in row if name not in known]
+    for name, value in row.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name == "window" and not (number and value == int(value) and value >= 1):
+            problems.append(f"window = {value!r} is not a count of steps")
+        elif name == "provenance" and not isinstance(value, dict):
+            problems.append(f"provenance = {_short(value)} is not an object")
+        elif name in known and name not in ("window", "provenance") and not (
+                number and math.isfinite(value) and value >= 0):
+            problems.append(f"{name} = {_short(value)} is not a finite number of at least 0")
+    return problems
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def band_for(scheme: str | None) -> Band | None:

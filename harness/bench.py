@@ -237,7 +237,13 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
             targets.append(BenchTarget(package, ids, None, "greedy"))
             continue
         sp = spec.decoding.speculative
-        w = check_width(spec, width if width is not None or sp is None else sp.max_width)
+        if sp is None:
+            raise InputError(f"package {spec.name!r} has no speculative section "
+                             f"(decoding.speculative): nothing of it to time in speculative "
+                             f"mode", field="package", value=spec.name,
+                             remedy="bench it with --mode greedy, or leave --packages out to "
+                                    "bench every speculative fixture")
+        w = check_width(spec, width if width is not None else sp.max_width)
         targets.append(BenchTarget(package, ids, w, f"{sp.kind}/w{w}"))
     return BenchPlan(tuple(entries.items()), tuple(targets), mode, repeats, warmup,
                      max_new_tokens, base_name, ignore_eos, warmup_steps, pipelined,

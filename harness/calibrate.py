@@ -137,7 +137,12 @@ def load_corpus(package, path: Path | str = CORPUS_FILE,
             continue
         data = file.read_bytes()
         digest.update(f"\0{entry['name']}\0{entry['kind']}\0".encode() + data)
-        text = data.decode("utf-8")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(f"{file} is not UTF-8 text (byte {err.start})",
+                             field=f"{where}.file", value=entry["file"],
+                             remedy="save the segment as UTF-8 text", where=str(path)) from None
         if entry["kind"] == "plain":
             source = text_prompt(text, f"{where}.file")
         else:
@@ -164,6 +169,11 @@ def _checked_segments(path: Path, entries: list) -> list[tuple[str, dict, Path]]
             raise InputError("a segment needs name, kind and file", field=where, value=entry,
                              remedy="write {name, kind: plain|chat, topic, file}",
                              where=str(path))
+        if not isinstance(entry["name"], str) or not entry["name"].strip():
+            # --segments and the results name a segment by its text: 5 would never match "5"
+            raise InputError("a segment's name is text", field=f"{where}.name",
+                             value=entry["name"], remedy=f"quote it (name: "
+                                                         f"'{entry['name']}')", where=str(path))
         if entry["name"] in seen:
             raise InputError("two segments share one name (--segments and the results "
                              "name a segment by it)", field=f"{where}.name",
@@ -182,7 +192,8 @@ def _checked_segments(path: Path, entries: list) -> list[tuple[str, dict, Path]]
                              remedy="name a file beside the manifest (copy it there)",
                              where=str(path))
         if not file.is_file():
-            raise InputError(f"{file} does not exist", field=f"{where}.file",
+            what = "is a folder, not a file" if file.is_dir() else "does not exist"
+            raise InputError(f"{file} {what}", field=f"{where}.file",
                              value=entry["file"], remedy="name a file beside the manifest",
                              where=str(path))
         checked.append((where, entry, file))

@@ -89,11 +89,13 @@ def visible_gpus(environ: MutableMapping[str, str] | None = None,
         try:
             n = int(override)
         except ValueError:
+            n = -1
+        if n < 0:
             from engines.errors import InputError
 
-            raise InputError("the GPU count override is not an integer", field=COUNT_ENV,
-                             value=override, remedy=f"unset {COUNT_ENV}, or set it to a count "
-                                                    "such as 2") from None
+            raise InputError("the GPU count override is not a count (an integer of at least "
+                             "0)", field=COUNT_ENV, value=override,
+                             remedy=f"unset {COUNT_ENV}, or set it to a count such as 2")
     else:
         n = count()
     if "CUDA_VISIBLE_DEVICES" in env:  # CUDA numbers the listed GPUs 0..n-1

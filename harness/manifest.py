@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from engines import json_text
 from engines.errors import LockstepError
@@ -67,7 +67,7 @@ class RunManifest(BaseModel):
     started: AwareDatetime
     command: list[str] = Field(default_factory=list)
     planned: list[PlannedCell]
-    complete: bool = False
+    complete: StrictBool = False  # "yes" is a hand edit, not a run's word
     finished: AwareDatetime | None = None
     plan_digest: str | None = None  # what identifies the plan (harness.plan.plan_digest)
     shard: ShardShare | None = None  # this run's share, when the plan was sharded
@@ -99,6 +99,10 @@ def write_manifest(folder: str | os.PathLike, manifest: RunManifest) -> Path:
 def read_manifests(folder: str | os.PathLike) -> list[RunManifest]:
     """Every manifest under ``folder/runs`` (none: an empty list), oldest first."""
     runs = Path(folder) / RUNS
+    if runs.exists() and not runs.is_dir():  # the manifests are lost: coverage is unknown
+        raise LockstepError(f"{RUNS} is a file, where the folder of run manifests belongs",
+                            where=str(runs), field=RUNS,
+                            remedy=f"move the file away; a run writes {RUNS}/<run id>.json")
     if not runs.is_dir():
         return []
     out = []

@@ -288,8 +288,9 @@ def test_unknown_engines_and_packages_and_empty_lists_are_named():
     with pytest.raises(InputError) as info:
         hb.plan_bench(["native-host"], [])
     assert info.value.field == "packages"
-    with pytest.raises(InputError, match="declares no speculative decoding"):
+    with pytest.raises(InputError, match="'tiny_llama' has no speculative section") as info:
         hb.plan_bench(["native-host"], ["tiny_llama"], mode="speculative")
+    assert info.value.field == "package" and "lockstep run" not in str(info.value)
 
 
 def test_json_holds_the_rows_and_settings(greedy_rows, tmp_path):

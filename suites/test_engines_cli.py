@@ -85,8 +85,8 @@ def listing(capsys, *extra) -> tuple[int, dict[str, dict], str]:
 def test_builtins_are_listed_with_lockstep_version_capabilities_and_availability(plugins, capsys):
     status, rows, err = listing(capsys)
     assert status == 0 and not err
-    assert list(rows) == list(BUILTIN)
-    for name, row in rows.items():
+    assert list(rows) == [*BUILTIN, "http:llama-server"]
+    for name, row in ((name, rows[name]) for name in BUILTIN):
         cls = get_engine_class(name)
         assert row["source"] == "built-in" and row["distribution"] == "lockstep"
         assert row["version"] == lockstep_version() and row["target"] == BUILTIN[name]
@@ -94,6 +94,18 @@ def test_builtins_are_listed_with_lockstep_version_capabilities_and_availability
         avail = cls.availability()
         assert (row["available"], row["reason"]) == (avail.ok, avail.reason)
         assert row["problem"] is None and row["clash"] is False
+
+
+def test_the_server_lockstep_starts_is_listed_with_a_bad_setting_as_its_reason(
+        plugins, capsys, monkeypatch, tmp_path):
+    """A LOCKSTEP_LLAMA_SERVER that names no program is why http:llama-server cannot run
+    here: the variable, its value and the remedy (issue 33)."""
+    monkeypatch.setenv("LOCKSTEP_LLAMA_SERVER", str(tmp_path))
+    status, rows, err = listing(capsys)
+    row = rows["http:llama-server"]
+    assert status == 0 and not err and row["available"] is False
+    assert f"[field LOCKSTEP_LLAMA_SERVER = '{tmp_path}']" in row["reason"]
+    assert "remedy: point LOCKSTEP_LLAMA_SERVER at a llama-server binary" in row["reason"]
 
 
 def test_a_plugin_is_listed_with_its_distribution_and_version(plugins, capsys):

@@ -156,6 +156,11 @@ def test_import_package_command_writes_and_refuses_an_existing_output(source, tm
         f"tiny-scatter-package-{v}" for v in CPU_VARIANTS)
     line = one_line_error(capsys, ["import-package", str(source), "-o", str(out)])
     assert "-o names a folder that already holds" in line and "--force" in line
+    (out / "earlier.txt").write_text("an earlier import")
+    assert main(["import-package", str(source), "-o", str(out), "--force"]) == 0
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(
+        f"tiny-scatter-package-{v}" for v in CPU_VARIANTS)
+    assert not (out / "earlier.txt").exists() and list(tmp_path.iterdir()) == [out]
 
 
 # -- bad packages: one line naming the file, the field, the value and the remedy -------------

@@ -45,6 +45,7 @@ from engines.device_memory import CountingAllocator
 from engines.dtypes import dtype_of
 from engines.engine import Availability, Engine
 from engines.errors import EngineUnavailable, InputError, ResidencyError
+from engines.native import dependent_launch
 from engines.native.bf16_plan import Bf16Plan, model_uses_bf16
 from engines.native.capacity_cache import CapacityCells, capacity_plan
 from engines.native.cupy_array_backend import CupyArrayBackend
@@ -52,6 +53,7 @@ from engines.native.graph_slots import (CaptureError, CupyGraphDevice, GraphSlot
                                         forward_positions, graphs_default)
 from engines.native.kernel_launch import plain_launches
 from engines.native.plan import Plan
+from engines.native.step_memo import memo_enabled
 from engines.tensor_ops.cuda import CudaTensorOps
 
 
@@ -91,15 +93,21 @@ def _require_bfloat16_arrays(cupy) -> None:
 GRAPHS_ENV = "LOCKSTEP_NATIVE_CUDA_GRAPHS"  # auto (default) | on | off
 
 
+def graphs_mode() -> str:
+    """``LOCKSTEP_NATIVE_CUDA_GRAPHS``: auto, on or off (anything else refused)."""
+    value = os.environ.get(GRAPHS_ENV, "auto").strip().lower()
+    if value not in ("auto", "on", "off"):
+        raise InputError(f"{GRAPHS_ENV} must be auto, on or off", field=GRAPHS_ENV,
+                         value=value, remedy=f"unset it, or set {GRAPHS_ENV}=on")
+    return value
+
+
 def graphs_setting(spec) -> bool:
     """Graphs when the engine is built without ``graphs=``: ``auto`` (the default) is
     ``graphs_default`` (static packages); ``on`` asks for them on every package, append
     caches included (capacity buffers where the graph allows); ``off`` runs every forward
     eagerly. For runs that construct engines themselves (``lockstep run``/``bench``)."""
-    value = os.environ.get(GRAPHS_ENV, "auto").strip().lower()
-    if value not in ("auto", "on", "off"):
-        raise InputError(f"{GRAPHS_ENV} must be auto, on or off", field=GRAPHS_ENV,
-                         value=value, remedy=f"unset it, or set {GRAPHS_ENV}=on")
+    value = graphs_mode()
     return graphs_default(spec) if value == "auto" else value == "on"
 
 
@@ -110,6 +118,13 @@ class NativeCudaEngine(Engine):
     graph_slots = True
     description = "lockstep executor, CuPy backend, batch-invariant kernels, one stream"
     device_id: ClassVar[int] = 0
+
+    @classmethod
+    def check_settings(cls) -> None:
+        """Its graphs mode and its two A/B switches, before any cell."""
+        graphs_mode()
+        memo_enabled()
+        dependent_launch.requested()
 
     @classmethod
     def availability(cls) -> Availability:

@@ -27,10 +27,11 @@ from google.protobuf import text_format
 from onnx import TensorProto, helper
 
 from engines.backends.genai_package import mask_prologue, wrap_genai_build
-from engines.errors import PackageError
+from engines.errors import EngineUnavailable, PackageError
 from engines.model_package.manifest import Variant
 from engines.model_package.metadata import Metadata, read_metadata
 from engines.package import load_package
+from engines.tokenizer import PackageTokenizer
 
 ORIGIN_FILE = "model_package.json"
 COMPONENT_FILE = "target.onnx"
@@ -333,8 +334,12 @@ def wrap_variant(variant: Variant, out: Path, name: str, origin: dict) -> Path:
             "components": {"target": {"path": COMPONENT_FILE, "inputs": inputs,
                                       "outputs": outputs}},
             "state": state, "decoding": {"greedy": {}, "speculative": None}}
+    tokenizer = variant.tokenizer / "tokenizer.json" if variant.tokenizer is not None else None
+    has_tokenizer = tokenizer is not None and tokenizer.is_file()
+    if has_tokenizer:
+        _check_tokenizer(tokenizer, g)
     out.mkdir(parents=True)
-    if variant.tokenizer is not None and (variant.tokenizer / "tokenizer.json").is_file():
+    if has_tokenizer:
         for extra in ("tokenizer.json", "chat_template.jinja"):
             if (variant.tokenizer / extra).is_file():
                 shutil.copyfile(variant.tokenizer / extra, out / extra)
@@ -349,6 +354,19 @@ def wrap_variant(variant: Variant, out: Path, name: str, origin: dict) -> Path:
          "computed_in_graph": added}, indent=2, sort_keys=True) + "\n")
     load_package(out)  # every port checked against the graph
     return out
+
+
+def _check_tokenizer(path: Path, g) -> None:
+    """The variant's tokenizer.json loads as a tokenizer (a shared asset's content is not
+    otherwise checked): else the import is refused, naming the file, not a later --text."""
+    try:
+        PackageTokenizer(path)
+    except EngineUnavailable:
+        return  # no tokenizers installed here: checked when a text prompt needs it
+    except PackageError as err:
+        raise g.fail(f"its tokenizer {path} is not one ({err.message})", "tokenizer",
+                     str(path.parent), "give the variant the tokenizer.json its model was "
+                                       "exported with") from None
 
 
 def folder_name(text: str) -> str:

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import struct
 import threading
 
 from engines.errors import ExecutionError
+from engines.native.env_switch import switch
 
 ENV = "LOCKSTEP_DEPENDENT_LAUNCH"
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
@@ -36,8 +36,8 @@ _ATTRIBUTE = struct.Struct("@I4xi60x")
 
 
 def requested() -> bool:
-    """Whether the environment leaves dependent launches on (anything but ``off``/``0``)."""
-    return os.environ.get(ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+    """Whether the environment leaves dependent launches on (``env_switch``; default on)."""
+    return switch(ENV)
 
 
 def _driver_entry():

@@ -30,11 +30,13 @@ replays. ``LOCKSTEP_STEP_MEMO=off`` turns memos off (the A/B of a same-machine c
 """
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from typing import Any
 
+from engines.native.env_switch import switch
 from engines.native.kernel_launch import RECORDING
+
+ENV = "LOCKSTEP_STEP_MEMO"
 
 # The op types whose device path is launches of the two kernel families and nothing else
 # (where an operand takes another path, the allocation check refuses that key).
@@ -48,7 +50,7 @@ _INPUT, _ALLOC, _FIXED = 0, 1, 2
 
 
 def memo_enabled() -> bool:
-    return os.environ.get("LOCKSTEP_STEP_MEMO", "on").lower() not in ("off", "0", "false")
+    return switch(ENV)
 
 
 class Recorder:

@@ -178,6 +178,10 @@ def run(args: argparse.Namespace) -> int:
     if width is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
                          value=args.width, remedy="add --mode speculative, or drop --width")
+    if args.pipelined and args.mode != "greedy":  # speculative rounds read back each count
+        raise InputError("--pipelined queues greedy decodes only; --mode speculative would "
+                         "time them unpipelined", field="--pipelined", value=args.mode,
+                         remedy="drop --pipelined, or bench --mode greedy")
     _check_warmup_steps(args.warmup_steps, args.max_new_tokens)
     engines = engine_list(args.engines, "--engines") or engine_names()
     if args.packages is not None:

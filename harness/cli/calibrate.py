@@ -96,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
     path = args.bands or BANDS_FILE
     checked_in = bands(path, "--bands")  # before the minutes of scoring it is compared with
+    if args.write:  # and the table they would be written into (replacing it is --write's job)
+        check_output_file(path, "--bands", marker="", force=True, example="bands.json")
     cls = get_engine_class(args.engine)
     found = cls.availability()
     if not found.ok:

@@ -1,9 +1,10 @@
 """``lockstep engines``: every engine lockstep knows, built in and by plugin.
 
-For each: where it comes from (built in, or the entry point of which distribution), its
-version (the distribution's; lockstep's for built-ins), its declared capabilities
-(``engines.engine.Capabilities``), and whether it can run here and, if not, why. A plugin
-that fails to import, or whose class lockstep refuses, is listed with its error.
+For each (and the server lockstep starts, ``http:llama-server``): where it comes from
+(built in, or the entry point of which distribution), its version (the distribution's;
+lockstep's for built-ins), its declared capabilities (``engines.engine.Capabilities``), and
+whether it can run here and, if not, why. A plugin that fails to import, or whose class
+lockstep refuses, is listed with its error.
 
 Exit status: 0 when every engine loads (whether or not it can run here), 1 when some engine
 cannot be loaded (its error is in the listing), 2 when two engines claim one name (an entry
@@ -16,7 +17,9 @@ import json
 import sys
 from typing import Any
 
-from engines.registry import describe_engines
+from engines.registry import EngineListing, describe_engines, lockstep_version
+
+SERVER = "http:llama-server"
 
 
 def _capabilities(cls) -> tuple[dict[str, Any] | None, str | None]:
@@ -34,11 +37,22 @@ def _availability(cls) -> tuple[bool, str]:
     return bool(avail.ok), avail.reason
 
 
+def _server_listing() -> EngineListing:
+    """``http:llama-server``, the one server spelling whose server lockstep starts (the
+    others name a server of the user's by its URL): listed so that a bad setting of it
+    (``LOCKSTEP_LLAMA_SERVER``, the HTTP variables) shows as the reason it cannot run."""
+    from engines.backends.http.spelling import engine_class
+
+    cls = engine_class(SERVER, checked=False)
+    return EngineListing(SERVER, f"{cls.__module__}:HttpEngine", "built-in", "lockstep",
+                         lockstep_version(), cls)
+
+
 def engine_rows() -> list[dict[str, Any]]:
     """One dict per engine (the ``--json`` form): name, source, distribution, version,
     target, description, capabilities, available, reason, problem, clash."""
     rows = []
-    for listing in describe_engines():
+    for listing in [*describe_engines(), _server_listing()]:
         row: dict[str, Any] = {
             "name": listing.name, "source": listing.source,
             "distribution": listing.distribution, "version": listing.version,

@@ -46,12 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from harness.forensics import FACTOR, explain_record, save_layer_curve
     from harness.forensics.explanation import MARKER
-    from harness.forensics.plot import PLOT_MARKER
+    from harness.forensics.plot import PLOT_MARKER, plot_format
 
     if args.json not in (None, "-"):
         check_output_file(args.json, "--json", marker=MARKER, force=args.force,
                           example="explanation.json")
     if args.plot is not None:
+        plot_format(args.plot)
         check_output_file(args.plot, "--plot", marker=PLOT_MARKER, force=args.force,
                           example="layers.svg")
     expl = explain_record(args.evidence, engine=args.engine, package=args.package,

@@ -9,16 +9,20 @@ the builder (``engines.backends.genai_build``, cached) on the checkpoint.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
 
 from engines.errors import InputError, LockstepError
-from engines.output_paths import check_output_folder
+from engines.output_paths import check_apart, check_output_folder
 from engines.shipped_checkpoint import resolve_checkpoint
 from harness.cli.arguments import package_name
 from harness.cli.progress import converting_steps
+from harness.staging import stage
 
 # lockstep convert's --dtype -> the builder's -p
 PRECISIONS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -80,18 +84,27 @@ def build_prompts(build: Path) -> list[list[int]] | None:
     return [p for p in ids.values() if p] or None
 
 
-def clear_output(out: Path, build: Path, force: bool) -> None:
+@contextlib.contextmanager
+def replacing(out: Path, source: Path, force: bool, what: str) -> Iterator[Path]:
     """The output folder, checked before any work (``engines.output_paths``: new or empty,
-    else refused without ``force``); with ``force`` what it holds is removed first, but never
-    the build itself."""
+    else refused without ``force``; never the ``source`` it is made from, a folder holding it
+    or one inside it). With ``force`` what it holds is set aside while the work runs and
+    removed only once the work is done: an error or Ctrl-C puts it back."""
+    check_apart(out, source, "-o", what)  # where --force could not help
     out = check_output_folder(out, "-o", force=force).resolve()
-    if not force or not out.exists():
-        return
-    if out == build or out in build.parents:
-        raise InputError("the output folder holds the build it would be written from",
-                         field="-o", value=str(out),
-                         remedy="write the package to a folder outside the build")
-    shutil.rmtree(out)
+    aside = None
+    if out.is_dir() and any(out.iterdir()):  # reached with --force only
+        aside = stage(out)  # a staging name: a killed process's is removed by the next one
+        os.rename(out, aside)
+    try:
+        yield out
+    except BaseException:
+        if aside is not None:
+            shutil.rmtree(out, ignore_errors=True)
+            os.rename(aside, out)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def wrap_and_report(build: Path, out: Path, name: str | None,
@@ -99,12 +112,12 @@ def wrap_and_report(build: Path, out: Path, name: str | None,
     """Wrap ``build`` into ``out`` with progress on stderr, then print what was written."""
     from engines.backends.genai_package import read_genai_config, wrap_genai_build
 
-    read_genai_config(build)  # a genai build, before anything is removed
-    clear_output(out, build, force)
-    if prompts is None:
-        prompts = build_prompts(build)
-    with converting_steps(f"importing {build.name}"):
-        folder = wrap_genai_build(build, out, name, prompts)
+    read_genai_config(build)  # a genai build, before anything is set aside
+    with replacing(out, build, force, "build") as out:
+        if prompts is None:
+            prompts = build_prompts(build)
+        with converting_steps(f"importing {build.name}"):
+            folder = wrap_genai_build(build, out, name, prompts)
     report(folder)
     return 0
 
@@ -149,12 +162,11 @@ def convert_with_builder(args: argparse.Namespace) -> int:
     if args.output is None and args.name is not None:
         raise InputError("--name needs -o: the cached package keeps its own name",
                          field="--name", value=args.name, remedy="add -o PACKAGE, or drop --name")
+    path = resolve_checkpoint(args.checkpoint)
     if args.output is not None:  # before the builder's minutes
-        from engines.output_paths import check_output_folder
-
+        check_apart(args.output, path, "-o", "checkpoint")
         check_output_folder(args.output, "-o", force=args.force)
     version = require_builder()
-    path = resolve_checkpoint(args.checkpoint)
     if not path.exists():
         raise InputError(f"{path} does not exist", field="CHECKPOINT", value=str(path),
                          remedy="give a .gguf file, a Hugging Face folder, or smollm2")

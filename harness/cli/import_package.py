@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from engines.model_package import import_model_package
     from engines.model_package.manifest import MANIFEST_FILE
     from engines.package import load_package
-    from harness.cli.import_genai import clear_output
+    from harness.cli.import_genai import replacing
 
     root = Path(args.package).expanduser().resolve()
     if not (root / MANIFEST_FILE).is_file() or (root / "package.yaml").exists():
@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
                                                  "components and variants (a lockstep "
                                                  "package needs no import)")
     out = args.output if args.output is not None else root.parent / f"{root.name}-imported"
-    clear_output(out, root, args.force)
-    report = import_model_package(root, out)
+    with replacing(out, root, args.force, "model package") as out:
+        report = import_model_package(root, out)
     console = Console(soft_wrap=True)
     console.print(f"imported {report.source} ({report.content_hash[:19]}) into {out}")
     for label, folder in report.imported.items():

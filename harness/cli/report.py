@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engines.errors import LockstepError
+from engines.errors import InputError, LockstepError
 from engines.output_paths import check_output_file
-from harness.cli.arguments import existing
+from harness.cli.arguments import as_option, existing
 
 
 def register(subparsers) -> None:
@@ -82,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
     from reports.render import MARKER
 
     check_output_file(args.output, "-o", marker=MARKER, force=args.force, example="report.html")
+    seen: set[Path] = set()
+    for folder in args.evidence_dirs:  # one folder twice would count each record twice
+        if folder.resolve() in seen:
+            raise InputError("EVIDENCE_DIR names one folder twice", field="EVIDENCE_DIR",
+                             value=str(folder), remedy="name each evidence folder once")
+        seen.add(folder.resolve())
 
     found, manifests, explanations = [], [], {}
     for folder in args.evidence_dirs:
@@ -93,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
         explanations.update(load_explanations(folder))
     manifests.sort(key=lambda m: m.started)
     records, duplicates = drop_duplicates([r for _, r in found], [p for p, _ in found])
-    baseline = load_evidence_dir(args.baseline) if args.baseline is not None else None
+    try:
+        baseline = load_evidence_dir(args.baseline) if args.baseline is not None else None
+    except LockstepError as err:
+        raise (as_option(err, "--baseline") if err.field is None else err) from None
 
     html = render_report(records, baseline, title=args.title, manifests=manifests,
                          catch_matrix=_catch_matrix(args), explanations=explanations,

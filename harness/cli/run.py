@@ -35,6 +35,9 @@ def parse_prompt(text: str) -> list[int]:
     if not ids:  # a word, or nothing at all: no prompt to run
         raise InputError("a prompt is a list of integer token ids", field="--prompt", value=text,
                          remedy='write it as "1 5 7" or "1,5,7"')
+    if min(ids) < 0:  # of any package
+        raise InputError(f"token id {min(ids)} is negative", field="--prompt", value=text,
+                         remedy="give token ids of 0 or more (below the package's vocab_size)")
     return ids
 
 
@@ -162,7 +165,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the engine's greedy stream and the oracle (default: greedy)")
     p.add_argument("--width", metavar="N|all",
                    help='speculative widths: N, "1,3" or all (default: all, 1..max_width)')
-    p.add_argument("--evidence-dir", type=path_option("--evidence-dir"), default=Path("evidence"),
+    p.add_argument("--evidence-dir", type=path_option("--evidence-dir"), default=None,
                    help="where one JSON evidence record per cell is written (default: ./evidence)")
     p.add_argument("--no-evidence", action="store_true",
                    help="write no evidence (verdicts and budgets are judged all the same)")
@@ -195,6 +198,15 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--concurrency applies to greedy cells only", field="--concurrency",
                          value=concurrency, remedy="drop --mode speculative, or drop "
                                                    "--concurrency")
+    if concurrency > 1 and not any(c.concurrent for c in resolve_engines(engines).values()):
+        raise InputError("--concurrency sends prompts at once to an engine that serves "
+                         "concurrent requests; none of --engines does", field="--concurrency",
+                         value=concurrency, remedy="add a server (--engines http:...) or "
+                                                   "vllm, or drop --concurrency")
+    if args.no_evidence and args.evidence_dir is not None:
+        raise InputError("--no-evidence writes no evidence, so it has no --evidence-dir",
+                         field="--evidence-dir", value=str(args.evidence_dir),
+                         remedy="drop one of --no-evidence and --evidence-dir")
     widths = parse_widths(args.width)
     if widths is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
@@ -225,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
 
     shard = parse_shard(getattr(args, "shard", None))
     oracle_mode = getattr(args, "oracle_mode", "stream")
-    evidence_dir = None if args.no_evidence else args.evidence_dir
+    evidence_dir = None if args.no_evidence else args.evidence_dir or Path("evidence")
     if evidence_dir is not None:
         from harness.evidence import prepare_evidence_dir
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines.errors import InputError
+from engines.output_paths import check_apart
 from engines.package import load_package, package_content_hash
 from engines.package.hashing import checkpoint_hash
 from harness.convert import cache, disk_room
@@ -42,9 +43,11 @@ def read_checkpoint(path: str | Path, with_tokenizer: bool = True) -> Checkpoint
     if is_hf_folder(path):
         return read_hf_folder(path, with_tokenizer)
     what = "folder without config.json" if path.is_dir() else "path that does not exist"
-    raise InputError(f"{path} is a {what}", field="CHECKPOINT", value=str(path),
-                     remedy="pass a .gguf file, a Hugging Face folder (config.json + "
-                            "*.safetensors), or 'smollm2'")
+    ggufs = sorted(path.glob("*.gguf")) if path.is_dir() else []
+    remedy = (f"pass the GGUF file in it ({', '.join(str(g) for g in ggufs[:3])})" if ggufs
+              else "pass a .gguf file, a Hugging Face folder (config.json + *.safetensors), "
+                   "or 'smollm2'")
+    raise InputError(f"{path} is a {what}", field="CHECKPOINT", value=str(path), remedy=remedy)
 
 
 def convert(checkpoint: str | Path, out: str | Path | None = None, force: bool = False,
@@ -63,6 +66,7 @@ def convert(checkpoint: str | Path, out: str | Path | None = None, force: bool =
         read_checkpoint(path)  # raises the clear error
     folder = None if out is None else Path(out).expanduser().resolve()
     if folder is not None:  # before any work: a folder of the user's is never replaced
+        check_apart(folder, path, "-o", "checkpoint")  # where --force could not help
         cache.claim_output(folder, force)
     precheck(path, opts)
     log.info("hashing %s", path.name)

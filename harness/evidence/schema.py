@@ -470,6 +470,11 @@ class EvidenceRecord(_Strict):
         if self.tokens_text is not None and len(self.tokens_text) != len(self.tokens):
             raise _inconsistent("tokens_text", f"tokens_text has {len(self.tokens_text)} entries for "
                              f"{len(self.tokens)} tokens")
+        j = self.judgement
+        if j is not None and j.steps_judged > len(self.tokens):  # a step is a token judged
+            raise _inconsistent("judgement.steps_judged",
+                                f"judgement.steps_judged is written as {j.steps_judged} but "
+                                f"the record holds {len(self.tokens)} tokens")
         return self
 
     @computed_field  # type: ignore[prop-decorator]

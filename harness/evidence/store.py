@@ -156,6 +156,9 @@ def read_evidence(path: str | os.PathLike) -> EvidenceRecord:
     """Read one evidence file; any defect is an EvidenceError naming the file and field."""
     path = Path(path)
     where = str(path)
+    if path.is_dir():
+        raise EvidenceError("a folder where an evidence file belongs", where=where,
+                            remedy="move it out of the evidence folder (a record is a file)")
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -175,6 +178,15 @@ def read_evidence(path: str | os.PathLike) -> EvidenceRecord:
     if not isinstance(data, dict):
         raise EvidenceError(f"top level is a JSON {type(data).__name__}, not an object",
                             where=where, remedy="an evidence file holds one JSON object")
+    missing = [] if "schema_version" in data else [
+        name for name, f in EvidenceRecord.model_fields.items()
+        if f.is_required() and name not in data]
+    if missing:  # no version and no record's fields: not a record at all, of any version
+        raise EvidenceError(f"not an evidence record: the required fields "
+                            f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} "
+                            f"are missing", field=missing[0], where=where,
+                            remedy="an evidence file holds one record as lockstep run wrote "
+                                   "it; re-run the cell or delete the file")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise EvidenceError("unsupported evidence schema version", field="schema_version",
@@ -198,13 +210,15 @@ def read_evidence(path: str | os.PathLike) -> EvidenceRecord:
 
 
 def evidence_files(folder: str | os.PathLike) -> list[Path]:
-    """The evidence files in ``folder`` (not recursive; hidden temp files skipped), sorted."""
+    """The evidence files in ``folder`` (not recursive; hidden temp files skipped), sorted:
+    every ``*.json`` entry, so that one that cannot be read (a folder, a broken link) is
+    named by ``read_evidence`` instead of missing from the count."""
     folder = Path(folder)
     if not folder.is_dir():
         raise EvidenceError("evidence folder does not exist or is not a folder",
                             where=str(folder), remedy="pass the folder given to --evidence-dir")
     return sorted(p for p in folder.iterdir()
-                  if p.suffix == SUFFIX and not p.name.startswith(".") and p.is_file())
+                  if p.suffix == SUFFIX and not p.name.startswith("."))
 
 
 def load_evidence_files(folder: str | os.PathLike, *, allow_empty: bool = False

@@ -18,9 +18,12 @@ from types import SimpleNamespace
 import matplotlib
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
 
+from engines.errors import InputError
+
 TINY = 1e-12  # zero errors are drawn here on the log axis
 # in a saved plot's metadata (SVG dc:creator, PNG Software): lockstep knows the file is its own
 PLOT_MARKER = "lockstep explain"
+FORMATS = {".svg": "svg", ".png": "png"}  # by the file's suffix
 _RC = {"svg.fonttype": "path", "svg.hashsalt": "lockstep", "font.size": 8}
 _ID = re.compile(r'\bid="([^"]+)"')
 _COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
@@ -103,12 +106,23 @@ def layer_curve_svg(explanation, title: str | None = None, prefix: str = "layers
     return text
 
 
+def plot_format(path: str | Path, option: str = "--plot") -> str:
+    """The format a curve is written in, by ``path``'s suffix (``FORMATS``); any other suffix
+    is refused, since a ``.jpg`` holding SVG opens as a broken image."""
+    fmt = FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise InputError(f"{option} writes an .svg or a .png file", field=option,
+                         value=str(path), remedy=f"name the file .svg or .png, e.g. "
+                                                 f"{Path(path).with_suffix('.svg')}")
+    return fmt
+
+
 def save_layer_curve(explanation, path: str | Path, title: str | None = None) -> Path:
-    """Write the curve to ``path``: ``.png`` as PNG, anything else as SVG."""
+    """Write the curve to ``path``, as SVG or PNG by its suffix (``plot_format``)."""
     path = Path(path)
+    fmt = plot_format(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig = _figure(explanation, title)
-    png = path.suffix.lower() == ".png"
-    fig.savefig(path, format="png" if png else "svg",
-                metadata={"Software" if png else "Creator": PLOT_MARKER})
+    fig.savefig(path, format=fmt,
+                metadata={"Software" if fmt == "png" else "Creator": PLOT_MARKER})
     return path

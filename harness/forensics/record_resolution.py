@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engines import json_text
-from engines.errors import EngineDefinitionError, InputError, UnknownEngine
+from engines.errors import EngineDefinitionError, InputError, LockstepError, UnknownEngine
 from engines.package import Package
 from engines.registry import check_engine_class, class_reference, get_engine_class
 from harness.evidence import EvidenceError, evidence_files, read_evidence
@@ -121,7 +121,8 @@ def steps_decided(record) -> int:
 def resolve_engine_class(engine, record_engine: str, record_class: str | None = None):
     """An engine class from a class, an instance's class, a registered name or
     ``module:Class``; default: the record's engine class (``engine_class``, kept for an
-    engine named by its class), else its engine by name."""
+    engine named by its class), else its engine by name. An engine other than the record's
+    is refused."""
     if engine is None:
         try:
             return get_engine_class(record_class or record_engine)
@@ -134,10 +135,17 @@ def resolve_engine_class(engine, record_engine: str, record_class: str | None = 
                                     "lockstep's planted bugs: suites.planted.engines:<Class>)"
                              ) from err
     if isinstance(engine, type):
-        return engine
-    if isinstance(engine, str):
-        return get_engine_class(engine)
-    return check_engine_class(type(engine))
+        cls = engine
+    elif isinstance(engine, str):
+        cls = get_engine_class(engine)
+    else:
+        cls = check_engine_class(type(engine))
+    if cls.name != record_engine:  # another engine's forward says nothing about this one's
+        raise InputError(f"--engine is {cls.name!r}; the record was made by {record_engine!r}",
+                         field="--engine", value=engine if isinstance(engine, str)
+                         else class_ref(cls), remedy="name the record's own engine (its class: "
+                                                     "--engine package.module:Class)")
+    return cls
 
 
 def resolve_record_package(record, package=None):
@@ -146,7 +154,13 @@ def resolve_record_package(record, package=None):
     if isinstance(package, Package):
         pkg = package
     elif package is not None:
-        pkg = resolve_package(package)
+        try:
+            pkg = resolve_package(package)
+        except LockstepError as err:
+            if err.field is None:  # the package as a whole: the option the user gave it by
+                err.field, err.value = "package", str(package)
+                err.args = (err.render(),)
+            raise
     else:
         pkg = None
         if record.package.path and Path(record.package.path).is_dir():

@@ -16,6 +16,7 @@ Whole logits rows do not cross an HTTP API, so the engine declares ``logprobs_au
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -53,7 +54,7 @@ def setting(env: str, kind: type = float) -> Any:
         value = kind(text)
     except ValueError:
         value = None
-    if value is None or value <= 0:
+    if value is None or not math.isfinite(value) or value <= 0:  # nan passes "<= 0"
         raise InputError(f"{env} must be a positive {kind.__name__}", field=env, value=text,
                          remedy=f"set {env} to a number such as {DEFAULTS[env]}, or unset it")
     return value
@@ -95,6 +96,7 @@ class HttpEngine(BlackBoxEngine):
                                       f"(reached when a run starts)")
 
         try:
+            check_settings(starts_server=True)  # a bad variable is why it cannot run here
             build = find_server()
         except InputError as err:
             return Availability(False, str(err))

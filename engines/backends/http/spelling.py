@@ -64,11 +64,13 @@ def engine_name(flavour: str | None, url: str | None) -> str:
     return f"{PREFIX}-{flavour or 'auto'}@{parts.hostname}-{parts.port or 80}"
 
 
-def engine_class(ref: str):
+def engine_class(ref: str, checked: bool = True):
     """The engine class of one spelling (the same class every time it is asked for); the
     environment's settings it will read are checked each time it is named (an
-    ``InputError`` naming the variable, before any request)."""
-    check_settings(starts_server=parse(ref)[1] is None)
+    ``InputError`` naming the variable, before any request), unless ``checked`` is False
+    (``lockstep engines``, where its availability gives the reason)."""
+    if checked:
+        check_settings(starts_server=parse(ref)[1] is None)
     return _made(ref)
 
 
