@@ -574,11 +574,12 @@ def run_bench(plan: BenchPlan, on_decode: Callable[[int, str], None] | None = No
     """Time every engine on every target of the plan; one row per (package, prompts, engine,
     mode).
 
-    Per target every available engine is loaded (``Engine.for_speed``), warmed up
-    (``warmup`` greedy passes over the prompts, the longest prompt first, and in speculative
-    mode one speculative pass too), then timed in turns: repeat r of every engine, each
+    Per package every available engine is loaded once (``Engine.for_speed``) and serves each
+    of its prompt sets (a target): warmed up on the target (``warmup`` greedy passes over its
+    prompts, the longest prompt first, and in speculative mode one speculative pass too),
+    then timed in turns: repeat r of every engine on every target of the package, each
     greedy then speculative, before repeat r+1 of any. With ``plan.interleave`` every
-    target's engines are loaded first and the turns go over all of them, so a ratio across
+    package's engines are loaded first and the turns go over all of them, so a ratio across
     packages (a dtype, a cache) is measured side by side too. An engine that cannot run here
     is an ``unavailable`` row with its reason (so is the speculative row of one that
     declares no speculative decoding); one that fails is an ``error`` row.
@@ -589,15 +590,63 @@ def run_bench(plan: BenchPlan, on_decode: Callable[[int, str], None] | None = No
     measure = bandwidth or measure_bandwidth
     bandwidths: dict[str, Bandwidth] = {}
     rows: list[BenchRow] = []
-    groups = [plan.targets] if plan.interleave else [(t,) for t in plan.targets]
-    for group in groups:
-        loaded = [(target, _load(plan, target, rows, tell)) for target in group]
-        for r in range(plan.repeats):
+    for group in _groups(plan):
+        built: dict[int, _Engines] = {}
+        loaded = []
+        for target in group:
+            engines = built.setdefault(id(target.package), _Engines(plan, target.package))
+            loaded.append((target, _load(plan, target, engines, rows, tell)))
+        try:
+            for r in range(plan.repeats):
+                for target, (live, measured) in loaded:
+                    _time_turn(plan, target, live, measured, r, tell)
             for target, (live, measured) in loaded:
-                _time_turn(plan, target, live, measured, r, tell)
-        for target, (live, measured) in loaded:
-            _finish(plan, target, live, measured, bandwidths, measure)
+                _finish(plan, target, live, measured, bandwidths, measure)
+        finally:
+            for engines in built.values():
+                engines.close()
     return attach_ratios(rows, plan.baseline)
+
+
+def _groups(plan: BenchPlan) -> list[tuple[BenchTarget, ...]]:
+    """The targets timed in one rotation: all of them with ``interleave``, else each
+    package's (its prompt sets, which share its engines)."""
+    if plan.interleave:
+        return [plan.targets]
+    groups: list[list[BenchTarget]] = []
+    for target in plan.targets:
+        if groups and groups[-1][0].package is target.package:
+            groups[-1].append(target)
+        else:
+            groups.append([target])
+    return [tuple(g) for g in groups]
+
+
+class _Engines:
+    """The plan's engines on one package, each built once (``Engine.for_speed``) for every
+    prompt set of the package; one that cannot run here, or failed to build, keeps why."""
+
+    def __init__(self, plan: BenchPlan, package):
+        self.plan, self.package = plan, package
+        self.built: dict[str, Engine | tuple[str, str]] = {}
+
+    def get(self, name: str, cls: type[Engine]) -> Engine | tuple[str, str]:
+        """The engine, or (status, reason)."""
+        if name not in self.built:
+            avail = cls.availability()
+            if not avail.ok:
+                self.built[name] = (UNAVAILABLE, avail.reason)
+            else:
+                try:
+                    self.built[name] = cls.for_speed(self.package)
+                except Exception as exc:  # this engine's rows, the others go on
+                    self.built[name] = _failure(exc, cls, self.plan)
+        return self.built[name]
+
+    def close(self) -> None:
+        for engine in self.built.values():
+            if isinstance(engine, Engine):
+                engine.close()
 
 
 # engine name -> (the engine, its class, its row per mode label)
@@ -611,10 +660,10 @@ def _what(target: BenchTarget) -> str:
     return name if target.prompt_set == "first" else f"{name} · {target.prompt_set}"
 
 
-def _load(plan: BenchPlan, target: BenchTarget, rows: list[BenchRow],
+def _load(plan: BenchPlan, target: BenchTarget, engines: _Engines, rows: list[BenchRow],
           tell: Callable[[int, str], None]) -> tuple[_Live, _Measured]:
     """Each engine's rows for ``target`` (appended to ``rows``), and the engines that loaded
-    and warmed up, by name, with their empty measurements."""
+    and warmed up on its prompts, by name, with their empty measurements."""
     per = plan.decodes_per_engine(target)
     name, what = target.package.spec.name, _what(target)
     prompts = {n: list(ids) for n, ids in target.prompts}
@@ -626,11 +675,11 @@ def _load(plan: BenchPlan, target: BenchTarget, rows: list[BenchRow],
                                max_new_tokens=plan.max_new_tokens, ignore_eos=plan.ignore_eos)
                for label, _ in target.modes}
         rows.extend(own.values())
-        avail = cls.availability()
-        if not avail.ok:
+        engine = engines.get(engine_name, cls)
+        if not isinstance(engine, Engine):
             for row in own.values():
-                row.status, row.reason = UNAVAILABLE, avail.reason
-            tell(per, f"{what} · {engine_name}: unavailable")
+                row.status, row.reason = engine
+            tell(per, f"{what} · {engine_name}: {engine[0]}")
             continue
         speculates = target.width is not None and cls.speculative
         if target.width is not None and not cls.speculative:
@@ -642,9 +691,8 @@ def _load(plan: BenchPlan, target: BenchTarget, rows: list[BenchRow],
             skipped = len(target.prompts) * (1 + plan.repeats)
             per -= skipped
             tell(skipped, f"{what} · {engine_name} · {target.label}: unavailable")
-        engine, done = None, 0
+        done = 0
         try:
-            engine = cls.for_speed(target.package)
             for row in own.values():
                 row.compute_dtype = engine.compute_dtype()
             for _ in range(plan.warmup):
@@ -661,8 +709,6 @@ def _load(plan: BenchPlan, target: BenchTarget, rows: list[BenchRow],
                 if row.status == OK:
                     row.status, row.reason = status, reason
             tell(per - done, f"{what} · {engine_name}: {status}")
-            if engine is not None:
-                engine.close()
             continue
         live[engine_name] = (engine, cls, own)
     return live, {(n, label): ([], []) for n, (_, _, own) in live.items() for label in own}
@@ -693,8 +739,8 @@ def _time_turn(plan: BenchPlan, target: BenchTarget, live: _Live, measured: _Mea
 
 def _finish(plan: BenchPlan, target: BenchTarget, live: _Live, measured: _Measured,
             bandwidths: dict[str, Bandwidth], measure: Callable[[str], Bandwidth]) -> None:
-    """Summarise each live row (a speculative one beside its greedy row), attach its floor
-    (bandwidth measured with the engine idle, once per residency), and close the engines."""
+    """Summarise each live row (a speculative one beside its greedy row) and attach its
+    floor (bandwidth measured with the engine idle, once per residency)."""
     nbytes: int | None = None
     if any(row.status == OK for _, _, own in live.values() for row in own.values()):
         try:
@@ -722,7 +768,6 @@ def _finish(plan: BenchPlan, target: BenchTarget, live: _Live, measured: _Measur
                                                  plan.ignore_eos, row.decode_ms).to_dict()
                 except Exception as exc:  # a profile is a figure, never a reason to fail
                     _note(row, f"no profile: {_reason(exc)}")
-        engine.close()
 
 
 def bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],

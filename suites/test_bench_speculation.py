@@ -163,3 +163,29 @@ def test_cli_bench_times_prompt_sets_beside_greedy(lookup, tmp_path, capsys, mon
     error = one_line_error(capsys, ["bench", "--engines", "native-host", "--packages",
                                     "tiny_llama", "--prompts", "grounded"])
     assert "has no tokenizer" in error and "grounded.jsonl:1" in error
+
+
+def test_an_engine_is_built_once_for_every_prompt_set_of_a_package(lookup):
+    """Its prompt sets share a package's engines: built once (``for_speed``), warmed up on
+    each set's prompts, closed once after the last set was timed."""
+    from engines.backends.ort_cpu import OrtCpuEngine
+
+    package, sets = lookup
+    log = []
+
+    class Counted(OrtCpuEngine):
+        name = "counted"
+
+        @classmethod
+        def for_speed(cls, package):
+            log.append("built")
+            return super().for_speed(package)
+
+        def close(self):
+            log.append("closed")
+            super().close()
+
+    rows = hb.bench([Counted], [package], prompt_sets=[sets["three"], sets["one"]], repeats=1,
+                    max_new_tokens=NEW, baseline=Counted, bandwidth=FAKE_BW)
+    assert log == ["built", "closed"]
+    assert [(r.prompt_set, r.measured) for r in rows] == [("three", True), ("one", True)]
