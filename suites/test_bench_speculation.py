@@ -189,3 +189,26 @@ def test_an_engine_is_built_once_for_every_prompt_set_of_a_package(lookup):
                     max_new_tokens=NEW, baseline=Counted, bandwidth=FAKE_BW)
     assert log == ["built", "closed"]
     assert [(r.prompt_set, r.measured) for r in rows] == [("three", True), ("one", True)]
+
+
+@pytest.mark.parametrize("width", [60, 100, 200])
+def test_a_table_wider_than_its_console_folds_a_name_and_never_drops_it(width):
+    """``print_table``: where the columns' least widths exceed the console, the table is laid
+    out that wide (rich would squeeze the folding package column to nothing); where they
+    fit, a long name folds onto more lines; every character is printed either way."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.cli.tables import print_table
+
+    name = "SmolLM2-135M-Instruct.Q4_1-static-float16-lookup8"
+    table = Table()
+    for col in ("engine", "package", "a", "b", "c", "d", "e", "f"):
+        table.add_column(col, no_wrap=col != "package",
+                         overflow="fold" if col == "package" else "ellipsis")
+    table.add_row("native-cuda", name, *["12345.678"] * 6)
+    console = Console(width=width, record=True, file=open("/dev/null", "w"))
+    print_table(console, table)
+    body = [line.split("│") for line in console.export_text().splitlines() if "│" in line]
+    assert "".join(cells[2].strip() for cells in body) == name
+    assert body[0][1].strip() == "native-cuda" and body[0][3].strip() == "12345.678"

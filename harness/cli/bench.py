@@ -72,7 +72,7 @@ def bench_table(rows, plan) -> Table:
     for i, col in enumerate(columns):
         # the package name folds on a narrow terminal; names and numbers never break
         table.add_column(col, justify="left" if i < len(names) else "right",
-                         no_wrap=col != "package", min_width=8 if col == "package" else None,
+                         no_wrap=col != "package",
                          overflow="fold" if col == "package" else "ellipsis")
     for r in rows:
         own = [r.engine, r.package] + ([r.prompt_set] if sets else []) + \
