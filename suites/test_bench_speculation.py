@@ -145,9 +145,9 @@ def test_cli_bench_times_prompt_sets_beside_greedy(lookup, tmp_path, capsys, mon
     assert main(["bench", "--mode", "speculative", "--engines", "native-host", "--baseline",
                  "native-host", "--packages", str(package.root), "--prompts",
                  f"{sets['one']},{sets['three']}", "--repeats", "1", "--max-new-tokens",
-                 str(NEW), "--json", str(out)]) == 0
+                 str(NEW), "--pipelined", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    for column in ("prompts", "dtype", "accept", "x greedy", "same"):
+    for column in ("prompts", "dtype", "accept", "x greedy", "same", "pipelined"):
         assert column in text
     doc = json.loads(out.read_text())
     assert doc["format"] == hb.FORMAT == 3
@@ -212,3 +212,18 @@ def test_a_table_wider_than_its_console_folds_a_name_and_never_drops_it(width):
     body = [line.split("│") for line in console.export_text().splitlines() if "│" in line]
     assert "".join(cells[2].strip() for cells in body) == name
     assert body[0][1].strip() == "native-cuda" and body[0][3].strip() == "12345.678"
+
+
+def test_pipelined_in_speculative_mode_pipelines_the_greedy_rows(lookup, monkeypatch):
+    """``--pipelined --mode speculative``: the greedy rows beside the speculative ones run
+    the pipelined loop (the best greedy loop, against the speculative one), the speculative
+    rows their own (a round reads its accept count back before the next)."""
+    package, sets = lookup
+    asked = []
+    greedy = hb.greedy_decode
+    monkeypatch.setattr(hb, "greedy_decode", lambda *a, pipelined=False, **k: (
+        asked.append(pipelined) or greedy(*a, pipelined=pipelined, **k)))
+    rows = hb.bench(["native-host"], [package], mode="speculative", prompt_sets=[sets["one"]],
+                    repeats=1, max_new_tokens=NEW, baseline="native-host", pipelined=True,
+                    bandwidth=FAKE_BW)
+    assert asked == [True, True] and all(r.measured for r in rows)  # a warm-up, a timed one
