@@ -8,9 +8,9 @@ value and the remedy, and runs before any cell does.
 
 ``--prompts`` also takes the name of a built-in prompt set (``PROMPT_SETS``, JSONL files in
 ``harness/texts/prompt_sets/``, our own text, chat form): ``grounded`` asks to repeat, edit,
-correct, comment or summarise a text or code given in the prompt (where an answer copies
-its prompt, and prompt-lookup speculation should win); ``free`` asks open questions (free
-continuation, where it should not).
+correct or summarise a text or code given in the prompt (where an answer copies its prompt,
+and prompt-lookup speculation should win); ``free`` asks open questions (free continuation,
+where it should not).
 """
 from __future__ import annotations
 

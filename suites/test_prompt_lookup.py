@@ -285,10 +285,13 @@ def test_convert_prompt_lookup_adds_the_section_and_nothing_else(tmp_path, monke
 
 def test_cli_convert_prompt_lookup_says_what_it_wrote(tmp_path, capsys, monkeypatch):
     pytest.importorskip("gguf", reason="the converter needs the 'real' extra (make real)")
+    from engines.package.schema import MAX_WIDTH_LIMIT
+    from harness.cli import convert as cli_convert
     from harness.cli import main
     from suites.convert_support import write_tiny_gguf
     from suites.support import one_line_error
 
+    assert cli_convert.MAX_WIDTH == MAX_WIDTH_LIMIT  # the CLI's copy of the limit
     monkeypatch.setenv("COLUMNS", "200")
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     assert main(["convert", str(gguf), "-o", str(tmp_path / "p"), "--prompt-lookup", "3"]) == 0

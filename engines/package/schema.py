@@ -272,7 +272,6 @@ class SpeculativeSpec(_Strict):
                        "add fused_input: embeddings, or remove embedding")
         return self
 
-
     def _model_free(self) -> SpeculativeSpec:
         """prompt-lookup: no proposer component and nothing a component needs; both n-gram
         bounds, the shorter at most the longer."""

@@ -26,6 +26,7 @@ from harness.cli.progress import converting_steps
 from harness.convert.architectures import titles
 
 MAX_CONTEXT = 1 << 24  # engines.package.schema.MAX_CONTEXT_LIMIT (the CLI loads every command)
+MAX_WIDTH = 16  # engines.package.schema.MAX_WIDTH_LIMIT
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,8 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-layers", type=integer("--draft-layers"), default=None, metavar="N",
                    help="add a layer-skip drafter (the first N blocks, the final norm and the "
                         "head) for self-speculative decoding: lockstep run --mode speculative")
-    p.add_argument("--prompt-lookup", type=integer("--prompt-lookup", 1, 16), default=None,
-                   metavar="W",
+    p.add_argument("--prompt-lookup", type=integer("--prompt-lookup", 1, MAX_WIDTH),
+                   default=None, metavar="W",
                    help="add a prompt-lookup speculative section, widths 1..W: drafts copied "
                         "from the prompt and the tokens so far after their last 3..1 tokens, "
                         "no drafter (lockstep run --mode speculative; the package's greedy "
