@@ -272,6 +272,11 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
         raise InputError("give a prompt or prompt sets, not both", field="prompt_sets",
                          value=list(prompt_sets), remedy="drop the prompt, or the prompt sets")
     sets = [(Path(str(ref)).stem, read_prompts_file(ref)) for ref in prompt_sets or ()]
+    names = [name for name, _ in sets]
+    if len(set(names)) < len(names):  # a set's name keys its rows and ratios
+        raise InputError("two prompt sets have one name", field="prompt_sets",
+                         value=[str(ref) for ref in prompt_sets],
+                         remedy="give every prompt set a file name of its own")
     targets = []
     for ref in packages:
         package = ref if hasattr(ref, "spec") else resolve_package(ref)

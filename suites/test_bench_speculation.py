@@ -130,9 +130,14 @@ def test_each_prompt_set_is_its_own_rows_with_its_own_ratios(lookup):
     for name in ("three", "one"):
         native, base = by["native-host", name, "greedy"], by["ort-cpu", name, "greedy"]
         assert native.ratio == native.tokens_per_s_median / base.tokens_per_s_median
-    with pytest.raises(InputError) as err:
-        hb.plan_bench(["native-host"], [package], prompt=[1, 2], prompt_sets=[sets["one"]])
-    assert err.value.field == "prompt_sets"
+    again = sets["one"].parent / "again" / "one.jsonl"  # another file of the same name
+    again.parent.mkdir(exist_ok=True)
+    again.write_text(sets["one"].read_text())
+    for bad in ({"prompt": [1, 2], "prompt_sets": [sets["one"]]},
+                {"prompt_sets": [sets["one"], again]}):
+        with pytest.raises(InputError) as err:
+            hb.plan_bench(["native-host"], [package], **bad)
+        assert err.value.field == "prompt_sets"
 
 
 def test_cli_bench_times_prompt_sets_beside_greedy(lookup, tmp_path, capsys, monkeypatch):
