@@ -175,9 +175,6 @@ class Case:
 
 
 LEFT = {  # unclear today (the docstring says how), each removed with its fix: strict xfail
-    "convert-pytorch-bin-only",
-    "convert-no-twin-at-float32",
-    "convert-gguf-alignment-odd",
     "report-the-runs-folder",
     "explain-plot-empty",
     "calibrate-llama-cpp-on-a-fixture",
