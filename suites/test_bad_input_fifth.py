@@ -174,15 +174,7 @@ class Case:
     interrupt: str | None = None  # "module:attribute.path" that Ctrl-C arrives in
 
 
-LEFT = {  # unclear today (the docstring says how), each removed with its fix: strict xfail
-    "report-the-runs-folder",
-    "explain-plot-empty",
-    "calibrate-llama-cpp-on-a-fixture",
-    "calibrate-corpus-key-misspelt",
-    "bench-width-past-max",
-    "import-genai-context-length-word",
-    "import-genai-vocab-size-zero",
-}
+LEFT: set[str] = set()  # unclear today, left for a later fix (the docstring says why)
 
 CASES = [
     # run: option values and combinations a new user types
