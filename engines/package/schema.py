@@ -184,7 +184,7 @@ class EmbeddingSpec(_Strict):
 class SpeculativeSpec(_Strict):
     kind: Literal["draft", "chained", "mtp"] = Field(description="draft | chained | mtp")
     proposer: Name = Field(description="the component that proposes")
-    target: Name = Field(default=TARGET, description="the component that verifies")
+    target: Name = Field(default="target", description="the component that verifies")
     max_width: int = Field(ge=1, le=MAX_WIDTH_LIMIT,
                            description="widths 1..max_width are valid")
     borrows: dict[NonEmpty, Name] = Field(
