@@ -240,6 +240,22 @@ class Engine(abc.ABC):
         components, which the package's content hash already names)."""
         return {}
 
+    @classmethod
+    def for_speed(cls, package: "Package") -> "Engine":
+        """The instance ``lockstep bench`` times on ``package``: by default the one parity
+        runs use, ``cls(package)``. An engine whose parity runs choose otherwise than it is
+        run for speed returns its speed configuration here (``hf-cuda`` computes a bfloat16
+        package in bfloat16 for speed and in float32 for parity); the bench row names what
+        it computed in (:meth:`compute_dtype`)."""
+        return cls(package)
+
+    def compute_dtype(self) -> str:
+        """The dtype this instance computes in, as bench rows and records name it: the
+        package's dtype by default (a mixed-precision package's: its weights, matmuls and
+        logits), the quantized scheme where the engine declares one; an engine that builds
+        its own model names the dtype it cast that model to."""
+        return self.numeric_scheme() or self.package.spec.dtype
+
     def numeric_scheme(self) -> str | None:
         """The numeric scheme the engine computes in where that is not the package's dtype:
         quantized weights or activations (``ggml-cpu:q4_1``: ggml's CPU kernels on Q4_1

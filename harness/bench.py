@@ -21,6 +21,18 @@ What one row reports (``docs/PERFORMANCE.md`` has the method):
   step must read at least once) over the copy bandwidth of the engine's residency measured
   in the same run (a device-to-device copy on CUDA, a numpy copy on the host), and **x
   floor**, steady decode ms over floor ms.
+* **dtype**: what the engine computed in (``Engine.compute_dtype``); the bench builds each
+  engine as it is run for speed (``Engine.for_speed``: hf-cuda in the package's dtype).
+
+Prompts: the package's first, the ``prompt`` given, or prompt sets (``prompt_sets``: built-in
+names such as ``grounded`` and ``free``, or JSONL files, ``harness.prompts``), each set its
+own rows; a timed decode of a set decodes each of its prompts in turn, and its tokens/s is
+their tokens over their summed wall time.
+
+Speculative mode times each engine greedily and speculatively on the same prompts, in
+turns: the speculative row carries its rounds, accept rate, tokens per target forward, its
+tokens/s over the greedy row's and whether its tokens are the greedy ones
+(``harness.bench_speculation``).
 
 ``pipelined`` (``--pipelined``) runs every greedy decode with
 ``DecodeSession._greedy_pipelined`` (each next forward queued before the last id is read;
@@ -54,14 +66,18 @@ from engines.registry import REFERENCE_ENGINE, resolve_engine_list
 from engines.workflow import greedy_decode
 from engines.workflow.speculative import check_width, speculative_decode
 from engines.workflow.validation import check_count, check_request
+from harness.bench_speculation import first_parting, round_figures
 from harness.decode_profile import profile_decode
 from harness.evidence import collect_environment
 from harness.packages import resolve_package
+from harness.prompts import read_prompts_file, resolve_all
 
 MODES = ("greedy", "speculative")
 RowStatus = Literal["ok", "unavailable", "error"]
 OK, UNAVAILABLE, ERROR = get_args(RowStatus)
-FORMAT = 2  # the JSON file's layout version (2: prefill, steady decode, floor, bandwidth)
+# the JSON file's layout version (2: prefill, steady decode, floor, bandwidth; 3: prompt
+# sets, the compute dtype, greedy beside speculative rows and their rounds)
+FORMAT = 3
 KIND = "lockstep-bench"  # the JSON file's "kind"
 MARKER = f'"kind": "{KIND}"'  # in a file's first bytes: `bench --json` may replace it
 WARMUP_STEPS = 2  # decode steps of every timed decode left out of the steady median
@@ -71,7 +87,7 @@ COPY_REPEATS = 5
 
 @dataclass
 class BenchRow:
-    """One (package, engine, mode): per-repeat measurements and their summary."""
+    """One (package, prompts, engine, mode): per-repeat measurements and their summary."""
 
     package: str
     engine: str
@@ -79,12 +95,15 @@ class BenchRow:
     status: RowStatus
     reason: str = ""
     residency: str = ""
-    prompt: list[int] = field(default_factory=list)
+    compute_dtype: str = ""  # what the engine computed in (Engine.compute_dtype)
+    prompt_set: str = ""  # "first" (the package's), "given", or a set's name
+    prompts: dict[str, list[int]] = field(default_factory=dict)  # name -> ids, in order
     max_new_tokens: int = 0
     ignore_eos: bool = False  # every decode asked to go on past eos
-    new_tokens: int = 0  # tokens one decode produced (fewer than asked when eos came first)
+    # tokens one pass over the prompts produced (fewer than asked where eos came first)
+    new_tokens: int = 0
     repeats: int = 0
-    tokens_per_s: list[float] = field(default_factory=list)  # one per timed decode
+    tokens_per_s: list[float] = field(default_factory=list)  # one per timed pass
     tokens_per_s_median: float | None = None
     tokens_per_s_min: float | None = None
     tokens_per_s_max: float | None = None
@@ -116,6 +135,14 @@ class BenchRow:
     decode_ratio: float | None = None  # decode_tokens_per_s / the baseline's
     # with --profile: where one more (untimed) decode's time went (harness.decode_profile)
     profile: dict[str, Any] | None = None
+    # speculative rows (harness.bench_speculation): one pass's rounds, and against greedy
+    rounds: int | None = None
+    plain_steps: int | None = None
+    accept_rate: float | None = None
+    accepted_per_round: float | None = None
+    tokens_per_forward: float | None = None
+    greedy_ratio: float | None = None  # tokens_per_s_median / the same engine's greedy row's
+    same_tokens: bool | None = None  # every prompt's stream is the greedy row's
 
     @property
     def measured(self) -> bool:
@@ -124,12 +151,24 @@ class BenchRow:
 
 @dataclass(frozen=True)
 class BenchTarget:
-    """What one package is benchmarked with: its prompt and mode label (and width)."""
+    """What one package is benchmarked with: its prompts and, in speculative mode, the
+    width (and mode label) timed beside greedy."""
 
     package: Any  # engines.package.Package
-    prompt: list[int]
+    prompts: tuple[tuple[str, tuple[int, ...]], ...]  # (name, ids), decoded in this order
     width: int | None
     label: str
+    prompt_set: str = "first"
+
+    @property
+    def prompt(self) -> list[int]:
+        """The first prompt's ids (what ``--profile`` decodes)."""
+        return list(self.prompts[0][1])
+
+    @property
+    def modes(self) -> list[tuple[str, int | None]]:
+        """(label, width) of each row an engine gets: greedy, then the speculative width."""
+        return [("greedy", None)] + ([] if self.width is None else [(self.label, self.width)])
 
 
 @dataclass(frozen=True)
@@ -152,12 +191,14 @@ class BenchPlan:
     @property
     def total_decodes(self) -> int:
         """Warm-up and timed decodes over the whole plan (a progress bar's total)."""
-        return len(self.engines) * len(self.targets) * self.decodes_per_engine
+        return len(self.engines) * sum(self.decodes_per_engine(t) for t in self.targets)
 
-    @property
-    def decodes_per_engine(self) -> int:
-        """Warm-up and timed decodes of one engine on one target."""
-        return self.warmup + self.repeats + (1 if self.mode == "speculative" else 0)
+    def decodes_per_engine(self, target: BenchTarget) -> int:
+        """Warm-up and timed decodes of one engine on one target: greedy warm-ups, one
+        speculative warm-up, and every mode's repeats, each over every prompt."""
+        speculative = self.mode == "speculative"
+        return len(target.prompts) * (self.warmup + int(speculative)
+                                      + self.repeats * len(target.modes))
 
 
 @dataclass(frozen=True)
@@ -176,13 +217,17 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
                warmup: int = 1, prompt: Sequence[int] | None = None,
                ignore_eos: bool = False, warmup_steps: int = WARMUP_STEPS,
                pipelined: bool = False, interleave: bool = False,
-               profile: bool = False) -> BenchPlan:
+               profile: bool = False,
+               prompt_sets: Sequence[str | Path] | None = None) -> BenchPlan:
     """Validate a benchmark request and resolve its packages; nothing is timed yet.
 
     ``engines`` are names (or ``Engine`` subclasses); the baseline joins them when missing,
     since a ratio means something only against a baseline timed in the same run.
     ``packages`` are fixture names, folders or loaded packages. ``width`` (speculative only)
-    defaults to each package's ``max_width``. ``prompt`` defaults to each package's first.
+    defaults to each package's ``max_width``; speculative mode times greedy beside it.
+    ``prompt`` defaults to each package's first; ``prompt_sets`` (built-in set names or
+    JSONL files, ``harness.prompts``; not with ``prompt``) gives each package one target per
+    set, every prompt resolved by the package's tokenizer.
     ``ignore_eos`` times exactly ``max_new_tokens`` tokens (either mode); ``warmup_steps``
     decode steps of each timed decode are left out of the steady decode median;
     ``interleave`` times every package's engines in one rotation (``run_bench``);
@@ -223,28 +268,44 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
                          remedy=f"use the listed {base_name!r} as the baseline, or give one "
                                 f"class a `name` of its own")
 
+    if prompt is not None and prompt_sets:
+        raise InputError("give a prompt or prompt sets, not both", field="prompt_sets",
+                         value=list(prompt_sets), remedy="drop the prompt, or the prompt sets")
+    sets = [(Path(str(ref)).stem, read_prompts_file(ref)) for ref in prompt_sets or ()]
+    names = [name for name, _ in sets]
+    if len(set(names)) < len(names):  # a set's name keys its rows and ratios
+        raise InputError("two prompt sets have one name", field="prompt_sets",
+                         value=[str(ref) for ref in prompt_sets],
+                         remedy="give every prompt set a file name of its own")
     targets = []
     for ref in packages:
         package = ref if hasattr(ref, "spec") else resolve_package(ref)
         spec = package.spec
-        chosen = list(prompt) if prompt is not None else (list(spec.prompts[0]) if spec.prompts
-                                                          else None)
-        if chosen is None:
+        if sets:
+            chosen = [(name, [(n, tuple(r.ids)) for n, r in
+                              resolve_all(sources, package, max_new_tokens)])
+                      for name, sources in sets]
+        elif prompt is not None:
+            chosen = [("given", [("given", tuple(check_request(spec, list(prompt),
+                                                               max_new_tokens)))])]
+        elif spec.prompts:
+            chosen = [("first", [("p0", tuple(check_request(spec, list(spec.prompts[0]),
+                                                            max_new_tokens)))])]
+        else:
             raise InputError(f"package {spec.name!r} declares no prompts", field="prompt",
                              value=None, remedy="give a prompt (token ids) to benchmark with")
-        ids = check_request(spec, chosen, max_new_tokens)
-        if mode == "greedy":
-            targets.append(BenchTarget(package, ids, None, "greedy"))
-            continue
-        sp = spec.decoding.speculative
-        if sp is None:
-            raise InputError(f"package {spec.name!r} has no speculative section "
-                             f"(decoding.speculative): nothing of it to time in speculative "
-                             f"mode", field="package", value=spec.name,
-                             remedy="bench it with --mode greedy, or leave --packages out to "
-                                    "bench every speculative fixture")
-        w = check_width(spec, width if width is not None else sp.max_width)
-        targets.append(BenchTarget(package, ids, w, f"{sp.kind}/w{w}"))
+        w, label = None, "greedy"
+        if mode == "speculative":
+            sp = spec.decoding.speculative
+            if sp is None:
+                raise InputError(f"package {spec.name!r} has no speculative section "
+                                 f"(decoding.speculative): nothing of it to time in "
+                                 f"speculative mode", field="package", value=spec.name,
+                                 remedy="bench it with --mode greedy, or leave --packages out "
+                                        "to bench every speculative fixture")
+            w = check_width(spec, width if width is not None else sp.max_width)
+            label = f"{sp.kind}/w{w}"
+        targets += [BenchTarget(package, tuple(ids), w, label, name) for name, ids in chosen]
     return BenchPlan(tuple(entries.items()), tuple(targets), mode, repeats, warmup,
                      max_new_tokens, base_name, ignore_eos, warmup_steps, pipelined,
                      interleave, profile)
@@ -365,6 +426,20 @@ def timed_decode(engine: Engine, prompt: Sequence[int], max_new_tokens: int,
     return result, time.perf_counter() - start
 
 
+def timed_pass(engine: Engine, target: BenchTarget, width: int | None, plan: BenchPlan,
+               order: Sequence[int] | None = None) -> tuple[list, float]:
+    """Every prompt of ``target`` decoded in turn (``order``: their indices; default as
+    given), each between two synchronisations; the results in the target's prompt order and
+    the summed wall seconds."""
+    results: list = [None] * len(target.prompts)
+    wall = 0.0
+    for i in order if order is not None else range(len(target.prompts)):
+        results[i], seconds = timed_decode(engine, target.prompts[i][1], plan.max_new_tokens,
+                                           width, plan.ignore_eos, plan.pipelined)
+        wall += seconds
+    return results, wall
+
+
 def _reason(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, LockstepError) else f"{type(exc).__name__}: {exc}"
 
@@ -383,13 +458,13 @@ def _failure(exc: BaseException, cls: type[Engine], plan: BenchPlan) -> tuple[st
 
 
 def attach_ratios(rows: Sequence[BenchRow], baseline: str) -> list[BenchRow]:
-    """Set each measured row's ratio to the baseline's median tokens/s of the same package and
-    mode (and its decode ratio to the baseline's steady decode tokens/s); where the baseline
-    was not measured there, the ratios stay None and the reason says why."""
-    base = {(r.package, r.mode): r for r in rows if r.engine == baseline}
+    """Set each measured row's ratio to the baseline's median tokens/s of the same package,
+    prompts and mode (and its decode ratio to the baseline's steady decode tokens/s); where
+    the baseline was not measured there, the ratios stay None and the reason says why."""
+    base = {(r.package, r.prompt_set, r.mode): r for r in rows if r.engine == baseline}
     for row in rows:
         row.baseline = baseline
-        ref = base.get((row.package, row.mode))
+        ref = base.get((row.package, row.prompt_set, row.mode))
         if not row.measured:
             row.ratio = row.decode_ratio = None
         elif ref is None or not ref.measured or not ref.tokens_per_s_median:
@@ -408,38 +483,46 @@ def _note(row: BenchRow, text: str) -> None:
     row.reason = f"{row.reason}; {text}" if row.reason else text
 
 
-def _summarise(row: BenchRow, results: list, walls: list[float], plan: BenchPlan) -> None:
-    streams = {tuple(r.tokens) for r in results}
+def _summarise(row: BenchRow, passes: list[list], walls: list[float], plan: BenchPlan) -> None:
+    """The row's figures from its timed passes (each a result per prompt) and their walls."""
+    streams = {tuple(tuple(r.tokens) for r in results) for results in passes}
     if len(streams) > 1:
         row.status = ERROR
         row.reason = "the timed decodes produced different tokens (a nondeterministic engine)"
-    short = [len(r.tokens) for r in results if len(r.tokens) != plan.max_new_tokens]
+    decodes = [r for results in passes for r in results]
+    short = [len(r.tokens) for r in decodes if len(r.tokens) != plan.max_new_tokens]
     if plan.ignore_eos and short and row.status == OK:
         row.status = ERROR
         row.reason = (f"a decode produced {short[0]} of {plan.max_new_tokens} tokens under "
                       f"--ignore-eos: the engine did not go on past eos, so it was not timed "
                       f"on the same tokens as the others")
-    rates = [len(r.tokens) / w for r, w in zip(results, walls) if w > 0]
-    row.repeats = len(results)
-    row.new_tokens = len(results[0].tokens)
+    first = passes[0]
+    rates = [sum(len(r.tokens) for r in results) / w for results, w in zip(passes, walls)
+             if w > 0]
+    row.repeats = len(passes)
+    row.new_tokens = sum(len(r.tokens) for r in first)
     row.tokens_per_s = rates
     if rates:
         row.tokens_per_s_median = statistics.median(rates)
         row.tokens_per_s_min, row.tokens_per_s_max = min(rates), max(rates)
-    if not plan.ignore_eos and row.status == OK and row.new_tokens < plan.max_new_tokens:
-        _note(row, f"eos after {row.new_tokens} of {plan.max_new_tokens} tokens: the figures "
-                   f"cover {row.new_tokens} (--ignore-eos times all {plan.max_new_tokens})")
-    timed = [r for r in results if len(r.step_s) >= 1]
-    if len(timed) < len(results):
+    asked = plan.max_new_tokens * len(first)
+    if not plan.ignore_eos and row.status == OK and row.new_tokens < asked:
+        what = (f"eos after {row.new_tokens} of {plan.max_new_tokens} tokens" if len(first) == 1
+                else f"eos before {plan.max_new_tokens} tokens in {len(short) // len(passes)} "
+                     f"of {len(first)} prompts")
+        _note(row, f"{what}: the figures cover {row.new_tokens} (--ignore-eos times all "
+                   f"{asked})")
+    if any(len(r.step_s) < 1 for r in decodes):
         _note(row, "the engine reports no per-step times: prefill and decode not separated")
     else:
-        row.prefill_ms = 1000 * statistics.median(r.step_s[0] for r in results)
-        steps = [s for r in results for s in r.step_s[1:]]
-        if steps:
+        row.prefill_ms = 1000 * statistics.median(r.step_s[0] for r in decodes)
+        steps = [s for r in decodes for s in r.step_s[1:]]
+        rounds = sum(len(r.step_s) - 1 for r in first)
+        if steps and rounds:
             row.step_ms = 1000 * statistics.median(steps)
-            row.tokens_per_step = (row.new_tokens - 1) / (len(results[0].step_s) - 1)
+            row.tokens_per_step = sum(len(r.tokens) - 1 for r in first) / rounds
         steady = []
-        for r in results:
+        for r in decodes:
             decode = r.step_s[1:]
             steady += decode[min(plan.warmup_steps, max(len(decode) - 1, 0)):]
         row.warmup_steps = plan.warmup_steps
@@ -449,12 +532,35 @@ def _summarise(row: BenchRow, results: list, walls: list[float], plan: BenchPlan
             row.decode_tokens_per_s = 1000 / row.decode_ms if row.decode_ms > 0 else None
     seconds: dict[str, float] = {}
     forwards: dict[str, int] = {}
-    for r in results:
+    for r in decodes:
         for phase, n in r.ledger.forwards.items():
             if n:
                 forwards[phase] = forwards.get(phase, 0) + n
                 seconds[phase] = seconds.get(phase, 0.0) + r.ledger.phase_seconds[phase]
     row.forward_ms = {p: 1000 * seconds[p] / n for p, n in forwards.items()}
+
+
+def _beside_greedy(row: BenchRow, greedy: BenchRow, passes: list[list], greedy_passes: list[list],
+                   cls: type[Engine]) -> None:
+    """A measured speculative row's rounds, and its tokens and speed against the greedy row
+    of the same engine, package and prompts (``harness.bench_speculation``)."""
+    for key, value in round_figures(passes[0]).items():
+        setattr(row, key, value)
+    if not greedy.measured:
+        _note(row, f"no greedy comparison: the greedy row is {greedy.status}")
+        return
+    parted = first_parting(list(row.prompts), passes[0], greedy_passes[0])
+    row.same_tokens = parted is None
+    if greedy.tokens_per_s_median:
+        row.greedy_ratio = row.tokens_per_s_median / greedy.tokens_per_s_median
+    if parted is not None and cls.batch_invariant:
+        row.status = ERROR
+        row.reason = (f"the speculative stream leaves the greedy one at {parted} on an engine "
+                      f"that declares batch invariance (claim 2): not a speed")
+    elif parted is not None:
+        _note(row, f"speculative and greedy part at {parted} (the engine is not "
+                   f"batch-invariant; lockstep run --mode speculative judges both against "
+                   f"the oracle)")
 
 
 def _attach_floor(row: BenchRow, nbytes: int | None, bw: Bandwidth) -> None:
@@ -470,130 +576,203 @@ def _attach_floor(row: BenchRow, nbytes: int | None, bw: Bandwidth) -> None:
 
 def run_bench(plan: BenchPlan, on_decode: Callable[[int, str], None] | None = None,
               bandwidth: Callable[[str], Bandwidth] | None = None) -> list[BenchRow]:
-    """Time every engine on every target of the plan; one row per (package, engine, mode).
+    """Time every engine on every target of the plan; one row per (package, prompts, engine,
+    mode).
 
-    Per package every available engine is loaded, warmed up (``warmup`` greedy decodes, and
-    in speculative mode one speculative decode too), then timed in turns. With
-    ``plan.interleave`` every package's engines are loaded first and the turns go over all
-    of them (repeat r of every row before repeat r+1 of any), so a ratio across packages
-    (a dtype, a cache) is measured side by side too. An engine that cannot run here is an
-    ``unavailable`` row with its reason (so is one that declares no speculative decoding, in
-    speculative mode); one that fails is an ``error`` row. ``bandwidth(residency)``
-    measures a residency's copy bandwidth for the floor (default :func:`measure_bandwidth`,
-    once per residency per run, with every engine idle). ``on_decode(n, description)`` is
-    told of every n decodes done (or skipped)."""
+    Per package every available engine is loaded once (``Engine.for_speed``) and serves each
+    of its prompt sets (a target): warmed up on the target (``warmup`` greedy passes over its
+    prompts, the longest prompt first, and in speculative mode one speculative pass too),
+    then timed in turns: repeat r of every engine on every target of the package, each
+    greedy then speculative, before repeat r+1 of any. With ``plan.interleave`` every
+    package's engines are loaded first and the turns go over all of them, so a ratio across
+    packages (a dtype, a cache) is measured side by side too. An engine that cannot run here
+    is an ``unavailable`` row with its reason (so is the speculative row of one that
+    declares no speculative decoding); one that fails is an ``error`` row.
+    ``bandwidth(residency)`` measures a residency's copy bandwidth for the floor (default
+    :func:`measure_bandwidth`, once per residency per run, with every engine idle).
+    ``on_decode(n, description)`` is told of every n decodes done (or skipped)."""
     tell = on_decode or (lambda n, text: None)
     measure = bandwidth or measure_bandwidth
     bandwidths: dict[str, Bandwidth] = {}
     rows: list[BenchRow] = []
-    groups = [plan.targets] if plan.interleave else [(t,) for t in plan.targets]
-    for group in groups:
-        loaded = [(target, _load(plan, target, rows, tell)) for target in group]
-        for r in range(plan.repeats):
+    for group in _groups(plan):
+        built: dict[int, _Engines] = {}
+        loaded = []
+        for target in group:
+            engines = built.setdefault(id(target.package), _Engines(plan, target.package))
+            loaded.append((target, _load(plan, target, engines, rows, tell)))
+        try:
+            for r in range(plan.repeats):
+                for target, (live, measured) in loaded:
+                    _time_turn(plan, target, live, measured, r, tell)
             for target, (live, measured) in loaded:
-                _time_turn(plan, target, live, measured, r, tell)
-        for target, (live, measured) in loaded:
-            _finish(plan, target, live, measured, bandwidths, measure)
+                _finish(plan, target, live, measured, bandwidths, measure)
+        finally:
+            for engines in built.values():
+                engines.close()
     return attach_ratios(rows, plan.baseline)
 
 
-_Live = dict[str, tuple[Engine, BenchRow, type[Engine]]]
+def _groups(plan: BenchPlan) -> list[tuple[BenchTarget, ...]]:
+    """The targets timed in one rotation: all of them with ``interleave``, else each
+    package's (its prompt sets, which share its engines)."""
+    if plan.interleave:
+        return [plan.targets]
+    groups: list[list[BenchTarget]] = []
+    for target in plan.targets:
+        if groups and groups[-1][0].package is target.package:
+            groups[-1].append(target)
+        else:
+            groups.append([target])
+    return [tuple(g) for g in groups]
 
 
-def _load(plan: BenchPlan, target: BenchTarget, rows: list[BenchRow],
-          tell: Callable[[int, str], None]) -> tuple[_Live, dict[str, tuple[list, list]]]:
-    """Each engine's row for ``target`` (appended to ``rows``), and the engines that loaded
-    and warmed up, by name, with their empty measurements."""
-    per = plan.decodes_per_engine
+class _Engines:
+    """The plan's engines on one package, each built once (``Engine.for_speed``) for every
+    prompt set of the package; one that cannot run here, or failed to build, keeps why."""
+
+    def __init__(self, plan: BenchPlan, package):
+        self.plan, self.package = plan, package
+        self.built: dict[str, Engine | tuple[str, str]] = {}
+
+    def get(self, name: str, cls: type[Engine]) -> Engine | tuple[str, str]:
+        """The engine, or (status, reason)."""
+        if name not in self.built:
+            avail = cls.availability()
+            if not avail.ok:
+                self.built[name] = (UNAVAILABLE, avail.reason)
+            else:
+                try:
+                    self.built[name] = cls.for_speed(self.package)
+                except Exception as exc:  # this engine's rows, the others go on
+                    self.built[name] = _failure(exc, cls, self.plan)
+        return self.built[name]
+
+    def close(self) -> None:
+        for engine in self.built.values():
+            if isinstance(engine, Engine):
+                engine.close()
+
+
+# engine name -> (the engine, its class, its row per mode label)
+_Live = dict[str, tuple[Engine, type[Engine], dict[str, BenchRow]]]
+# (engine name, mode label) -> (the timed passes, their walls)
+_Measured = dict[tuple[str, str], tuple[list, list]]
+
+
+def _what(target: BenchTarget) -> str:
     name = target.package.spec.name
+    return name if target.prompt_set == "first" else f"{name} · {target.prompt_set}"
+
+
+def _load(plan: BenchPlan, target: BenchTarget, engines: _Engines, rows: list[BenchRow],
+          tell: Callable[[int, str], None]) -> tuple[_Live, _Measured]:
+    """Each engine's rows for ``target`` (appended to ``rows``), and the engines that loaded
+    and warmed up on its prompts, by name, with their empty measurements."""
+    per = plan.decodes_per_engine(target)
+    name, what = target.package.spec.name, _what(target)
+    prompts = {n: list(ids) for n, ids in target.prompts}
+    longest_first = sorted(range(len(target.prompts)), key=lambda i: -len(target.prompts[i][1]))
     live: _Live = {}
     for engine_name, cls in plan.engines:
-        row = BenchRow(name, engine_name, target.label, OK, prompt=list(target.prompt),
-                       max_new_tokens=plan.max_new_tokens, ignore_eos=plan.ignore_eos,
-                       residency=cls.residency)
-        rows.append(row)
-        avail = cls.availability()
-        if not avail.ok:
-            row.status, row.reason = UNAVAILABLE, avail.reason
-            tell(per, f"{name} · {engine_name}: unavailable")
+        own = {label: BenchRow(name, engine_name, label, OK, residency=cls.residency,
+                               prompt_set=target.prompt_set, prompts=prompts,
+                               max_new_tokens=plan.max_new_tokens, ignore_eos=plan.ignore_eos)
+               for label, _ in target.modes}
+        rows.extend(own.values())
+        engine = engines.get(engine_name, cls)
+        if not isinstance(engine, Engine):
+            for row in own.values():
+                row.status, row.reason = engine
+            tell(per, f"{what} · {engine_name}: {engine[0]}")
             continue
+        speculates = target.width is not None and cls.speculative
         if target.width is not None and not cls.speculative:
+            row = own[target.label]
             row.status = UNAVAILABLE
             row.reason = (f"engine {engine_name!r} declares no speculative decoding (it "
                           f"decodes by itself)" if cls.decodes_itself else
                           f"engine {engine_name!r} declares no speculative decoding")
-            tell(per, f"{name} · {engine_name}: unavailable")
-            continue
-        engine, done = None, 0
+            skipped = len(target.prompts) * (1 + plan.repeats)
+            per -= skipped
+            tell(skipped, f"{what} · {engine_name} · {target.label}: unavailable")
+        done = 0
         try:
-            engine = cls(target.package)
+            for row in own.values():
+                row.compute_dtype = engine.compute_dtype()
             for _ in range(plan.warmup):
-                timed_decode(engine, target.prompt, plan.max_new_tokens, None,
-                             plan.ignore_eos, plan.pipelined)
-                done += 1
-                tell(1, f"{name} · {engine_name} · warm-up")
-            if target.width is not None:
-                timed_decode(engine, target.prompt, plan.max_new_tokens, target.width,
-                             plan.ignore_eos)
-                done += 1
-                tell(1, f"{name} · {engine_name} · warm-up {target.label}")
-        except Exception as exc:  # any failure is this engine's row, the others go on
-            row.status, row.reason = _failure(exc, cls, plan)
-            tell(per - done, f"{name} · {engine_name}: {row.status}")
-            if engine is not None:
-                engine.close()
+                timed_pass(engine, target, None, plan, longest_first)
+                done += len(target.prompts)
+                tell(len(target.prompts), f"{what} · {engine_name} · warm-up")
+            if speculates:
+                timed_pass(engine, target, target.width, plan, longest_first)
+                done += len(target.prompts)
+                tell(len(target.prompts), f"{what} · {engine_name} · warm-up {target.label}")
+        except Exception as exc:  # any failure is this engine's rows, the others go on
+            status, reason = _failure(exc, cls, plan)
+            for row in own.values():
+                if row.status == OK:
+                    row.status, row.reason = status, reason
+            tell(per - done, f"{what} · {engine_name}: {status}")
             continue
-        live[engine_name] = (engine, row, cls)
-    return live, {n: ([], []) for n in live}
+        live[engine_name] = (engine, cls, own)
+    return live, {(n, label): ([], []) for n, (_, _, own) in live.items() for label in own}
 
 
-def _time_turn(plan: BenchPlan, target: BenchTarget, live: _Live,
-               measured: dict[str, tuple[list, list]], r: int,
-               tell: Callable[[int, str], None]) -> None:
-    """Repeat ``r`` of every live engine on ``target``, one after another."""
-    name = target.package.spec.name
-    for engine_name, (engine, row, cls) in live.items():
-        if row.status != OK:
-            continue
-        try:
-            result, wall = timed_decode(engine, target.prompt, plan.max_new_tokens,
-                                        target.width, plan.ignore_eos, plan.pipelined)
-        except Exception as exc:
-            row.status, row.reason = _failure(exc, cls, plan)
-            tell(plan.repeats - r, f"{name} · {engine_name}: {row.status}")
-            continue
-        measured[engine_name][0].append(result)
-        measured[engine_name][1].append(wall)
-        tell(1, f"{name} · {engine_name} · {target.label} · repeat {r + 1}/{plan.repeats}")
+def _time_turn(plan: BenchPlan, target: BenchTarget, live: _Live, measured: _Measured,
+               r: int, tell: Callable[[int, str], None]) -> None:
+    """Repeat ``r`` of every live engine on ``target``, one after another, each in every
+    mode (greedy, then speculative)."""
+    what = _what(target)
+    for engine_name, (engine, cls, own) in live.items():
+        for label, width in target.modes:
+            row = own[label]
+            if row.status != OK:
+                continue
+            try:
+                results, wall = timed_pass(engine, target, width, plan)
+            except Exception as exc:
+                row.status, row.reason = _failure(exc, cls, plan)
+                tell(len(target.prompts) * (plan.repeats - r), f"{what} · {engine_name}: "
+                                                               f"{row.status}")
+                continue
+            measured[engine_name, label][0].append(results)
+            measured[engine_name, label][1].append(wall)
+            tell(len(target.prompts), f"{what} · {engine_name} · {label} · repeat "
+                                      f"{r + 1}/{plan.repeats}")
 
 
-def _finish(plan: BenchPlan, target: BenchTarget, live: _Live,
-            measured: dict[str, tuple[list, list]], bandwidths: dict[str, Bandwidth],
-            measure: Callable[[str], Bandwidth]) -> None:
-    """Summarise each live row, attach its floor (bandwidth measured with the engine idle,
-    once per residency), and close the engines."""
+def _finish(plan: BenchPlan, target: BenchTarget, live: _Live, measured: _Measured,
+            bandwidths: dict[str, Bandwidth], measure: Callable[[str], Bandwidth]) -> None:
+    """Summarise each live row (a speculative one beside its greedy row) and attach its
+    floor (bandwidth measured with the engine idle, once per residency)."""
     nbytes: int | None = None
-    if any(row.status == OK for _, row, _ in live.values()):
+    if any(row.status == OK for _, _, own in live.values() for row in own.values()):
         try:
             nbytes = weight_bytes(target.package)
         except Exception as exc:  # a floor is a figure, never a reason to fail
-            for _, row, _ in live.values():
-                _note(row, f"no floor: weight bytes unknown ({_reason(exc)})")
-    for engine_name, (engine, row, _cls) in live.items():
-        if row.status == OK:
-            _summarise(row, *measured[engine_name], plan)
-        if row.status == OK:
-            engine.synchronize()
-            if row.residency not in bandwidths:
-                bandwidths[row.residency] = measure(row.residency)
-            _attach_floor(row, nbytes, bandwidths[row.residency])
-        if row.status == OK and plan.profile and target.width is None:
-            try:
-                row.profile = profile_decode(engine, target.prompt, plan.max_new_tokens,
-                                             plan.ignore_eos, row.decode_ms).to_dict()
-            except Exception as exc:  # a profile is a figure, never a reason to fail
-                _note(row, f"no profile: {_reason(exc)}")
-        engine.close()
+            for _, _, own in live.values():
+                for row in own.values():
+                    _note(row, f"no floor: weight bytes unknown ({_reason(exc)})")
+    for engine_name, (engine, cls, own) in live.items():
+        for label, width in target.modes:
+            row = own[label]
+            if row.status == OK:
+                _summarise(row, *measured[engine_name, label], plan)
+            if row.status == OK and width is not None:
+                _beside_greedy(row, own["greedy"], measured[engine_name, label][0],
+                               measured[engine_name, "greedy"][0], cls)
+            if row.status == OK:
+                engine.synchronize()
+                if row.residency not in bandwidths:
+                    bandwidths[row.residency] = measure(row.residency)
+                _attach_floor(row, nbytes, bandwidths[row.residency])
+            if row.status == OK and plan.profile and width is None:
+                try:
+                    row.profile = profile_decode(engine, target.prompt, plan.max_new_tokens,
+                                                 plan.ignore_eos, row.decode_ms).to_dict()
+                except Exception as exc:  # a profile is a figure, never a reason to fail
+                    _note(row, f"no profile: {_reason(exc)}")
 
 
 def bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
@@ -625,7 +804,8 @@ def write_json(rows: Sequence[BenchRow], path: Path, plan: BenchPlan | None = No
             "pipelined": plan.pipelined, "interleave": plan.interleave,
             "warmup_steps": plan.warmup_steps, "baseline": plan.baseline,
             "engines": [n for n, _ in plan.engines],
-            "packages": [t.package.spec.name for t in plan.targets]},
+            "packages": list(dict.fromkeys(t.package.spec.name for t in plan.targets)),
+            "prompt_sets": list(dict.fromkeys(t.prompt_set for t in plan.targets))},
         "bandwidth": bandwidths_of(rows),
         "rows": [asdict(r) for r in rows],
     }
@@ -639,4 +819,4 @@ def write_json(rows: Sequence[BenchRow], path: Path, plan: BenchPlan | None = No
 __all__ = ["Bandwidth", "BenchPlan", "BenchRow", "BenchTarget", "MODES", "attach_ratios",
            "bandwidths_of", "bench", "cuda_copy_bandwidth", "floor_ms", "host_copy_bandwidth",
            "measure_bandwidth", "plan_bench", "run_bench", "synchronize", "timed_decode",
-           "weight_bytes", "write_json"]
+           "timed_pass", "weight_bytes", "write_json"]

@@ -3,6 +3,7 @@ measured by the engine's own ledger and, where the decode ran under it, by the i
 transfer guard. Judged by the claim registry, whether or not evidence is written."""
 from __future__ import annotations
 
+from engines.package.schema import MODEL_FREE_KINDS
 from engines.workflow.speculative import SpeculativeResult
 from harness.claims import FAIL, SKIP, all_pass, judge_claim
 from harness.evidence import BudgetCheck
@@ -13,6 +14,10 @@ def expected_readback(result) -> tuple[int, str]:
     if not isinstance(result, SpeculativeResult):
         return 4 * len(result.tokens), "exactly 4 bytes (one int32 token id) per generated token"
     ledger = result.ledger
+    if result.kind in MODEL_FREE_KINDS:  # drafts copied from ids the host holds
+        return ((4 * (1 + ledger.forwards["decode"]) + 8 * ledger.proposals),
+                f"nothing per proposer step ({result.kind} drafts on the host), 8 per "
+                f"verification (accept count + bonus id), 4 per prefill or decode token")
     return ((4 * (1 + ledger.forwards["decode"] + sum(result.widths_per_round))
              + 8 * ledger.proposals),
             "4 bytes per proposer step (draft id), 8 per verification (accept count + bonus "

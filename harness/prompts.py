@@ -5,6 +5,12 @@ tokenizer sees it (a ``PromptSource``); each package of the run resolves it with
 tokenizer and chat template (``resolve``), so one request serves several packages. Every
 check names where the prompt came from (``--text``, ``prompts.jsonl:3``), the field, the
 value and the remedy, and runs before any cell does.
+
+``--prompts`` also takes the name of a built-in prompt set (``PROMPT_SETS``, JSONL files in
+``harness/texts/prompt_sets/``, our own text, chat form): ``grounded`` asks to repeat, edit,
+correct or summarise a text or code given in the prompt (where an answer copies its prompt,
+and prompt-lookup speculation should win); ``free`` asks open questions (free continuation,
+where it should not).
 """
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ KINDS = ("text", "chat", "ids")
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 JSONL_REMEDY = ('write one JSON object a line: {"text": "..."}, {"chat": [{"role": "user", '
                 '"content": "..."}]} or {"ids": [1, 5, 7]}, with an optional "name"')
+PROMPT_SETS_DIR = Path(__file__).resolve().parent / "texts" / "prompt_sets"
+PROMPT_SETS = ("grounded", "free")  # the built-in sets --prompts names (PROMPT_SETS_DIR)
 
 
 @dataclass(frozen=True)
@@ -111,14 +119,24 @@ def ids_prompt(ids, where: str = "--prompt", name: str | None = None) -> PromptS
     return PromptSource("ids", where, ids=tuple(out), name=name)
 
 
+def prompt_set_file(ref: str | Path) -> Path:
+    """The file ``--prompts`` names: a path that exists, else a built-in set's file."""
+    path = Path(ref)
+    if not path.exists() and str(ref) in PROMPT_SETS:
+        return PROMPT_SETS_DIR / f"{ref}.jsonl"
+    return path
+
+
 def read_prompts_file(path: str | Path) -> list[PromptSource]:
-    """``--prompts FILE``: one JSON object a line (blank lines skipped), each checked."""
-    path = Path(path)
+    """``--prompts FILE``: one JSON object a line (blank lines skipped), each checked; FILE
+    may name a built-in set (``PROMPT_SETS``) instead."""
+    path = prompt_set_file(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"the prompts file cannot be read: {exc}", field="--prompts",
-                         value=str(path), remedy="give a UTF-8 JSONL file") from None
+                         value=str(path), remedy=f"give a UTF-8 JSONL file, or a built-in "
+                                                 f"set: {', '.join(PROMPT_SETS)}") from None
     sources, names = [], {}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -238,5 +256,5 @@ def resolve_all(prompts: Sequence, package, max_new_tokens: int | None = None
     return out
 
 
-__all__ = ["PromptSource", "ResolvedPrompt", "chat_prompt", "ids_prompt", "read_prompts_file",
-           "resolve", "resolve_all", "text_prompt"]
+__all__ = ["PROMPT_SETS", "PromptSource", "ResolvedPrompt", "chat_prompt", "ids_prompt",
+           "prompt_set_file", "read_prompts_file", "resolve", "resolve_all", "text_prompt"]

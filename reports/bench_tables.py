@@ -25,6 +25,8 @@ class BenchRowFile(BaseModel):
     mode: str
     status: str
     reason: str | None = None
+    prompt_set: str = ""  # layout 3: the prompts the row was timed on
+    compute_dtype: str = ""  # layout 3: what the engine computed in
     tokens_per_s_median: float | None = None
     prefill_ms: float | None = None
     decode_ms: float | None = None
@@ -35,6 +37,9 @@ class BenchRowFile(BaseModel):
     ratio: float | None = None
     decode_ratio: float | None = None
     baseline: str | None = None
+    accept_rate: float | None = None  # speculative rows (layout 3)
+    greedy_ratio: float | None = None
+    same_tokens: bool | None = None
 
 
 class BenchFile(BaseModel):

@@ -64,7 +64,7 @@ NOT_RUN = "not-run"  # a hole in the matrix that no manifest planned
 # where ``lockstep report`` looks for the planted-bug catch matrix by default
 DEFAULT_CATCH_MATRIX = Path(__file__).resolve().parent.parent / "docs" / "catch_matrix.json"
 
-_MODE_ORDER = {"greedy": 0, "draft": 1, "chained": 2, "mtp": 3}
+_MODE_ORDER = {"greedy": 0, "draft": 1, "chained": 2, "mtp": 3, "prompt-lookup": 4}
 
 
 def _env() -> Environment:

@@ -31,7 +31,8 @@ clear (70.7%), 39 not:
   report-record-broken-link, report-runs-a-file, report-record-steps-judged-past-tokens,
   report-manifest-complete-a-string, explain-plot-jpeg (an SVG written as ``.jpg``),
   explain-another-registered-engine (native-host explained "within the floor": a wrong
-  conclusion), bench-pipelined-speculative, import-package-shared-asset-tampered,
+  conclusion), bench-pipelined-speculative (since valid: speculative mode times greedy
+  beside, pipelined), import-package-shared-asset-tampered,
   env-step-memo-no, env-cache-a-broken-link; env-http-timeout-nan (exit 1: every cell an error);
 - the user's files lost: convert-output-is-the-checkpoint, convert-output-holds-the-checkpoint,
   convert-gguf-into-its-own-folder (``--force`` replaced the checkpoint by its conversion),
@@ -450,9 +451,6 @@ CASES = [
     # the benches
     Case("bench-width-without-speculative-mode", lambda m: ["bench", *BENCH, "--width", "2"],
          ("--width", "--mode")),
-    Case("bench-pipelined-speculative", lambda m: [
-        "bench", "--engines", "native-host", "--packages", "lookup_chained", "--mode",
-        "speculative", "--pipelined"], ("--pipelined", "speculative")),
     Case("bench-warmup-steps-negative", lambda m: ["bench", *BENCH, "--warmup-steps", "-1"],
          ("--warmup-steps", "-1")),
     Case("bench-json-under-proc", lambda m: ["bench", *BENCH, "--json", "/proc/b.json"],

@@ -242,8 +242,10 @@ def test_progress_counts_every_planned_decode():
                          mode="speculative", width=2, repeats=2, max_new_tokens=NEW)
     advanced = []
     rows = hb.run_bench(plan, lambda n, text: advanced.append(n), bandwidth=FAKE_BW)
-    assert sum(advanced) == plan.total_decodes == 4 * (1 + 1 + 2)
-    assert [r.status for r in rows] == [hb.UNAVAILABLE, hb.ERROR, hb.OK, hb.OK]
+    # per engine: a greedy and a speculative warm-up, then 2 repeats of greedy and of speculative
+    assert sum(advanced) == plan.total_decodes == 4 * (1 + 1 + 2 * 2)
+    assert [r.status for r in rows] == [hb.UNAVAILABLE] * 2 + [hb.ERROR] * 2 + [hb.OK] * 4
+    assert [r.mode for r in rows] == ["greedy", "chained/w2"] * 4
 
 
 def test_speculative_rows_report_rounds():
@@ -307,6 +309,8 @@ def test_json_holds_the_rows_and_settings(greedy_rows, tmp_path):
         for key in ("prefill_ms", "decode_ms", "decode_tokens_per_s", "weight_bytes",
                     "bandwidth_gb_s", "floor_ms", "x_floor", "decode_ratio"):
             assert row[key] is not None, key
+        assert row["compute_dtype"] == "float32" and row["prompt_set"] == "first"
+        assert list(row["prompts"]) == ["p0"]
     assert data["settings"]["engines"] == ["native-host", "onnx-reference", "ort-cpu"]
     assert [r["engine"] for r in data["rows"]] == [r.engine for r in greedy_rows]
     assert [r["ratio"] for r in data["rows"]] == [r.ratio for r in greedy_rows]
@@ -613,13 +617,18 @@ def test_a_peer_whose_generate_takes_no_ignore_eos_says_so():
     assert row.measured and row.new_tokens == 3 and "eos after 3 of 8 tokens" in row.reason
 
 
-def test_a_black_box_is_unavailable_for_speculative_benchmarks():
+def test_a_black_box_is_timed_greedily_beside_speculation_it_cannot_run():
+    """Speculative mode: a peer that decodes by itself gets its greedy row on the same
+    prompts (the table's peer) and an unavailable speculative row; it never speculates."""
     log: list = []
-    rows = by_engine(hb.bench([gpu_peer(log), "native-host"], [SMALL], mode="speculative",
-                              width=2, repeats=1, max_new_tokens=8, bandwidth=FAKE_BW))
-    row = rows["fake-gpu-peer"]
+    rows = {(r.engine, r.mode): r for r in hb.bench(
+        [gpu_peer(log), "native-host"], [SMALL], mode="speculative", width=2, repeats=1,
+        max_new_tokens=8, bandwidth=FAKE_BW)}
+    row = rows["fake-gpu-peer", "chained/w2"]
     assert row.status == hb.UNAVAILABLE and "declares no speculative decoding" in row.reason
-    assert log == [] and rows["native-host"].measured  # never loaded, the others timed
+    assert rows["fake-gpu-peer", "greedy"].measured
+    assert log.count(("generate", False)) == 2  # one greedy warm-up, one timed greedy decode
+    assert rows["native-host", "greedy"].measured and rows["native-host", "chained/w2"].measured
 
 
 def test_no_bandwidth_means_no_floor_and_a_note():
@@ -868,6 +877,37 @@ def test_hf_cuda_code_path_agrees_with_the_oracle_on_a_cpu(converted):
     cell = summary.cells[0]
     assert cell.status == "identical", cell.reason
     assert cell.audit is not None and cell.audit.decode == "separate"
+
+
+@needs_hf
+def test_hf_cuda_is_timed_in_a_bfloat16_packages_own_dtype(tmp_path):
+    """Parity runs keep hf-cuda's float32 for a bfloat16 package (its records say so); the
+    bench builds it for speed (``Engine.for_speed``) in bfloat16, and its row says so."""
+    from harness.convert.conversion import convert
+    from suites.convert_support import write_tiny_gguf
+
+    package = load_package(convert(write_tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "bf16",
+                                   dtype="bfloat16").folder)
+    cls = cpu_hf_cuda()
+    parity = cls(package)
+    assert parity.compute_dtype() == parity.provenance()["dtype"] == "float32"
+    rows = hb.bench([cls], [package], baseline=cls, repeats=1, max_new_tokens=3,
+                    bandwidth=FAKE_BW)
+    assert [(r.engine, r.compute_dtype, r.status) for r in rows] == [
+        ("hf-cuda-on-cpu", "bfloat16", hb.OK)]
+
+
+def test_an_engine_computes_in_its_scheme_or_its_packages_dtype(packages):
+    class Scheme(OrtCpuEngine):
+        name = "scheme"
+
+        def numeric_scheme(self):
+            return "onnxruntime-cpu:some-int4"
+
+    package = packages["tiny_llama"]
+    assert OrtCpuEngine(package).compute_dtype() == "float32"
+    assert Scheme(package).compute_dtype() == "onnxruntime-cpu:some-int4"
+    assert isinstance(OrtCpuEngine.for_speed(package), OrtCpuEngine)
 
 
 @needs_hf

@@ -359,3 +359,27 @@ def test_long_context_prompts_are_1k_to_2k_smollm2_tokens_and_deterministic(smol
         lengths[line["name"]] = len(resolve(source, package, max_new_tokens=256).ids)
     assert all(1000 <= n <= 2048 for n in lengths.values()), lengths
     assert lengths["long_2k"] > 1800 and lengths["long_1k"] < lengths["long_2k"], lengths
+
+
+def test_the_built_in_prompt_sets_are_named_chats(chat_package, tmp_path, monkeypatch):
+    """``--prompts grounded`` and ``--prompts free``: five named chats each, resolved by a
+    package's chat template; a file of that name in the working folder is the file; an
+    unknown name that is no file says which sets there are."""
+    from harness.prompts import PROMPT_SETS
+
+    package, _ = chat_package
+    assert PROMPT_SETS == ("grounded", "free")
+    names = set()
+    for name in PROMPT_SETS:
+        sources = read_prompts_file(name)
+        assert len(sources) == 5 and all(s.kind == "chat" and s.name for s in sources)
+        assert sources[0].where == f"{name}.jsonl:1"
+        names |= {s.name for s in sources}
+        assert resolve(sources[0], package).rendered.startswith("<|im_start|>system")
+    assert len(names) == 10  # no name used twice across the sets
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "free").write_text('{"ids": [1, 2]}\n')
+    assert [s.kind for s in read_prompts_file("free")] == ["ids"]
+    with pytest.raises(InputError) as err:
+        read_prompts_file("groundd")
+    assert err.value.field == "--prompts" and "grounded, free" in err.value.remedy

@@ -59,7 +59,8 @@ def test_each_bench_row_is_a_table_row_with_the_files_figures(bench_file):
     assert {r["engine"] for r in data["rows"]} == {"native-host", "ort-cpu"}  # the baseline joins
     for tr, row in zip(rows, data["rows"]):
         text = _texts(tr)
-        assert row["package"] in text
+        assert row["package"] in text and row["prompt_set"] in text
+        assert row["compute_dtype"] == "float32" and "float32" in text
         assert f"{row['decode_ms']:.3f}" in text and f"{row['x_floor']:.1f}x" in text
         assert f"{row['ratio']:.2f}x" in text
     caption = _texts(next(_find(section, lambda n: "bench-caption" in n.attrs.get("class", ""))))

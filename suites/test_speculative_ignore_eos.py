@@ -191,13 +191,18 @@ def test_the_speculative_bench_times_exactly_n_tokens_past_eos(eos_cases, monkey
         asked.append(("speculative", ignore_eos)) or spec(*a, ignore_eos=ignore_eos, **k)))
     rows = hb.bench(["native-host"], [case.package], mode="speculative", width=2, repeats=2,
                     max_new_tokens=NEW_TOKENS, ignore_eos=True, bandwidth=FAKE_BW)
-    assert {r.engine for r in rows} == {"native-host", "ort-cpu"}
+    assert {(r.engine, r.mode) for r in rows} == {
+        (engine, mode) for engine in ("native-host", "ort-cpu") for mode in ("greedy",
+                                                                             "chained/w2")}
     for row in rows:
         assert row.measured and row.ignore_eos and row.new_tokens == NEW_TOKENS, row.reason
-        assert row.mode == "chained/w2" and "eos after" not in row.reason
-        assert 1.0 < row.tokens_per_step <= 3.0
-    # per engine: one greedy warm-up, one speculative warm-up, two timed; all past eos
-    assert sorted(asked) == sorted([("greedy", True)] * 2 + [("speculative", True)] * 6)
+        assert "eos after" not in row.reason
+        if row.mode == "greedy":
+            assert row.tokens_per_step == 1.0
+        else:
+            assert 1.0 < row.tokens_per_step <= 3.0 and row.same_tokens
+    # per engine: one greedy and one speculative warm-up, two timed of each; all past eos
+    assert sorted(asked) == sorted([("greedy", True)] * 6 + [("speculative", True)] * 6)
     stopped = hb.bench(["native-host"], [case.package], mode="speculative", width=2,
                        repeats=1, max_new_tokens=NEW_TOKENS, bandwidth=FAKE_BW)
     for row in stopped:  # without it the figures cover the stream up to eos, and say so
@@ -212,11 +217,13 @@ def test_a_speculative_decode_that_stops_at_eos_is_an_error_row(eos_cases, monke
     spec = hb.speculative_decode
     monkeypatch.setattr(hb, "speculative_decode",
                         lambda *a, ignore_eos=False, **k: spec(*a, **k))
-    rows = {r.engine: r for r in hb.bench(["native-host"], [case.package], mode="speculative",
-                                          width=2, repeats=1, max_new_tokens=NEW_TOKENS,
-                                          ignore_eos=True, bandwidth=FAKE_BW)}
-    for row in rows.values():
-        assert row.status == hb.ERROR and row.ratio is None
+    rows = hb.bench(["native-host"], [case.package], mode="speculative", width=2, repeats=1,
+                    max_new_tokens=NEW_TOKENS, ignore_eos=True, bandwidth=FAKE_BW)
+    for row in rows:
+        if row.mode == "greedy":  # the greedy path honours it: timed beside
+            assert row.measured and row.new_tokens == NEW_TOKENS
+            continue
+        assert row.status == hb.ERROR and row.ratio is None and row.greedy_ratio is None
         assert f"produced {EOS_STEP + 1} of {NEW_TOKENS} tokens under --ignore-eos" in row.reason
 
 
@@ -236,22 +243,20 @@ class StopsAtEos(BlackBoxEngine):
                             self.reset_ledger(), 0.01, [0.01])
 
 
-def test_a_black_box_is_never_timed_in_the_speculative_bench(eos_cases):
+def test_a_black_box_never_speculates_and_its_greedy_row_is_refused_alike(eos_cases):
     StopsAtEos.calls = []
     case = eos_cases[CHEAP]
-    rows = {r.engine: r for r in hb.bench([StopsAtEos, "native-host"], [case.package],
-                                          mode="speculative", width=2, repeats=1,
-                                          max_new_tokens=NEW_TOKENS, ignore_eos=True,
-                                          bandwidth=FAKE_BW)}
-    row = rows["stops-at-eos"]
+    rows = {(r.engine, r.mode): r for r in hb.bench(
+        [StopsAtEos, "native-host"], [case.package], mode="speculative", width=2, repeats=1,
+        max_new_tokens=NEW_TOKENS, ignore_eos=True, bandwidth=FAKE_BW)}
+    row = rows["stops-at-eos", "chained/w2"]
     assert row.status == hb.UNAVAILABLE and "declares no speculative decoding" in row.reason
-    assert row.tokens_per_s_median is None and StopsAtEos.calls == []
-    assert rows["native-host"].measured and rows["native-host"].new_tokens == NEW_TOKENS
-    greedy = {r.engine: r for r in hb.bench([StopsAtEos], [case.package], repeats=1,
-                                            max_new_tokens=NEW_TOKENS, ignore_eos=True,
-                                            bandwidth=FAKE_BW)}
-    assert greedy["stops-at-eos"].status == hb.ERROR  # greedy refuses it the same way
-    assert "produced 1 of" in greedy["stops-at-eos"].reason
+    assert row.tokens_per_s_median is None
+    assert StopsAtEos.calls == [True, True]  # its greedy warm-up and timed decode only
+    greedy = rows["stops-at-eos", "greedy"]
+    assert greedy.status == hb.ERROR and "produced 1 of" in greedy.reason
+    spec = rows["native-host", "chained/w2"]
+    assert spec.measured and spec.new_tokens == NEW_TOKENS
 
 
 def test_cli_speculative_ignore_eos_writes_rows_over_n_tokens(eos_cases, tmp_path, capsys):
@@ -265,6 +270,7 @@ def test_cli_speculative_ignore_eos_writes_rows_over_n_tokens(eos_cases, tmp_pat
     assert status == 0, capsys.readouterr()
     doc = json.loads(out.read_text())
     assert doc["settings"]["ignore_eos"] is True and doc["settings"]["mode"] == "speculative"
-    assert [r["new_tokens"] for r in doc["rows"]] == [NEW_TOKENS] * 2
+    assert [r["new_tokens"] for r in doc["rows"]] == [NEW_TOKENS] * 4  # 2 engines x 2 modes
+    assert [r["mode"] for r in doc["rows"]] == ["greedy", "chained/w2"] * 2
     assert all(r["status"] == "ok" and r["ignore_eos"] for r in doc["rows"])
     assert "eos ignored" in capsys.readouterr().out

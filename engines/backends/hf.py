@@ -22,7 +22,8 @@ state only), returning logits and the final hidden state.
 parity: device ``cuda:0``, transformers' static cache (``generate(...,
 cache_implementation="static")``, which transformers compiles with ``torch.compile`` on a
 CUDA device unless ``torch_compile=False``), transformers' default SDPA attention, float16 for a
-float16 package and float32 otherwise (or the ``dtype`` given to the constructor). It is a
+float16 package and float32 otherwise (or the ``dtype`` given to the constructor; the bench
+builds it in the package's own dtype, ``for_speed``, bfloat16 included). It is a
 black box like ``hf``: its residency is declared ``cuda:0`` because its weights, cache and
 logits live there (the bench measures that device's copy bandwidth for its floor, and the
 runner audits its logits in a separate decode); lockstep judges no device budgets for an
@@ -163,8 +164,13 @@ class HfEngine(Engine):
 
     def provenance(self) -> dict[str, Any]:
         """The conversion hf ran: transformers' own loader on the source checkpoint (its path,
-        kind and content hash), or the package's weights where that was not found."""
+        kind and content hash), or the package's weights where that was not found; and the
+        dtype it computed in."""
         return dict(self._provenance)
+
+    def compute_dtype(self) -> str:
+        """The torch dtype the model was cast to (``dtype``, or :meth:`default_dtype`)."""
+        return self.dtype_name
 
     def _build_model(self):
         """transformers' model (``hf_model.build_model``) in this engine's dtype, on its
@@ -173,8 +179,7 @@ class HfEngine(Engine):
 
         model, self._provenance = build_model(self.source, self.package, self.sidecar,
                                               self.attention, self._fallback)
-        if self.source is not None:
-            self._provenance["dtype"] = self.dtype_name
+        self._provenance["dtype"] = self.dtype_name  # a record says what it computed in
         spec = self.package.spec
         if model.config.vocab_size != spec.vocab_size:
             raise EngineUnavailable(
@@ -334,5 +339,13 @@ class HfCudaEngine(HfEngine):
 
     @classmethod
     def default_dtype(cls, package_dtype: str) -> str:
-        """float16 for a float16 package; float32 for every other (float32, bfloat16)."""
+        """float16 for a float16 package; float32 for every other (float32, bfloat16): a
+        parity run's choice (its records name it, ``provenance()["dtype"]``)."""
         return "float16" if package_dtype == "float16" else "float32"
+
+    @classmethod
+    def for_speed(cls, package) -> "HfCudaEngine":
+        """Timed as a peer is run for speed: in the package's own dtype (bfloat16 for a
+        bfloat16 package, where parity runs compute float32)."""
+        dtype = package.spec.dtype
+        return cls(package, dtype=dtype) if dtype in DTYPES else cls(package)

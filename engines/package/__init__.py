@@ -7,13 +7,15 @@ from engines.package.hashing import package_content_hash
 from engines.package.load import Package, load_package, locate, read_spec
 from engines.package.ports import graph_inputs, graph_outputs
 from engines.package.schema import (DTYPES, FORMAT_VERSION, INPUT_ROLES, KV_UPDATES,
-                                    OUTPUT_ROLES, PACKAGE_FILE, SPECULATIVE_KINDS, STATE_KINDS,
-                                    CarrySpec, ComponentSpec, DecodingSpec, EmbeddingSpec,
-                                    GreedySpec, PackageSpec, ReferenceSpec, SpeculativeSpec,
-                                    StateCellSpec, TokenizerSpec, field_path)
+                                    MODEL_FREE_KINDS, OUTPUT_ROLES, PACKAGE_FILE,
+                                    SPECULATIVE_KINDS, STATE_KINDS, CarrySpec, ComponentSpec,
+                                    DecodingSpec, EmbeddingSpec, GreedySpec, PackageSpec,
+                                    ReferenceSpec, SpeculativeSpec, StateCellSpec, TokenizerSpec,
+                                    field_path)
 
 __all__ = [
-    "DTYPES", "FORMAT_VERSION", "INPUT_ROLES", "KV_UPDATES", "OUTPUT_ROLES", "PACKAGE_FILE",
+    "DTYPES", "FORMAT_VERSION", "INPUT_ROLES", "KV_UPDATES", "MODEL_FREE_KINDS",
+    "OUTPUT_ROLES", "PACKAGE_FILE",
     "SPECULATIVE_KINDS", "STATE_KINDS", "CarrySpec", "ComponentSpec", "DecodingSpec",
     "EmbeddingSpec", "GreedySpec", "Package", "PackageSpec", "ReferenceSpec",
     "SpeculativeSpec",

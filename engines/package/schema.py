@@ -153,10 +153,17 @@ class GreedySpec(_Strict):
 # (the proposer reads concat(embed(token) * scale, carry), fused into one input or as token +
 # carry, carry seeded from a declared target output, target cells borrowed read-only);
 # ``mtp`` (a multi-token-prediction head: like chained, the last hidden state seeds the carry
-# and the next token's embedding is the other half; the head may own cells too). Checks that
-# need the graphs (borrowed ports, the embedding initializer) live in ``ports.py``.
-SPECULATIVE_KINDS = ("draft", "chained", "mtp")
+# and the next token's embedding is the other half; the head may own cells too);
+# ``prompt-lookup`` (no component: the drafts are copied from the prompt and the tokens so
+# far, after the latest earlier occurrence of their last max_ngram..min_ngram tokens,
+# ``engines/workflow/prompt_lookup.py``). Checks that need the graphs (borrowed ports, the
+# embedding initializer) live in ``ports.py``.
+SPECULATIVE_KINDS = ("draft", "chained", "mtp", "prompt-lookup")
+# kinds whose proposer runs no component: it drafts from token ids the host already holds,
+# so it reads nothing back (claim 4's budget counts no proposer step for them)
+MODEL_FREE_KINDS = ("prompt-lookup",)
 MAX_WIDTH_LIMIT = 16  # verification runs W+1 positions in one forward: keep it bounded
+MAX_NGRAM_LIMIT = 16  # the longest suffix a prompt lookup may match
 # max_context bounds: a hard maximum above any released model's context (10M positions),
 # and the state a full sequence implies (every kv cell grown or sized to max_context, plus
 # the recurrent cells) within what one device or host can hold. A typo such as
@@ -182,8 +189,11 @@ class EmbeddingSpec(_Strict):
 
 
 class SpeculativeSpec(_Strict):
-    kind: Literal["draft", "chained", "mtp"] = Field(description="draft | chained | mtp")
-    proposer: Name = Field(description="the component that proposes")
+    kind: Literal["draft", "chained", "mtp", "prompt-lookup"] = Field(
+        description="draft | chained | mtp | prompt-lookup")
+    proposer: Name | None = Field(default=None,
+                                  description="the component that proposes (none for "
+                                              "prompt-lookup, which runs no component)")
     target: Name = Field(default="target", description="the component that verifies")
     max_width: int = Field(ge=1, le=MAX_WIDTH_LIMIT,
                            description="widths 1..max_width are valid")
@@ -202,9 +212,25 @@ class SpeculativeSpec(_Strict):
     snapshot: list[Name] = Field(default_factory=list,
                                  description="target recurrent cells snapshotted before "
                                              "verification")
+    max_ngram: int | None = Field(default=None, ge=1, le=MAX_NGRAM_LIMIT,
+                                  description="prompt-lookup: the longest suffix matched")
+    min_ngram: int | None = Field(default=None, ge=1, le=MAX_NGRAM_LIMIT,
+                                  description="prompt-lookup: the shortest suffix matched")
 
     @model_validator(mode="after")
     def _shape_of_kind(self) -> SpeculativeSpec:
+        if self.kind in MODEL_FREE_KINDS:
+            return self._model_free()
+        if self.proposer is None:
+            raise fail(("proposer",), None,
+                       f"a {self.kind} proposer is a component of the package, but none is "
+                       f"named", "add proposer: <the component that proposes>, or use kind: "
+                                 "prompt-lookup (drafts copied from the prompt, no component)")
+        for key in ("max_ngram", "min_ngram"):
+            if getattr(self, key) is not None:
+                raise fail((key,), getattr(self, key),
+                           f"{key} applies to prompt-lookup only; a {self.kind} proposer is "
+                           f"a model", f"remove {key}, or set kind: prompt-lookup")
         if self.proposer == self.target:
             raise fail(("proposer",), self.proposer,
                        f"the proposer and the target are the same component {self.target!r}",
@@ -247,6 +273,34 @@ class SpeculativeSpec(_Strict):
                        "add fused_input: embeddings, or remove embedding")
         return self
 
+    def _model_free(self) -> SpeculativeSpec:
+        """prompt-lookup: no proposer component and nothing a component needs; both n-gram
+        bounds, the shorter at most the longer."""
+        if self.proposer is not None:
+            raise fail(("proposer",), self.proposer,
+                       f"a {self.kind} proposer runs no component: it copies drafts from the "
+                       f"prompt and the tokens so far",
+                       "remove proposer, or use kind: draft | chained | mtp for a model "
+                       "proposer")
+        for key in ("borrows", "carry", "fused_input", "embedding"):
+            value = getattr(self, key)
+            if value:
+                raise fail((key,), _plain(value),
+                           f"{key} feeds a proposer component, and a {self.kind} proposer has "
+                           f"none", f"remove {key}")
+        for key, what in (("max_ngram", "the longest"), ("min_ngram", "the shortest")):
+            if getattr(self, key) is None:
+                raise fail((key,), None,
+                           f"a {self.kind} proposer needs {key}: {what} run of final tokens "
+                           f"it looks up earlier in the sequence",
+                           "add max_ngram: 3 and min_ngram: 1 (lockstep convert "
+                           "--prompt-lookup writes them)")
+        if self.min_ngram > self.max_ngram:
+            raise fail(("min_ngram",), self.min_ngram,
+                       f"min_ngram {self.min_ngram} is above max_ngram {self.max_ngram}",
+                       f"use a min_ngram in 1..{self.max_ngram}")
+        return self
+
 
 def _plain(value: Any) -> Any:
     return value.model_dump() if isinstance(value, BaseModel) else value
@@ -268,7 +322,8 @@ class DecodingSpec(_Strict):
             raise fail((), value,
                        "the speculative section has no kind, so it declares no proposer (a "
                        "package without speculative decoding keeps the reserved value null)",
-                       "add kind: draft | chained | mtp with proposer and max_width, or set "
+                       "add kind: draft | chained | mtp with proposer and max_width (or kind: "
+                       "prompt-lookup with max_width, max_ngram and min_ngram), or set "
                        "speculative: null")
         return value
 
@@ -394,6 +449,8 @@ class PackageSpec(_Strict):
         comps = ", ".join(self.components)
         for key in ("proposer", "target"):
             name = getattr(sp, key)
+            if name is None:  # a proposer that runs no component (prompt-lookup)
+                continue
             if name not in self.components:
                 raise fail((*base, key), name,
                            f"speculative {key} {name!r} is not a declared component",
@@ -412,12 +469,7 @@ class PackageSpec(_Strict):
                            f"component {self.state[cell].component!r} owns, not the target "
                            f"{sp.target!r}; a borrow is bound from the target's latest value",
                            f"borrow one of the target's cells: {owned}")
-        proposer = self.components[sp.proposer]
         target = self.components[sp.target]
-        if "logits" not in proposer.outputs:
-            raise fail(("components", sp.proposer, "outputs"), dict(proposer.outputs),
-                       f"the proposer {sp.proposer!r} has no logits output to draw drafts from",
-                       "bind outputs.logits of the proposer")
         for role in ("tokens", "logits"):
             side = target.inputs if role == "tokens" else target.outputs
             if role not in side:
@@ -425,6 +477,19 @@ class PackageSpec(_Strict):
                             "outputs"), dict(side),
                            f"the target {sp.target!r} verifies drafts, so it needs the {role} "
                            f"role", f"bind {role} on the target")
+        if sp.proposer is not None:
+            self._proposer_refers_to_what_exists(sp)
+        self._rollback_and_snapshot_cover_the_target(sp)
+
+    def _proposer_refers_to_what_exists(self, sp: SpeculativeSpec) -> None:
+        """A proposer component's roles, carry, fused input and embedding table."""
+        base = ("decoding", "speculative")
+        proposer = self.components[sp.proposer]
+        target = self.components[sp.target]
+        if "logits" not in proposer.outputs:
+            raise fail(("components", sp.proposer, "outputs"), dict(proposer.outputs),
+                       f"the proposer {sp.proposer!r} has no logits output to draw drafts from",
+                       "bind outputs.logits of the proposer")
         if sp.kind == "draft" and "tokens" not in proposer.inputs:
             raise fail(("components", sp.proposer, "inputs"), dict(proposer.inputs),
                        f"a draft model is fed tokens, but {sp.proposer!r} binds no tokens role",
@@ -451,7 +516,12 @@ class PackageSpec(_Strict):
         if sp.embedding is not None and sp.embedding.component not in self.components:
             raise fail((*base, "embedding", "component"), sp.embedding.component,
                        f"embedding component {sp.embedding.component!r} is not declared",
-                       f"use one of the components: {comps}")
+                       f"use one of the components: {', '.join(self.components)}")
+
+    def _rollback_and_snapshot_cover_the_target(self, sp: SpeculativeSpec) -> None:
+        """rollback lists target kv cells (all of them), snapshot every recurrent one."""
+        base = ("decoding", "speculative")
+        target_cells = self.state_of(sp.target)
         kv = [n for n, c in target_cells.items() if c.kind == "kv"]
         recurrent = [n for n, c in target_cells.items() if c.kind == "recurrent"]
         for i, cell in enumerate(sp.rollback or []):
@@ -541,6 +611,10 @@ class PackageSpec(_Strict):
         for optional in ("reference", "original"):  # a package without one never names it
             if data[optional] is None:
                 del data[optional]
+        sp = data["decoding"]["speculative"]
+        for key in ("proposer", "max_ngram", "min_ngram"):  # what the kind leaves out
+            if sp is not None and sp[key] is None:
+                del sp[key]
         return yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
 
 

@@ -31,7 +31,7 @@ class SpeculativeCheck:
                             where=self.where(loc))
 
     def run(self) -> None:
-        if self.sp is None:
+        if self.sp is None or self.sp.proposer is None:  # prompt-lookup: no proposer graph
             return
         self._borrows()
         self._carry()

@@ -12,7 +12,8 @@
   (rolled-back) value, never from the initial seed.
 
 Every value stays where the engine keeps it; the only readback is ``argmax_rows`` of one
-row per step (4 bytes on a device).
+row per step (4 bytes on a device). Kind ``prompt-lookup`` runs no model:
+``prompt_lookup.PromptLookupProposer``.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def argmax_last_row(ops, logits) -> int:
 
 class DraftModelProposer:
     """A separate draft model with its own cells (kind ``draft``)."""
+
+    fixed_width = False  # each draft costs a forward: a round is never wider than needed
 
     def __init__(self, engine, target: DecodeSession, spec):
         self.engine = engine
@@ -76,6 +79,8 @@ class DraftModelProposer:
 
 class CarryProposer:
     """A proposer fed (token embedding, carry) each step (kinds ``chained`` and ``mtp``)."""
+
+    fixed_width = False  # each draft costs a forward: a round is never wider than needed
 
     def __init__(self, engine, target: DecodeSession, spec):
         self.engine = engine

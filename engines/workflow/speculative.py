@@ -4,7 +4,10 @@ One implementation for every engine (the engine only runs components and moves v
 through its ``TensorOps``). A round, with L positions committed and the pending token t
 (emitted, not yet fed to the target):
 
-1. the proposer drafts d1..dW (``proposers.py``): 4 bytes read back per draft;
+1. the proposer drafts d1..dW (``proposers.py``): 4 bytes read back per draft (a
+   ``prompt-lookup`` proposer, ``prompt_lookup.py``, copies them from the sequence on the
+   host and reads back nothing; where it finds no match the round is one plain decode
+   step);
 2. recurrent target cells are snapshotted device-to-device (``state.py``);
 3. the target runs [t, d1..dW] at positions L..L+W (phase ``verify``);
 4. ``accept_drafts`` compares the target's argmax per row with the drafts on the engine's
@@ -15,10 +18,13 @@ through its ``TensorOps``). A round, with L positions committed and the pending 
    and [t, d1..dn] re-advanced (phase ``readvance``, n+1 positions), without them kv
    truncate to L+n+1.
 
-Readback per round on a device: 4 bytes per proposer step + 8 per verification. Decoding
-stops at eos or max_new_tokens exactly like greedy, so the streams are equal token for token
-including their length (a round's width shrinks near max_new_tokens, so a round never
-commits past it; with one token left a plain decode step ends the stream).
+Readback per round on a device: 4 bytes per proposer step (none for prompt-lookup) + 8 per
+verification. Decoding stops at eos or max_new_tokens exactly like greedy, so the streams are
+equal token for token including their length (a round's width shrinks near max_new_tokens,
+so a round never commits past it; with one token left a plain decode step ends the stream).
+A proposer that drafts for free (``fixed_width``: prompt-lookup) keeps every round at the
+full width where the context has room, and its last round commits only the tokens left: its
+verifications then keep one shape (one VERIFY graph on native-cuda, never recaptured).
 
 ``ignore_eos`` (for timing only: ``lockstep bench --mode speculative --ignore-eos``) is
 greedy's: eos stops nothing and cuts no round short, every proposal and acceptance is
@@ -33,6 +39,7 @@ from dataclasses import dataclass, field
 
 from engines.decode_result import AuditedForward
 from engines.errors import InputError
+from engines.workflow.prompt_lookup import PromptLookupProposer
 from engines.workflow.proposers import CarryProposer, DraftModelProposer, argmax_last_row
 from engines.workflow.session import DecodeResult, DecodeSession
 from engines.workflow.state import SNAPSHOT_MODES
@@ -101,6 +108,7 @@ class SpeculativeSession:
         self.state = self.target.state
         self.rollback = spec.rollback_cells()
         self.proposer = (DraftModelProposer(engine, self.target, sp) if sp.kind == "draft"
+                         else PromptLookupProposer(sp) if sp.kind == "prompt-lookup"
                          else CarryProposer(engine, self.target, sp))
 
     @property
@@ -151,24 +159,28 @@ class SpeculativeSession:
         widths: list[int] = []
         drafted: list[list[int]] = []
         starts: list[int] = []
+        fixed = self.proposer.fixed_width
         while len(tokens) < max_new_tokens and tokens[-1] != eos:
             t0 = time.perf_counter()
             w = min(width, max_new_tokens - len(tokens) - 1)
             pending = tokens[-1]
             base = self.target.position  # L: positions committed into the target's cells
-            if w == 0:  # one token left: a round could only verify the pending token
+            if fixed and w and base + width + 1 <= self.spec.max_context:
+                w = width  # drafting is free: the last round is cut after verification
+            drafts: list[int] = []
+            if w:
+                if isinstance(self.proposer, CarryProposer):
+                    seed = self.proposer.seed_from(seed_out, seed_row)
+                    drafts = self.proposer.propose(pending, w, seed, base)
+                else:
+                    drafts = self.proposer.propose(ids + tokens, w)
+            if not drafts:  # one token left, or no prompt-lookup match: a plain decode step
                 out = self.target.forward([pending], "decode")
                 self._audit(audited, out[logits_role], tokens, (), "decode")
                 tokens.append(argmax_last_row(ops, out[logits_role]))
                 seed_out, seed_row = out, 0
                 steps.append(time.perf_counter() - t0)
                 continue
-            sequence = ids + tokens
-            if isinstance(self.proposer, DraftModelProposer):
-                drafts = self.proposer.propose(sequence, w)
-            else:
-                seed = self.proposer.seed_from(seed_out, seed_row)
-                drafts = self.proposer.propose(pending, w, seed, base)
             if self.state.snapshot_cells:
                 self.state.snapshot()
             verify = self.target.forward([pending] + drafts, "verify")
@@ -195,7 +207,7 @@ class SpeculativeSession:
                 else:
                     self.target.rollback(base + n + 1, self.rollback)
                     seed_out, seed_row = verify, n
-            new = drafts[:n] + [bonus]
+            new = (drafts[:n] + [bonus])[:max_new_tokens - len(tokens)]
             if eos is not None and eos in new:
                 new = new[:new.index(eos) + 1]
             tokens += new

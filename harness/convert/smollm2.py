@@ -17,6 +17,9 @@ from harness.convert.conversion import convert
 # as the target and 24 is where acceptance turns useful. Every width then sees full accepts
 # and rejections on those prompts, so both the commit and the rollback paths run.
 SELFSPEC_DRAFT_LAYERS = 24
+# The prompt-lookup width of ``smollm2_lookup_package``: a verification of 9 positions costs
+# about one decode step on a GPU, and a grounded answer copies runs longer than 8 tokens.
+LOOKUP_WIDTH = 8
 
 
 def smollm2_package(cache: str = "dynamic", dtype: str = "float32", **options) -> Path:
@@ -27,3 +30,8 @@ def smollm2_package(cache: str = "dynamic", dtype: str = "float32", **options) -
 def smollm2_selfspec_package(cache: str = "dynamic", dtype: str = "float32") -> Path:
     """SmolLM2 converted with the layer-skip drafter (``decoding.speculative``: kind draft)."""
     return smollm2_package(cache=cache, dtype=dtype, draft_layers=SELFSPEC_DRAFT_LAYERS)
+
+
+def smollm2_lookup_package(cache: str = "dynamic", dtype: str = "float32") -> Path:
+    """SmolLM2 converted with a prompt-lookup section (kind prompt-lookup, widths 1..8)."""
+    return smollm2_package(cache=cache, dtype=dtype, prompt_lookup=LOOKUP_WIDTH)

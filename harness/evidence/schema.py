@@ -30,7 +30,7 @@ SCHEMA_VERSION = 2
 CLAIMS = CLAIM_IDS
 Claim = Literal[CLAIM_IDS]  # type: ignore[valid-type]
 Verdict = Literal["pass", "fail", "skip"]
-ModeKind = Literal["greedy", "draft", "chained", "mtp"]
+ModeKind = Literal["greedy", "draft", "chained", "mtp", "prompt-lookup"]
 # how far ahead of this machine's clock a record's ``created`` may be (another machine of a
 # sharded run, a clock a little fast); anything later was not written by a run
 CLOCK_SKEW = timedelta(minutes=10)
