@@ -118,13 +118,16 @@ def load_corpus(package, path: Path | str = CORPUS_FILE,
                          remedy=f"give a corpus manifest such as {_shown(CORPUS_FILE)}")
     raw = path.read_bytes()
     try:
-        entries = yaml.safe_load(raw)["segments"]
-        if not isinstance(entries, list) or not entries:
-            raise TypeError
-    except (yaml.YAMLError, TypeError, KeyError):
-        raise InputError(f"{path} holds no list of segments", field="segments",
+        doc = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        doc = None
+    entries = doc.get("segments") if isinstance(doc, dict) else None
+    others = sorted(map(str, set(doc) - {"segments"})) if isinstance(doc, dict) else []
+    if not isinstance(entries, list) or not entries:
+        found = f" (it holds {', '.join(others)})" if others else ""  # segments misspelt
+        raise InputError(f"{path} holds no list of segments{found}", field="segments",
                          value=str(path), remedy="write segments: [{name, kind, topic, file}]",
-                         where=str(path)) from None
+                         where=str(path))
     digest = hashlib.sha256(b"manifest\0" + raw)
     names = [e.get("name") for e in entries if isinstance(e, dict)]
     unknown = sorted(set(only or ()) - set(names))

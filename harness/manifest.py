@@ -12,7 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, StrictBool, ValidationError,
+                      ValidationInfo, field_validator)
 
 from engines import json_text
 from engines.errors import LockstepError
@@ -72,6 +73,15 @@ class RunManifest(BaseModel):
     plan_digest: str | None = None  # what identifies the plan (harness.plan.plan_digest)
     shard: ShardShare | None = None  # this run's share, when the plan was sharded
     left_out: list[LeftOutCells] = Field(default_factory=list)  # what was not planned, why
+
+    @field_validator("finished")
+    @classmethod
+    def _finished_after_started(cls, value: datetime | None, info: ValidationInfo):
+        started = info.data.get("started")
+        if value is not None and started is not None and value < started:
+            raise ValueError(f"the run finished ({value.isoformat()}) before it started "
+                             f"({started.isoformat()})")
+        return value
 
 
 def manifest_path(folder: str | os.PathLike, run_id: str) -> Path:

@@ -5,9 +5,10 @@ from pathlib import Path
 
 from engines.cache_root import cache_root
 from engines.errors import PackageError
+from engines.gguf_header import MAGIC
 from engines.model_package import imported_variants, is_model_package
 from engines.oracle import reference_package
-from engines.package import Package, load_package
+from engines.package import PACKAGE_FILE, Package, load_package
 from harness.catalog.builtin import build, list_fixtures
 from harness.convert.smollm2 import smollm2_package, smollm2_selfspec_package
 
@@ -38,12 +39,28 @@ def resolve_package(ref: str | Path) -> Package:
                                remedy=f"give one of the imported folders: "
                                       f"{', '.join(str(f) for f in imported)}")
         return load_package(imported[0])
+    if _is_checkpoint(path):
+        raise PackageError("a checkpoint, not a package: it converts to one first",
+                           field="package", value=text,
+                           remedy=f"lockstep convert {text} -o PACKAGE, then name PACKAGE")
     if path.exists():
         return _with_reference_checked(load_package(path))
     raise PackageError("no such package", field="package", value=text,
                        remedy=f"name a built-in fixture ({', '.join(fixture_names())}), a real "
                               f"checkpoint ({', '.join(REAL_CHECKPOINTS)}), a folder holding a "
                               f"package.yaml or an onnx-genai model package (manifest.json)")
+
+
+def _is_checkpoint(path: Path) -> bool:
+    """A GGUF file, or a Hugging Face folder (config.json, no package.yaml): what
+    ``lockstep convert`` reads, named where a package was expected."""
+    if path.is_dir():
+        return (path / "config.json").is_file() and not (path / PACKAGE_FILE).exists()
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
 
 
 def _with_reference_checked(package: Package) -> Package:

@@ -219,9 +219,16 @@ def resolve(source: PromptSource, package, max_new_tokens: int | None = None) ->
             template = chat.source
             rendered = chat.render([{"role": r, "content": c} for r, c in source.messages])
             ids = tok.encode(rendered, add_special_tokens=False)
+        if not ids and source.kind == "chat":  # the messages hold text: the template lost it
+            raise PackageError(f"the chat template rendered the conversation as {rendered!r}, "
+                               f"which encodes to no tokens", field=CHAT_TEMPLATE_FILE,
+                               value=chat.where or None,
+                               remedy=f"fix {CHAT_TEMPLATE_FILE} so that it renders the "
+                                      f"messages, or convert the checkpoint again",
+                               where=chat.where or None)
         if not ids:
             raise InputError("the prompt encodes to no tokens", field=source.where,
-                             value=source.text if source.kind == "text" else source.messages,
+                             value=source.text,
                              remedy="give text the tokenizer turns into at least one token")
         ids = check_token_ids(ids, spec.vocab_size, field=f"{source.where} (encoded)")
     if len(ids) > spec.max_context:

@@ -143,7 +143,8 @@ def quantized_record(prompt="p0", within=True):
         steps=6, mean_kl=0.0025, p99_kl=0.004, flips=1, flip_p=0.3, within=within,
         reasons=[] if within else ["1 step(s) over the band's step KL 0.064, first at step 2"],
         ratios={"step_kl": 1.4 if not within else 0.06}, first_step=None if within else 2)
-    quality = ev.QualityRecord(original=ev.PackageRef(name="smollm2-f32", content_hash="ab" * 32),
+    quality = ev.QualityRecord(original=ev.PackageRef(name="smollm2-f32",
+                                                      content_hash="sha256:" + "ab" * 32),
                                positions=6, kl={"mean": 0.27, "median": 0.2, "p90": 0.5,
                                                 "p99": 0.9, "max": 1.0},
                                same_top=0.83, delta_p={"mean": -0.04, "rms": 0.1, "skew": -1.5})

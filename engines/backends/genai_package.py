@@ -82,6 +82,17 @@ def read_genai_config(build: Path) -> dict:
                              f"{sorted(keys - set(dec[part] or {}))} "
                              f"(found: {_few(dec[part] or {})})",
                              field=f"model.decoder.{part}", value=str(path), remedy=DECODER_ONLY)
+    for part, values, key, required in (
+            ("model", model, "vocab_size", True), ("model", model, "context_length", False),
+            *(("model.decoder", dec, k, True) for k in ("num_hidden_layers",
+                                                       "num_key_value_heads", "head_size"))):
+        value = values.get(key)
+        if (value is not None or required) and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InputError(f"genai_config.json's {part}.{key} is not a positive integer",
+                             field=f"{part}.{key}", value=value, where=str(path),
+                             remedy="rebuild with onnxruntime-genai's builder, or correct "
+                                    "genai_config.json")
     if not (build / dec["filename"]).is_file():
         raise InputError(f"{build} has no {dec['filename']}, the graph genai_config.json "
                          f"names", field="model.decoder.filename", value=dec["filename"],

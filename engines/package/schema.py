@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 
 FORMAT_VERSION = 1
 PACKAGE_FILE = "package.yaml"
+TARGET = "target"  # the component greedy decoding and the oracle run
 
 DTYPES = ("float32", "float16", "bfloat16")
 INPUT_ROLES = ("tokens", "positions", "embeddings", "carry")
@@ -417,6 +418,12 @@ class PackageSpec(_Strict):
                            f"{self.max_context}",
                            f"shorten it to at most {self.max_context} tokens, or raise "
                            f"max_context")
+        if TARGET not in self.components:
+            raise fail(("components",), ", ".join(self.components),
+                       f"no component is named {TARGET!r}: greedy decoding and the oracle run "
+                       f"the component of that name",
+                       f"name the component that decodes {TARGET} (and the components of "
+                       f"its state cells with it)")
         for cell_name, cell in self.state.items():
             if cell.component not in self.components:
                 raise fail(("state", cell_name, "component"), cell.component,

@@ -39,13 +39,13 @@ def existing(option: str, kind: str = "file") -> Callable[[str], Path]:
     return parse
 
 
-def path_option(option: str) -> Callable[[str], Path]:
-    """``type=`` for a path to write to: an empty value is refused, where ``Path("")`` would
-    quietly mean the current folder."""
+def path_option(option: str, kind: str = "folder") -> Callable[[str], Path]:
+    """``type=`` for a path to write to (a ``kind``): an empty value is refused, where
+    ``Path("")`` would quietly mean the current folder."""
     def parse(text: str) -> Path:
         if not text.strip():
             raise InputError(f"{option} names no path", field=option, value=text,
-                             remedy=f"give {option} a folder, or leave it out for the default")
+                             remedy=f"give {option} a {kind}, or leave {option} out")
         return Path(text).expanduser()
 
     return parse

@@ -171,7 +171,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     json_output(p, "the rows")
     # library names -> options (harness.cli.main); --engines is checked before the bench
     p.set_defaults(func=run, fields={"package": "--packages", "engine": "--baseline",
-                                     "baseline": "--baseline",
+                                     "baseline": "--baseline", "width": "--width",
                                      "max_new_tokens": "--max-new-tokens",
                                      "prompt_sets": "--prompts"})
 

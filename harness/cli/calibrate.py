@@ -105,6 +105,12 @@ def run(args: argparse.Namespace) -> int:
                          value=args.engine, remedy="install what it needs, or calibrate "
                                                    "another engine")
     package = resolve_package(args.package)
+    supported = cls.supports(package)
+    if not supported.ok:
+        raise InputError(f"{args.engine} cannot run {args.package}: {supported.reason}",
+                         field="--package", value=args.package,
+                         remedy=f"calibrate {args.engine} on a package it runs (the default, "
+                                f"smollm2, is one)")
     corpus = cal_mod.load_corpus(package, args.corpus or cal_mod.CORPUS_FILE,
                                  name_list(args.segments, "--segments"))
     mutations = mutations_for(cls.name)

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from engines.output_paths import check_output_file
-from harness.cli.arguments import existing, integer, number
+from harness.cli.arguments import existing, integer, number, path_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="noise floor = FACTOR x the larger correct float32 spread (default 8)")
     p.add_argument("--json", metavar="PATH",
                    help="also write the explanation as JSON (- for stdout, instead of text)")
-    p.add_argument("--plot", metavar="PATH", type=Path,
+    p.add_argument("--plot", metavar="PATH", type=path_option("--plot", "file"),
                    help="write the per-layer error curve (.svg or .png)")
     p.add_argument("--top", type=integer("--top"), default=8,
                    help="list the first N values out of the floor (default 8)")

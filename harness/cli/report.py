@@ -72,6 +72,17 @@ def write_output(output: Path, html: str) -> None:
                             remedy="pick a path in a writable folder with free space") from exc
 
 
+def _not_the_runs_folder(folder: Path | None, option: str) -> None:
+    """An evidence folder's ``runs/`` (its run manifests, no records) given in its place is
+    named as such: its files are not records for the user to delete."""
+    from harness.manifest import RUNS
+
+    if folder is not None and folder.resolve().name == RUNS and not (folder / RUNS).is_dir():
+        raise InputError(f"{folder} holds the run manifests of an evidence folder, not its "
+                         f"records", field=option, value=str(folder),
+                         remedy=f"give {option} the evidence folder itself: {folder.parent}")
+
+
 def run(args: argparse.Namespace) -> int:
     from harness.evidence import load_evidence_dir, load_evidence_files
     from harness.forensics import load_explanations
@@ -82,8 +93,10 @@ def run(args: argparse.Namespace) -> int:
     from reports.render import MARKER
 
     check_output_file(args.output, "-o", marker=MARKER, force=args.force, example="report.html")
+    _not_the_runs_folder(args.baseline, "--baseline")
     seen: set[Path] = set()
     for folder in args.evidence_dirs:  # one folder twice would count each record twice
+        _not_the_runs_folder(folder, "EVIDENCE_DIR")
         if folder.resolve() in seen:
             raise InputError("EVIDENCE_DIR names one folder twice", field="EVIDENCE_DIR",
                              value=str(folder), remedy="name each evidence folder once")

@@ -209,6 +209,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--no-evidence writes no evidence, so it has no --evidence-dir",
                          field="--evidence-dir", value=str(args.evidence_dir),
                          remedy="drop one of --no-evidence and --evidence-dir")
+    if args.no_evidence and args.explain:
+        raise InputError("--explain explains the records and writes into the evidence folder; "
+                         "--no-evidence writes neither", field="--explain", value="--no-evidence",
+                         remedy="drop --no-evidence (explanations go to <evidence dir>/forensics/"
+                                "), or drop --explain")
     widths = parse_widths(args.width)
     if widths is not None and args.mode != "speculative":
         raise InputError("--width applies to speculative decoding only", field="--width",

@@ -84,6 +84,14 @@ class Truncated(Exception):
     """A tensor's data reaches past the end of the file."""
 
 
+class BadAlignment(Exception):
+    """``general.alignment`` is not a uint32 power of two: the tensor data cannot be found."""
+
+    def __init__(self, value):
+        self.value = value
+        super().__init__(value)
+
+
 @functools.cache
 def _reader_class():
     """``gguf.GGUFReader``, checking each tensor's data extent against the file's size
@@ -92,6 +100,16 @@ def _reader_class():
     gguf = _gguf()
 
     class CheckedReader(gguf.GGUFReader):
+        def _build_tensor_info(self, offs, count):
+            built = super()._build_tensor_info(offs, count)
+            field = self.fields.get("general.alignment")  # read right after this
+            if field is not None:
+                value = field.parts[-1][0].item() if field.parts else None
+                if (field.types != [gguf.GGUFValueType.UINT32] or not isinstance(value, int)
+                        or value <= 0 or value & (value - 1)):
+                    raise BadAlignment(value)
+            return built
+
         def _build_tensors(self, start_offs, fields):
             for field in fields:
                 _, name, _, dims, raw_type, offset = field.parts
@@ -132,6 +150,12 @@ def _open_gguf(path: str, identity: tuple | None):
         raise errors.InputError(f"{path.name} is truncated: {exc}", field="checkpoint",
                                 value=str(path), remedy="download the checkpoint again (the "
                                 "file was cut short)", where=str(path)) from None
+    except BadAlignment as exc:
+        raise errors.InputError(f"{path.name} declares an alignment its tensor data cannot "
+                                f"start on (a uint32 power of two)", field="general.alignment",
+                                value=exc.value, remedy="download the checkpoint again, or "
+                                "write general.alignment as a power of two (llama.cpp writes "
+                                "32)", where=str(path)) from None
     except Exception as exc:  # the reader raises ValueError / struct errors on bad bytes
         raise errors.InputError(f"{path.name} is not a readable GGUF file: {exc}",
                                 field="checkpoint", value=str(path),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic_core import PydanticCustomError
@@ -34,6 +34,10 @@ ModeKind = Literal["greedy", "draft", "chained", "mtp", "prompt-lookup"]
 # how far ahead of this machine's clock a record's ``created`` may be (another machine of a
 # sharded run, a clock a little fast); anything later was not written by a run
 CLOCK_SKEW = timedelta(minutes=10)
+
+
+Count = Annotated[int, Field(ge=0)]  # a ledger counter: how many, or how many bytes
+CONTENT_HASH = r"^sha256:[0-9a-f]{64}$"  # engines.package.package_content_hash's form
 
 
 def token_digest(ids: list[int] | np.ndarray) -> str:
@@ -88,7 +92,7 @@ class Environment(_Strict):
 
 class PackageRef(_Strict):
     name: str
-    content_hash: str
+    content_hash: str = Field(pattern=CONTENT_HASH)
     path: str | None = None
 
 
@@ -120,7 +124,7 @@ class PromptRef(_Strict):
     text (``source_text``, encoded by the package's tokenizer) or as a chat (``messages``
     rendered by ``chat_template``, the checkpoint's own, into ``source_text``)."""
     name: str
-    ids: list[int]
+    ids: list[int] = Field(min_length=1)  # lockstep refuses an empty prompt before any cell
     text: str | None = None  # the ids decoded, where the package has a tokenizer
     source: Literal["ids", "text", "chat"] = "ids"
     source_text: str | None = None
@@ -314,35 +318,35 @@ class ErrorInfo(_Strict):
 
 
 class GraphSlotRecord(_Strict):
-    captures: int = 0
-    replays: int = 0
-    fallbacks: int = 0
-    invalidations: int = 0
-    resets: int = 0
+    captures: Count = 0
+    replays: Count = 0
+    fallbacks: Count = 0
+    invalidations: Count = 0
+    resets: Count = 0
 
 
 class LedgerRecord(_Strict):
     """Mirror of ``engines.ledger.Ledger.to_dict()``; a suite test keeps the two in sync."""
-    host_staging: int = 0
-    host_staging_bytes: int = 0
+    host_staging: Count = 0
+    host_staging_bytes: Count = 0
     host_staging_sites: list[str] = Field(default_factory=list)
-    readback_bytes: dict[str, int] = Field(default_factory=dict)
-    readback_count: dict[str, int] = Field(default_factory=dict)
-    h2d_bytes: int = 0
-    h2d_count: int = 0
-    forwards: dict[str, int] = Field(default_factory=dict)
-    forward_positions: dict[str, int] = Field(default_factory=dict)
+    readback_bytes: dict[str, Count] = Field(default_factory=dict)
+    readback_count: dict[str, Count] = Field(default_factory=dict)
+    h2d_bytes: Count = 0
+    h2d_count: Count = 0
+    forwards: dict[str, Count] = Field(default_factory=dict)
+    forward_positions: dict[str, Count] = Field(default_factory=dict)
     phase_seconds: dict[str, float] = Field(default_factory=dict)
     graph_slots: dict[str, GraphSlotRecord] = Field(default_factory=dict)
-    snapshots: int = 0
-    restores: int = 0
-    proposals: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    rollbacks: int = 0
-    full_accepts: int = 0
-    live_allocations: int | None = None
-    live_bytes: int | None = None
+    snapshots: Count = 0
+    restores: Count = 0
+    proposals: Count = 0
+    accepted: Count = 0
+    rejected: Count = 0
+    rollbacks: Count = 0
+    full_accepts: Count = 0
+    live_allocations: Count | None = None
+    live_bytes: Count | None = None
 
 
 class MemorySample(_Strict):
@@ -422,21 +426,6 @@ class EvidenceRecord(_Strict):
             raise ValueError(f"created must be UTC (offset {value.utcoffset()})")
         return value
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _check_written_ok(cls, data: Any, handler):
-        # ``ok`` is written for readers of the JSON (jq '.ok') but always recomputed; a
-        # written value that disagrees with the content means the file was edited.
-        written = None
-        if isinstance(data, dict) and "ok" in data:
-            data = dict(data)
-            written = data.pop("ok")
-        record = handler(data)
-        if written is not None and written != record.ok:
-            raise _inconsistent("ok", f"ok is written as {written!r} but the record's "
-                                      f"divergence, budgets and verdicts give {record.ok!r}")
-        return record
-
     @field_validator("created")
     @classmethod
     def _created_is_past(cls, value: datetime) -> datetime:
@@ -476,6 +465,23 @@ class EvidenceRecord(_Strict):
                                 f"judgement.steps_judged is written as {j.steps_judged} but "
                                 f"the record holds {len(self.tokens)} tokens")
         return self
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _check_written_ok(cls, data: Any, handler):
+        # ``ok`` is written for readers of the JSON (jq '.ok') but always recomputed; a
+        # written value that disagrees with the content means the file was edited. Defined
+        # after the other model validators, so it wraps them: a ``status`` edited by hand is
+        # named as such before the ``ok`` it changes.
+        written = None
+        if isinstance(data, dict) and "ok" in data:
+            data = dict(data)
+            written = data.pop("ok")
+        record = handler(data)
+        if written is not None and written != record.ok:
+            raise _inconsistent("ok", f"ok is written as {written!r} but the record's "
+                                      f"divergence, budgets and verdicts give {record.ok!r}")
+        return record
 
     @computed_field  # type: ignore[prop-decorator]
     @property
