@@ -69,7 +69,6 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -80,11 +79,11 @@ pytest.importorskip("safetensors", reason="the converter needs the 'real' extra 
 
 from suites.test_bad_input_battery import _config_text, _gguf_meta  # noqa: E402
 from suites.test_bad_input_fourth import (  # noqa: E402,F401  (bad, failing: fixtures)
-    PLANTED, _chat_file, _ctrl_c, _explain, _failing_record, _gguf_env, _llama_server,
-    _with_template, _yaml_text, bad, check_interrupt, failing)
+    PLANTED, _chat_file, _explain, _failing_record, _gguf_env, _llama_server,
+    _with_template, _yaml_text, bad, failing)
 from suites.test_bad_input_fresh import (  # noqa: E402,F401  (intact, materials: fixtures)
-    BASE, TINY, Materials, _copy, _corpus, _manifest, _mp_file, _mp_metadata, _prompts, _record,
-    _record_path, _run, _user_file, _write, check_case, intact, materials)
+    BASE, TINY, Case, Materials, _copy, _corpus, _manifest, _mp_file, _mp_metadata, _prompts, _record,
+    _record_path, _run, _user_file, _write, intact, materials, new_ids, run_case)
 from suites.test_bad_input_third import (  # noqa: E402
     BENCH, SPEC, _bands, _hf_config, _package, _segment)
 
@@ -162,16 +161,6 @@ def _band_row(**changes) -> str:
     return json.dumps({"schemes": {"ggml-cpu:q4_0": {**row, **changes}}})
 
 
-@dataclass(frozen=True)
-class Case:
-    id: str
-    argv: Callable[[Materials], list[str]]
-    needles: tuple[str, ...]
-    kept: Callable[[Materials], Path] | None = None  # a user's file that must stay as it was
-    status: int = 2  # the exit status: 2 for bad input, 130 for an interrupt
-    shuns: tuple[str, ...] = ()  # what the line must not say
-    env: dict[str, str | Callable[[Materials], str]] = field(default_factory=dict)
-    interrupt: str | None = None  # "module:attribute.path" that Ctrl-C arrives in
 
 
 LEFT: set[str] = set()  # unclear today, left for a later fix (the docstring says why)
@@ -420,18 +409,7 @@ CASES = [
     pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason="left unclear")]
                  if c.id in LEFT else []) for c in CASES])
 def test_fifth_bad_input_ends_in_one_clear_line(case, bad, capsys, monkeypatch):
-    for name, value in case.env.items():
-        monkeypatch.setenv(name, value if isinstance(value, str) else value(bad))
-    if case.interrupt is None:
-        check_case(case, bad, capsys, case.shuns)
-        return
-    module, path = case.interrupt.split(":")
-    *owners, attribute = path.split(".")
-    target = __import__(module, fromlist=[owners[0] if owners else attribute])
-    for owner in owners:
-        target = getattr(target, owner)
-    monkeypatch.setattr(target, attribute, _ctrl_c)
-    check_interrupt(case, bad, capsys)
+    run_case(case, bad, capsys, monkeypatch)
 
 
 def test_the_cases_are_new():
@@ -439,8 +417,5 @@ def test_the_cases_are_new():
     from suites import (test_bad_input_battery, test_bad_input_fourth, test_bad_input_fresh,
                         test_bad_input_third)
 
-    earlier = {c.id for module in (test_bad_input_battery, test_bad_input_fresh,
-                                   test_bad_input_third, test_bad_input_fourth)
-               for c in module.CASES}
-    ids = [c.id for c in CASES]
-    assert len(ids) == len(set(ids)) and not set(ids) & earlier
+    assert new_ids(CASES, test_bad_input_battery, test_bad_input_fresh, test_bad_input_third,
+                   test_bad_input_fourth)

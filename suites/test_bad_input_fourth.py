@@ -57,13 +57,10 @@ issue 33's leftovers, known before this battery and outside its count.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -73,8 +70,9 @@ pytest.importorskip("tokenizers", reason="the converter needs the 'real' extra (
 pytest.importorskip("safetensors", reason="the converter needs the 'real' extra (make real)")
 
 from suites.test_bad_input_fresh import (  # noqa: E402,F401  (intact, materials: fixtures)
-    BASE, SECONDS, TINY, Materials, _calibrate, _copy, _corpus, _manifest, _mp_json,
-    _prompts, _record, _run, _user_file, _write, check_case, intact, materials)
+    BASE, TINY, Case, Materials, _calibrate, _copy, _corpus, _manifest, _mp_json,
+    _prompts, _record, _run, _user_file, _write, check_case, intact, materials, new_ids,
+    run_case)
 from suites.test_bad_input_third import _bands, _hf_config, _package, _segment  # noqa: E402
 
 PLANTED = "suites.planted.engines:PositionOffByOne"
@@ -196,16 +194,6 @@ def _gguf_env(m: Materials) -> str:
     return str(m.package.parent / "tiny.gguf")
 
 
-@dataclass(frozen=True)
-class Case:
-    id: str
-    argv: Callable[[Materials], list[str]]
-    needles: tuple[str, ...]
-    kept: Callable[[Materials], Path] | None = None  # a user's file that must stay as it was
-    status: int = 2  # the exit status: 2 for bad input, 130 for an interrupt
-    shuns: tuple[str, ...] = ()  # what the line must not say
-    env: dict[str, str | Callable[[Materials], str]] = field(default_factory=dict)
-    interrupt: str | None = None  # "module:function" that Ctrl-C arrives in
 
 
 LEFT: set[str] = set()  # unclear today, left for a later fix (the report says why): strict xfail
@@ -563,53 +551,20 @@ KNOWN = [
 ]
 
 
-def _ctrl_c(*args, **kwargs):
-    raise KeyboardInterrupt
-
-
-def check_interrupt(case: Case, materials, capsys) -> None:
-    """Ctrl-C in ``case.interrupt``: exit 130, no traceback, one ``lockstep: interrupted``
-    line last, the user's file unchanged, within ``SECONDS``."""
-    from harness.cli import main
-
-    argv = case.argv(materials)
-    kept = case.kept(materials)
-    before = hashlib.sha256(kept.read_bytes()).hexdigest()
-    capsys.readouterr()
-    start = time.monotonic()
-    got = main(argv)
-    err = capsys.readouterr().err
-    assert time.monotonic() - start < SECONDS
-    assert got == 130 and "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert lines[-1].startswith("lockstep: interrupted"), err
-    assert kept.is_file() and hashlib.sha256(kept.read_bytes()).hexdigest() == before
-
-
 @pytest.mark.parametrize("case", [
     pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason="left unclear")]
                  if c.id in LEFT else []) for c in CASES])
 def test_fourth_bad_input_ends_in_one_clear_line(case, bad, capsys, monkeypatch):
-    for name, value in case.env.items():
-        monkeypatch.setenv(name, value if isinstance(value, str) else value(bad))
-    if case.interrupt is None:
-        check_case(case, bad, capsys, case.shuns)
-        return
-    module, function = case.interrupt.split(":")
-    monkeypatch.setattr(__import__(module, fromlist=[function]), function, _ctrl_c)
-    check_interrupt(case, bad, capsys)
+    run_case(case, bad, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize("case", KNOWN, ids=[c.id for c in KNOWN])
 def test_issue_33_leftovers_end_in_one_clear_line(case, materials, capsys):
-    check_case(case, materials, capsys, case.shuns)
+    check_case(case, materials, capsys)
 
 
 def test_the_cases_are_new():
     """No case repeats an id of the earlier batteries."""
     from suites import test_bad_input_battery, test_bad_input_fresh, test_bad_input_third
 
-    earlier = {c.id for module in (test_bad_input_battery, test_bad_input_fresh,
-                                   test_bad_input_third) for c in module.CASES}
-    ids = [c.id for c in CASES]
-    assert len(ids) == len(set(ids)) and not set(ids) & earlier
+    assert new_ids(CASES, test_bad_input_battery, test_bad_input_fresh, test_bad_input_third)

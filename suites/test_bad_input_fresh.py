@@ -16,7 +16,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -129,12 +129,18 @@ def _mp_json(m: Materials, change: Callable[[dict], object]) -> list[str]:
     return ["import-package", str(folder), "-o", str(m.tmp / "out")]
 
 
-def _mp_file(m: Materials, name: str, content: str | bytes | None) -> list[str]:
-    folder = _copy(m.model_package, m.tmp / "mp")
+def _copy_with(source: Path, into: Path, name: str, content: str | bytes | None) -> Path:
+    """A copy of the folder ``source`` with its file ``name`` written (None: removed)."""
+    folder = _copy(source, into)
     if content is None:
         (folder / name).unlink()
     else:
         _write(folder / name, content)
+    return folder
+
+
+def _mp_file(m: Materials, name: str, content: str | bytes | None) -> list[str]:
+    folder = _copy_with(m.model_package, m.tmp / "mp", name, content)
     return ["import-package", str(folder), "-o", str(m.tmp / "out")]
 
 
@@ -159,11 +165,16 @@ def _record_path(m: Materials) -> Path:
 
 @dataclass(frozen=True)
 class Case:
+    """One bad input (every fresh battery's): what the user types, what the one line must
+    name, and what else must hold."""
     id: str
     argv: Callable[[Materials], list[str]]
     needles: tuple[str, ...]
     kept: Callable[[Materials], Path] | None = None  # a user's file that must stay as it was
-    status: int = 2  # the exit status: 2 for bad input, unless the case says why not
+    status: int = 2  # the exit status: 2 for bad input, 130 for an interrupt
+    shuns: tuple[str, ...] = ()  # what the line must not say (an option the command lacks)
+    env: dict[str, str | Callable[[Materials], str]] = field(default_factory=dict)
+    interrupt: str | None = None  # "module:attribute.path" that Ctrl-C arrives in
 
 
 LEFT: set[str] = set()  # unclear today, left for a later fix (the report says why): strict xfail
@@ -470,13 +481,60 @@ def _alarm(signum, frame):
 @pytest.mark.parametrize("case", [
     pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason="left unclear")]
                  if c.id in LEFT else []) for c in CASES])
-def test_fresh_bad_input_ends_in_one_clear_line(case, materials, capsys):
-    check_case(case, materials, capsys)
+def test_fresh_bad_input_ends_in_one_clear_line(case, materials, capsys, monkeypatch):
+    run_case(case, materials, capsys, monkeypatch)
 
 
-def check_case(case, materials, capsys, shuns=()) -> None:
+def run_case(case: Case, materials, capsys, monkeypatch) -> None:
+    """``case`` with its environment set: Ctrl-C in ``case.interrupt`` (``check_interrupt``),
+    else bad input (``check_case``)."""
+    for name, value in case.env.items():
+        monkeypatch.setenv(name, value if isinstance(value, str) else value(materials))
+    if case.interrupt is None:
+        check_case(case, materials, capsys)
+        return
+    module, path = case.interrupt.split(":")
+    *owners, attribute = path.split(".")
+    target = __import__(module, fromlist=[owners[0] if owners else attribute])
+    for owner in owners:
+        target = getattr(target, owner)
+    monkeypatch.setattr(target, attribute, _ctrl_c)
+    check_interrupt(case, materials, capsys)
+
+
+def _ctrl_c(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def check_interrupt(case: Case, materials, capsys) -> None:
+    """Ctrl-C in ``case.interrupt``: exit 130, no traceback, one ``lockstep: interrupted``
+    line last, the user's file unchanged, within ``SECONDS``."""
+    from harness.cli import main
+
+    argv = case.argv(materials)
+    kept = case.kept(materials)
+    before = hashlib.sha256(kept.read_bytes()).hexdigest()
+    capsys.readouterr()
+    start = time.monotonic()
+    got = main(argv)
+    err = capsys.readouterr().err
+    assert time.monotonic() - start < SECONDS
+    assert got == 130 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith("lockstep: interrupted"), err
+    assert kept.is_file() and hashlib.sha256(kept.read_bytes()).hexdigest() == before
+
+
+def new_ids(cases, *earlier_modules) -> bool:
+    """No two of ``cases`` share an id, and none is an id of the earlier batteries'."""
+    earlier = {c.id for module in earlier_modules for c in module.CASES}
+    ids = [c.id for c in cases]
+    return len(ids) == len(set(ids)) and not set(ids) & earlier
+
+
+def check_case(case: Case, materials, capsys) -> None:
     """``case`` ends in one clear line within ``SECONDS``, naming its needles and none of
-    ``shuns``, with a remedy, and the user's file it names unchanged."""
+    its ``shuns``, with a remedy, and the user's file it names unchanged."""
     argv = case.argv(materials)
     kept = case.kept(materials) if case.kept else None
     before = hashlib.sha256(kept.read_bytes()).hexdigest() if kept else None
@@ -494,6 +552,6 @@ def check_case(case, materials, capsys, shuns=()) -> None:
         assert kept.is_file() and hashlib.sha256(kept.read_bytes()).hexdigest() == before
     for needle in case.needles:
         assert needle in line, line
-    for wrong in shuns:
+    for wrong in case.shuns:
         assert wrong not in line, line
     assert "remedy:" in line, line

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
@@ -23,9 +21,9 @@ pytest.importorskip("tokenizers", reason="the converter needs the 'real' extra (
 pytest.importorskip("safetensors", reason="the converter needs the 'real' extra (make real)")
 
 from suites.test_bad_input_fresh import (  # noqa: E402,F401  (intact, materials: fixtures)
-    BASE, TINY, Materials, _calibrate, _copy, _corpus, _manifest, _mp_file,
-    _mp_json, _prompts, _record, _record_path, _run, _user_file, _write, check_case, intact,
-    materials)
+    BASE, TINY, Case, Materials, _calibrate, _copy, _copy_with, _corpus, _manifest, _mp_file,
+    _mp_json, _prompts, _record, _record_path, _run, _user_file, _write, intact, materials,
+    run_case)
 
 
 def _package(m: Materials, change: Callable[[dict], object]) -> list[str]:
@@ -41,21 +39,13 @@ def _package(m: Materials, change: Callable[[dict], object]) -> list[str]:
 
 
 def _package_file(m: Materials, name: str, content: str | bytes | None) -> list[str]:
-    folder = _copy(m.package, m.tmp / "pkg")
-    if content is None:
-        (folder / name).unlink()
-    else:
-        _write(folder / name, content)
+    folder = _copy_with(m.package, m.tmp / "pkg", name, content)
     return ["run", "--packages", str(folder), *BASE]
 
 
 def _hf(m: Materials, name: str, content: str | bytes | None) -> list[str]:
     """The HF folder with one file written (None: removed), converted."""
-    folder = _copy(m.hf, m.tmp / "hf")
-    if content is None:
-        (folder / name).unlink()
-    else:
-        _write(folder / name, content)
+    folder = _copy_with(m.hf, m.tmp / "hf", name, content)
     return ["convert", str(folder), "-o", str(m.tmp / "out")]
 
 
@@ -99,15 +89,6 @@ BENCH = ["--engines", "native-host", "--packages", "tiny_llama"]
 SPEC = ["run", "--packages", "lookup_chained", *BASE, "--mode", "speculative"]
 
 
-@dataclass(frozen=True)
-class Case:
-    id: str
-    argv: Callable[[Materials], list[str]]
-    needles: tuple[str, ...]
-    kept: Callable[[Materials], Path] | None = None  # a user's file that must stay as it was
-    status: int = 2  # the exit status: 2 for bad input, unless the case says why not
-    shuns: tuple[str, ...] = ()  # advice the line must not give (an option the command lacks)
-    env: dict[str, str | Callable[[Materials], str]] = field(default_factory=dict)
 
 
 LEFT: set[str] = set()  # unclear today, left for a later fix (the report says why): strict xfail
@@ -362,6 +343,4 @@ CASES = [
     pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason="left unclear")]
                  if c.id in LEFT else []) for c in CASES])
 def test_third_bad_input_ends_in_one_clear_line(case, materials, capsys, monkeypatch):
-    for name, value in case.env.items():
-        monkeypatch.setenv(name, value if isinstance(value, str) else value(materials))
-    check_case(case, materials, capsys, case.shuns)
+    run_case(case, materials, capsys, monkeypatch)
