@@ -79,20 +79,6 @@ class JudgeBench:
                            for e in engines}}
 
 
-def parse_lengths(text: str | None) -> list[int]:
-    """``--lengths 32,128,512``: prompt lengths, each >= 1, increasing."""
-    if text is None:
-        return list(DEFAULT_LENGTHS)
-    try:
-        lengths = [int(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        lengths = []
-    if not lengths or any(n < 1 for n in lengths) or lengths != sorted(set(lengths)):
-        raise InputError("prompt lengths are increasing positive integers", field="--lengths",
-                         value=text, remedy="write --lengths 32,128,512,2048")
-    return lengths
-
-
 def prompt_of_length(package, n: int) -> list[int]:
     """Exactly ``n`` prompt ids: the first tokens of our long text, or seeded ids."""
     tok = package_tokenizer(package)
@@ -151,5 +137,5 @@ def bench_judge(engines: Sequence[str], package_ref: str, lengths: Sequence[int]
     return bench
 
 
-__all__ = ["DEFAULT_LENGTHS", "JudgeBench", "JudgeCost", "bench_judge", "parse_lengths",
+__all__ = ["DEFAULT_LENGTHS", "JudgeBench", "JudgeCost", "bench_judge",
            "prompt_of_length"]

@@ -25,6 +25,11 @@ def resolve_package(ref: str | Path) -> Package:
     real SmolLM2 checkpoint, ``smollm2-selfspec`` the same with a layer-skip drafter;
     anything else must be a package folder."""
     text = str(ref)
+    if not text.strip():  # Path("") would be the current folder
+        raise PackageError("names no package", field="package", value=text,
+                           remedy=f"name a built-in fixture ({', '.join(fixture_names())}), a "
+                                  f"real checkpoint ({', '.join(REAL_CHECKPOINTS)}) or a "
+                                  f"package folder")
     if text in fixture_names():
         return load_package(build(text))
     if text in REAL_CHECKPOINTS:

@@ -29,6 +29,9 @@ def as_option(err: LockstepError, option: str) -> LockstepError:
 def existing(option: str, kind: str = "file") -> Callable[[str], Path]:
     """``type=`` for an input path that must exist as a ``file`` or a ``folder``."""
     def parse(text: str) -> Path:
+        if not text.strip():  # Path("") would be the current folder
+            raise InputError(f"{option} names no path", field=option, value=text,
+                             remedy=f"give {option} an existing {kind}")
         path = Path(text).expanduser()
         if not (path.is_file() if kind == "file" else path.is_dir()):
             what = "does not exist" if not path.exists() else f"is not a {kind}"
@@ -91,7 +94,13 @@ def _span(minimum, maximum, above=None) -> str:
         f"at most {show(maximum)}"
 
 
-def integer(option: str, minimum: int | None = 1, maximum: int | None = None
+# The largest count any option takes unless it says otherwise: an int32 index's, what an
+# engine can hold for a length or a count; ``--repeats 1e40`` written out would otherwise be
+# taken and run for ever.
+LARGEST = 2**31 - 1
+
+
+def integer(option: str, minimum: int | None = 1, maximum: int | None = LARGEST
             ) -> Callable[[str], int]:
     """``type=`` for an integer option in [minimum, maximum]; a word, ``1.5``, ``1e3`` or a
     value out of range is an ``InputError`` naming ``option``, the value and the range."""
@@ -104,8 +113,7 @@ def integer(option: str, minimum: int | None = 1, maximum: int | None = None
             value = None
         if value is None or (minimum is not None and value < minimum) or \
                 (maximum is not None and value > maximum):
-            raise InputError(f"{option} takes an integer {span}", field=option,
-                             value=text if value is None else value,
+            raise InputError(f"{option} takes an integer {span}", field=option, value=text,
                              remedy=f"give {option} an integer {span}")
         return value
 
@@ -126,8 +134,7 @@ def number(option: str, *, minimum: float | None = None, above: float | None = N
         if value is None or not math.isfinite(value) or \
                 (minimum is not None and value < minimum) or \
                 (above is not None and value <= above) or (maximum is not None and value > maximum):
-            raise InputError(f"{option} takes a finite number {span}", field=option,
-                             value=text if value is None else value,
+            raise InputError(f"{option} takes a finite number {span}", field=option, value=text,
                              remedy=f"give {option} a finite number {span}")
         return value
 
@@ -137,7 +144,8 @@ def number(option: str, *, minimum: float | None = None, above: float | None = N
 def name_list(text: str | None, option: str) -> list[str] | None:
     """``"a,b"`` -> ["a", "b"]; None when the option was not given at all.
 
-    Given but empty (``--engines ""``, ``--engines ,``) or naming one entry twice is an
+    Given but empty (``--engines ""``, ``--engines ,``), with a name left out (``a,,b``) or
+    naming one entry twice is an
     ``InputError``: an empty list would otherwise fall back to the default (everything),
     and a repeated one would run the same cells twice."""
     if text is None:
@@ -147,6 +155,9 @@ def name_list(text: str | None, option: str) -> list[str] | None:
         raise InputError(f"{option} names nothing", field=option, value=text,
                          remedy=f"name at least one, comma separated, or leave {option} out "
                                 f"for the default")
+    if len(names) != len(text.split(",")):  # "a,,b" or "a,": a name left out
+        raise InputError(f"{option} leaves a name out between its commas", field=option,
+                         value=text, remedy=f"name each, comma separated: {','.join(names)}")
     seen: set[str] = set()
     for name in names:
         if name in seen:
@@ -172,3 +183,22 @@ def engine_list(text: str | None, option: str = "--engines") -> list[str] | None
         except LockstepError as err:  # an unknown engine: the registry names it "engine"
             raise as_option(err, option) if err.field == "engine" else err
     return names
+
+
+def integer_list(text: str, option: str, example: str, *, increasing: bool = False
+                 ) -> list[int]:
+    """``"1,3"`` -> [1, 3]: integers from 1 to ``LARGEST``, comma separated, none left out
+    (``1,,3``), none twice and, where ``increasing``, each above the one before; anything else
+    is an ``InputError`` naming ``option`` and the whole value, with ``example`` as the form."""
+    items = [item.strip() for item in text.split(",")]
+    values = [int(item) if re.fullmatch(r"\d+", item) else None for item in items]
+    order = " increasing" if increasing else ""
+    if not items or any(v is None or not 1 <= v <= LARGEST for v in values):
+        raise InputError(f"{option} takes a comma list of{order} integers from 1 to {LARGEST}",
+                         field=option, value=text, remedy=f"write {option} {example}")
+    if len(set(values)) != len(values) or (increasing and values != sorted(values)):
+        raise InputError(f"{option} names a value twice" if len(set(values)) != len(values)
+                         else f"{option} takes{order} values", field=option, value=text,
+                         remedy=f"name each once{', smallest first' if increasing else ''}: "
+                                f"{option} {example}")
+    return values

@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
                       warmup_steps=WARMUP_STEPS if args.warmup_steps is None
                       else args.warmup_steps, pipelined=args.pipelined,
                       interleave=args.interleave, profile=args.profile,
-                      prompt_sets=name_list(args.prompts, "--prompts") if args.prompts
+                      prompt_sets=name_list(args.prompts, "--prompts") if args.prompts is not None
                       else None)
 
     with CellProgress("bench", unit="decodes") as progress:  # on stderr; plain lines in CI

@@ -11,22 +11,8 @@ from rich.table import Table
 
 from engines.errors import InputError
 from engines.output_paths import check_output_file
-from harness.cli.arguments import integer, json_output
+from harness.cli.arguments import engine_list, integer, integer_list, json_output, name_list
 from harness.cli.tables import print_table
-
-
-def parse_lengths(text: str, option: str) -> list[int]:
-    """``"1,2,5"`` -> [1, 2, 5]; anything else names the option, the value and the form."""
-    values = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part.isdigit() or int(part) < 1:
-            raise InputError(f"{option} takes a comma list of positive integers",
-                             field=option, value=text, remedy=f"e.g. {option} 1,2,3,4,5")
-        values.append(int(part))
-    if len(set(values)) != len(values):
-        raise InputError(f"{option} names a length twice", field=option, value=text,
-                         remedy="name each length once")
-    return values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -79,13 +65,14 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.json, "--json", marker=MARKER, force=args.force,
                           example="forwards.json")
 
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    packages = [p.strip() for p in args.packages.split(",") if p.strip()]
-    if not engines or not packages:
-        raise InputError("bench-forward needs engines and packages", field="--engines/--packages",
-                         value=(args.engines, args.packages), remedy="name one or more of each")
-    prefill = parse_lengths(args.prefill, "--prefill") if args.prefill else []
-    rows = parse_lengths(args.rows, "--rows") if args.rows else []
+    engines = engine_list(args.engines, "--engines")
+    packages = name_list(args.packages, "--packages")
+    prefill = integer_list(args.prefill, "--prefill", "128,512") if args.prefill else []
+    rows = integer_list(args.rows, "--rows", "1,2,3,4,5") if args.rows else []
+    if not prefill and not rows:  # --rows "" without --prefill: nothing would be timed
+        raise InputError("--rows names no rows and --prefill no lengths: nothing to time",
+                         field="--rows", value=args.rows,
+                         remedy="give --rows 1,2,3,4,5, or --prefill lengths to time")
     if rows and 1 not in rows:
         rows = [1, *rows]  # the ratio's denominator
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engines.output_paths import check_output_file
-from harness.cli.arguments import engine_list, integer, json_output
+from harness.cli.arguments import engine_list, integer, integer_list, json_output
 from harness.cli.progress import CellProgress
 from harness.cli.tables import print_table
 
@@ -57,13 +57,14 @@ def _table(bench) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.judge_bench import MARKER, bench_judge, parse_lengths
+    from harness.judge_bench import DEFAULT_LENGTHS, MARKER, bench_judge
 
     if args.json is not None:
         check_output_file(args.json, "--json", marker=MARKER, force=args.force,
                           example="judge.json")
     engines = engine_list(args.engines, "--engines")
-    lengths = parse_lengths(args.lengths)
+    lengths = list(DEFAULT_LENGTHS) if args.lengths is None else \
+        integer_list(args.lengths, "--lengths", "32,128,512,2048", increasing=True)
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
     with CellProgress("judge bench") as progress:
         progress.plan(len(lengths) * len(engines))

@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     build = Path(args.build).expanduser().resolve()
     out = args.output if args.output is not None else build.parent / f"{build.name}-package"
-    prompts = prompts_from(args.prompts_from) if args.prompts_from else None
+    prompts = prompts_from(args.prompts_from) if args.prompts_from is not None else None
     return wrap_and_report(build, out, args.name, prompts, args.force)
 
 

@@ -14,7 +14,17 @@ import re
 from engines.errors import InputError
 
 
+# What argparse takes for a value rather than an option: its own ``-1`` and ``-.5``, and also
+# anything else starting with ``-`` and a digit (``-1e3``, ``-1/2``, ``-1,2``), ``-inf`` and
+# ``-nan``, which it would otherwise refuse as "expected one argument", without the value.
+NEGATIVE_NUMBER = re.compile(r"^-(\.?\d|inf|nan)", re.I)
+
+
 class LockstepParser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER
+
     def parse_args(self, args=None, namespace=None):
         """As argparse's, but arguments nothing took are refused by the (sub)command that
         was reading them, so the remedy points at that command's help."""

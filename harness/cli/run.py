@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ from rich.table import Table
 
 from engines.errors import InputError
 from engines.registry import engine_names
-from harness.cli.arguments import engine_list, integer, name_list, path_option
+from harness.cli.arguments import (LARGEST, engine_list, integer, integer_list, name_list,
+                                   path_option)
 from harness.cli.interrupt import counted
 from harness.cli.progress import CellProgress
 from harness.cli.tables import print_table
@@ -27,14 +29,14 @@ SETUP_STAGES = ("availability", "constructor")  # an engine that failed there ra
 
 def parse_prompt(text: str) -> list[int]:
     """``"1 5 7"`` or ``"1,5,7"`` -> [1, 5, 7]."""
-    parts = [p for p in text.replace(",", " ").split() if p]
-    try:
-        ids = [int(p) for p in parts]
-    except ValueError:
-        ids = []
-    if not ids:  # a word, or nothing at all: no prompt to run
+    parts = [p.strip() for p in re.split(r"\s*,\s*|\s+", text.strip())]
+    ids = [int(p) if re.fullmatch(r"-?\d+", p) else None for p in parts]
+    if None in ids:  # a word, an id left out ("1,,2") or nothing at all: no prompt to run
         raise InputError("a prompt is a list of integer token ids", field="--prompt", value=text,
                          remedy='write it as "1 5 7" or "1,5,7"')
+    if max(ids) > LARGEST:  # of any package: no vocabulary is that large
+        raise InputError(f"token id {max(ids)} is past any vocabulary", field="--prompt",
+                         value=text, remedy="give token ids below the package's vocab_size")
     if min(ids) < 0:  # of any package
         raise InputError(f"token id {min(ids)} is negative", field="--prompt", value=text,
                          remedy="give token ids of 0 or more (below the package's vocab_size)")
@@ -60,15 +62,7 @@ def parse_widths(text: str | None) -> list[int] | str | None:
     """``--width``: ``all``, ``3`` or ``1,3``; None when not given."""
     if text is None or text.strip() == "all":
         return None if text is None else "all"
-    try:
-        widths = [int(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        widths = []
-    if not widths or any(w < 1 for w in widths) or \
-            any(not item.strip() for item in text.split(",")):  # "1,,2": a width left out
-        raise InputError("a width is a positive integer", field="--width", value=text,
-                         remedy='write --width 2, --width "1,3" or --width all')
-    return widths
+    return integer_list(text, "--width", '2, --width "1,3" or --width all')
 
 
 def matrix_table(summary, max_new_tokens: int, mode: str = "greedy") -> Table:
