@@ -350,3 +350,13 @@ def test_bad_values_of_an_option_end_in_one_clear_line(key, sweep, capsys, monke
     failures = [f for value in _kind_values(key) if (key, value) not in ALLOWED
                 for f in [_outcome(sweep, key, value, capsys)] if f]
     assert not failures, "\n".join(failures)
+
+
+def test_calibrate_names_a_package_without_a_tokenizer(capsys):
+    """The corpus is text: a package without a tokenizer is named as ``--package``, not as
+    the corpus's first segment (found by this sweep's calibrate base on a fixture)."""
+    from suites.support import one_line_error
+
+    line = one_line_error(capsys, ["calibrate", "--engine", "native-host", "--package",
+                                   "tiny_llama"])
+    assert "[field --package = 'tiny_llama']" in line and "tokenizer" in line, line

@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from engines.errors import InputError
     from engines.output_paths import check_output_file
     from engines.registry import get_engine_class
+    from engines.tokenizer import package_tokenizer
     from engines.tolerances import BANDS_FILE, bands
     from harness import calibrate as cal_mod
     from harness.mutations import check_plantable, mutations_for
@@ -111,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
                          field="--package", value=args.package,
                          remedy=f"calibrate {args.engine} on a package it runs (the default, "
                                 f"smollm2, is one)")
+    if package_tokenizer(package) is None:  # the corpus is text: a fixture has no tokenizer
+        raise InputError(f"{args.package} has no tokenizer, so the corpus text cannot be "
+                         f"encoded", field="--package", value=args.package,
+                         remedy="calibrate on a package converted with its tokenizer (the "
+                                "default, smollm2, is one)")
     corpus = cal_mod.load_corpus(package, args.corpus or cal_mod.CORPUS_FILE,
                                  name_list(args.segments, "--segments"))
     mutations = mutations_for(cls.name)
