@@ -47,6 +47,7 @@ PINNED_ENV = "LOCKSTEP_GPU_PINNED"  # "<testrunuid>:<worker>" that pinned it (in
 COUNT_ENV = "LOCKSTEP_GPU_COUNT"    # override the number of visible GPUs (tests, odd hosts)
 LOCKS_ENV = "LOCKSTEP_GPU_LOCKS"    # folder for the per-GPU worker locks
 PLAN_ENV = "LOCKSTEP_MATRIX_PLAN"   # the plan file a matrix session runs
+MAX_GPUS = 1024  # more than any host holds: a larger override is a typo, not a machine
 SHIM = "test_lockstep_cells.py"
 
 _HELD: list[int] = []  # lock file descriptors this process holds (until it exits)
@@ -90,11 +91,11 @@ def visible_gpus(environ: MutableMapping[str, str] | None = None,
             n = int(override)
         except ValueError:
             n = -1
-        if n < 0:
+        if not 0 <= n <= MAX_GPUS:
             from engines.errors import InputError
 
-            raise InputError("the GPU count override is not a count (an integer of at least "
-                             "0)", field=COUNT_ENV, value=override,
+            raise InputError(f"the GPU count override is not a count (an integer from 0 to "
+                             f"{MAX_GPUS})", field=COUNT_ENV, value=override,
                              remedy=f"unset {COUNT_ENV}, or set it to a count such as 2")
     else:
         n = count()

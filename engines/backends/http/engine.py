@@ -54,7 +54,9 @@ def setting(env: str, kind: type = float) -> Any:
         value = kind(text)
     except ValueError:
         value = None
-    if value is None or not math.isfinite(value) or value <= 0:  # nan passes "<= 0"
+    # nan passes "<= 0"; a count past int32 (the server's slots) is no count it can hold
+    if value is None or not math.isfinite(value) or value <= 0 or \
+            (kind is int and value > 2**31 - 1):
         raise InputError(f"{env} must be a positive {kind.__name__}", field=env, value=text,
                          remedy=f"set {env} to a number such as {DEFAULTS[env]}, or unset it")
     return value
