@@ -11,6 +11,18 @@ and repeats; engine and package names unknown ones and ``module:Missing``.
 Each bad value must end in one clear line (``check_case``: exit 2, no traceback, one
 ``lockstep: error:`` line naming the option and the value, with a remedy, the user's file
 untouched, in bounded time), unless ``ALLOWED`` says why it is a valid value.
+
+First run (main 66ee55b, before any fix): 548 cases over 86 options, 54 unclear (90.1%
+clear), by category: a value starting with ``-`` and not a plain integer (``-inf``, ``-1e3``,
+``-1/2``) read by argparse as an option, "expected one argument" without the value (23);
+a list with a name left out (``a,,b``) taken as ``a,b``, or a repeat taken twice
+(``bench-forward --engines``, ``--width 2,2``, ``--prompt 1,,2``) (13); a huge integer
+(``9`` * 40) run for ever (``bench``/``bench-forward`` ``--repeats``/``--warmup``, 4) or taken
+(``--max-prompts``, ``--top``, ``--max-runs``, ``--keep``, 4); ``""`` taken as the current
+folder or as the option left out (report's ``EVIDENCE_DIR``, ``--package(s)``,
+``--prompts-from``, ``bench --prompts``, ``bench-forward --rows``) (6); ``1e999`` quoted as
+``inf``, not as typed (3); a huge ``--prompt`` id named ``prompt[0]`` (1). Beside them, the
+calibrate base found a package without a tokenizer named as ``segments[0].file``.
 """
 from __future__ import annotations
 
