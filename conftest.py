@@ -1,5 +1,10 @@
 """Root conftest: GPU pinning for xdist workers, Hypothesis profiles and the lockstep plugin.
 
+Under pytest-xdist, each worker's numerical libraries run one thread
+(``pytest_configure``): ``make test`` runs one worker per core, and OpenBLAS, OpenMP and
+torch would otherwise each start one thread per core in every worker, whose spinning doubled
+the suite's wall time on two cores.
+
 GPU pinning comes first, before anything can start CUDA: with ``LOCKSTEP_GPUS=0,1`` (set by
 ``scripts/gpu_run.sh`` for ``pytest -n <GPUs> --dist loadfile``), xdist worker ``gw<i>`` sees
 only the i-th GPU (``harness.distributed.pin_worker_gpu``); without it nothing changes.
@@ -26,6 +31,20 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=5, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("LOCKSTEP_HYPOTHESIS_PROFILE", "ci"))
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def pytest_configure(config):
+    """On the xdist controller, before it starts the workers (they inherit the environment
+    and read it as they load numpy and torch): one thread each, unless the user set them."""
+    if getattr(config.option, "numprocesses", None) and not os.environ.get(
+            "PYTEST_XDIST_WORKER"):
+        for name in THREAD_VARIABLES:
+            if name not in os.environ:
+                os.environ[name] = "1"
+                os.environ["LOCKSTEP_SUITE_ONE_THREAD"] = "1"
 
 
 def pytest_addhooks(pluginmanager):

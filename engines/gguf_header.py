@@ -106,9 +106,13 @@ def read_metadata(path: str | Path, wanted: set[str]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class TensorTable:
     """What the walk read: the scalar and string metadata, and each tensor's
-    (name, ggml type number, element count) in the file's order."""
+    (name, ggml type number, element count) in the file's order; where each tensor's data
+    lies (its dimensions, fastest first, and its offset from ``data_start``)."""
     metadata: dict[str, Any]
     tensors: list[tuple[str, int, int]]
+    dims: list[tuple[int, ...]]
+    offsets: list[int]
+    data_start: int
 
 
 def tensor_table(path: str | Path) -> TensorTable | None:
@@ -119,16 +123,21 @@ def tensor_table(path: str | Path) -> TensorTable | None:
             cursor = _Cursor(data)
             count, pairs = _pairs(cursor)
             metadata = {key: value for key, value in pairs if value is not None}
-            tensors = []
+            tensors, shapes, offsets = [], [], []
             for _ in range(count):
                 name = cursor.string()
-                dims = [cursor.take("<Q") for _ in range(cursor.take("<I"))]
+                dims = tuple(cursor.take("<Q") for _ in range(cursor.take("<I")))
                 kind = cursor.take("<I")
-                cursor.take("<Q")  # the data's offset
+                offsets.append(cursor.take("<Q"))
                 tensors.append((name, kind, math.prod(dims)))
+                shapes.append(dims)
+            align = metadata.get("general.alignment", 32)
+            if not isinstance(align, int) or align <= 0:
+                raise _End
+            start = -(-cursor.pos // align) * align
     except (_End, OSError, ValueError):
         return None
-    return TensorTable(metadata, tensors)
+    return TensorTable(metadata, tensors, shapes, offsets, start)
 
 
 def field_value(reader, key: str, default=None):

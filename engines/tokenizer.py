@@ -23,6 +23,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engines.errors import EngineUnavailable, PackageError
+from engines.package.file_identity import IdentityMemo, identity
 
 
 class PackageTokenizer:
@@ -137,10 +138,22 @@ def package_chat_template(package, tokenizer: PackageTokenizer | None = None) ->
     return ChatTemplate(source, str(path), special)
 
 
+_LOADED = IdentityMemo(size=8)
+
+
 def package_tokenizer(package) -> PackageTokenizer | None:
-    """The package's tokenizer, or None when it declares none."""
+    """The package's tokenizer, or None when it declares none. A real vocabulary takes a
+    tenth of a second to load and every record decodes its stream: the last few are kept, by
+    the file's identity (a tokenizer.json written again is loaded again)."""
     path = package.tokenizer_path
-    return None if path is None else PackageTokenizer(path)
+    if path is None:
+        return None
+    path = Path(path)
+    try:
+        key = (str(path.resolve()), identity(path.stat()))
+    except OSError:
+        return PackageTokenizer(path)  # its own error names the file
+    return _LOADED.get(key, lambda: PackageTokenizer(path))
 
 
 def decode_or_none(package, ids: Sequence[int]) -> str | None:

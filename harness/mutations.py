@@ -45,9 +45,9 @@ from engines.backends.checkpoint_source import CheckpointSource, content_hash, f
 from engines.backends.llama_cpp import LlamaCppEngine, gguf_scheme
 from engines.backends.ort_genai import OrtGenaiInt4Engine
 from engines.errors import InputError
-from engines.gguf_header import field_value
+from engines.gguf_header import field_value, tensor_table
 from harness.convert.gguf_reader import open_gguf
-from harness.gguf_rewrite import Tensor, rewrite_gguf
+from harness.gguf_rewrite import Tensor, patch_tensor, rewrite_gguf
 
 K = 3  # the decode step from which kv-shift strikes (as the fixtures' planted bugs)
 SHIFT_AT = 16  # the position of a scored sequence from which kv-shift strikes
@@ -60,6 +60,15 @@ INT4_HALVES_TENSOR = "model.layers.0.attn.o_proj.MatMul.weight_Q4"
 INT4_SCALE_TENSOR = "model.layers.9.mlp.down_proj.MatMul.weight_scales"
 # GGUF block layouts: bytes a block, where its f16 scale and its 4-bit values are
 BLOCKS = {"Q4_0": (18, 0, 2), "Q4_1": (20, 0, 4), "Q8_0": (34, 0, None)}
+
+
+def _type_name(kind: int) -> str:
+    import gguf
+
+    try:
+        return gguf.GGMLQuantizationType(kind).name
+    except ValueError:
+        return f"type {kind}"
 
 
 def swap_nibbles(values: np.ndarray) -> np.ndarray:
@@ -158,7 +167,9 @@ class _LlamaWeights(_PrivateCopy, LlamaCppEngine):
         """Refuse, before the minutes of scoring, a GGUF this bug cannot be written into: its
         target tensor absent, or of a type whose blocks it does not know (a float tensor)."""
         target = cls.target(path)
-        found = {t.name: t.tensor_type.name for t in open_gguf(path).tensors}.get(target)
+        table = tensor_table(path)
+        found = ({name: _type_name(kind) for name, kind, _ in table.tensors} if table else
+                 {t.name: t.tensor_type.name for t in open_gguf(path).tensors}).get(target)
         if found not in BLOCKS:
             what = f"holds no tensor {target}" if found is None else f"{target} is {found}"
             raise InputError(f"{engine} cannot be calibrated on {path.name}: {what}, and the "
@@ -179,7 +190,8 @@ class _LlamaWeights(_PrivateCopy, LlamaCppEngine):
             return Tensor(t.name, self.mutate(t), t.type)
 
         with self._removed_on_failure():
-            rewrite_gguf(honest.path, path, change)
+            if not patch_tensor(honest.path, path, target, lambda t: change(t).data):
+                rewrite_gguf(honest.path, path, change)  # the full reader's path
             if not found:
                 raise ValueError(f"{honest.path.name} has no tensor {target!r} to mutate")
             super().__init__(package, checkpoint=CheckpointSource(path, "gguf",
@@ -218,6 +230,10 @@ class LlamaRopeBase(LlamaCppEngine):
         return {**super().options(), "rope_freq_base": base * ROPE_FACTOR}
 
     def llama_metadata(self, key: str, default: float) -> float:
+        table = tensor_table(self.source.path)
+        if table is not None:
+            arch = table.metadata.get("general.architecture", "llama")
+            return table.metadata.get(f"{arch}.{key}", default)
         reader = open_gguf(self.source.path)
         arch = field_value(reader, "general.architecture", "llama")
         return field_value(reader, f"{arch}.{key}", default)

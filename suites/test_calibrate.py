@@ -324,6 +324,39 @@ def test_a_rewrite_changes_only_the_tensor_it_is_told_to(tiny, tmp_path):
         {k: r1.fields[k].contents() for k in r1.fields if not k.startswith("GGUF.")}
 
 
+def test_a_patched_tensor_is_what_the_full_rewrite_writes(tiny, tmp_path):
+    """``patch_tensor`` (the header's walk, one tensor's bytes replaced in a copy) hands
+    ``change`` what the full reader reads and leaves a file the full reader reads as the full
+    rewrite's, for every tensor type it sizes (the others, BF16 here, are left to the full
+    rewrite: False, nothing written)."""
+    from harness.gguf_rewrite import Tensor, patch_tensor, rewrite_gguf
+
+    reader, before = tensors(tiny)
+    for name, t in before.items():
+        seen = []
+
+        def flip(given):
+            seen.append(given)
+            return np.ascontiguousarray(np.asarray(given.data)[::-1])
+
+        def change(given):
+            return Tensor(given.name, flip(given), given.type) if given.name == name else None
+
+        patched = tmp_path / f"{name}.patched.gguf"
+        if not patch_tensor(tiny, patched, name, flip):
+            assert t.tensor_type.name == "BF16" and not patched.exists(), name
+            continue
+        assert np.array_equal(seen[0].data, np.asarray(t.data)) and seen[0].type == \
+            t.tensor_type, name
+        rewritten = rewrite_gguf(tiny, tmp_path / f"{name}.full.gguf", change)
+        (_, a), (_, b) = tensors(patched), tensors(rewritten)
+        assert list(a) == list(b)
+        for other in a:
+            assert np.array_equal(np.asarray(a[other].data), np.asarray(b[other].data)), other
+            assert a[other].tensor_type == b[other].tensor_type
+    assert not patch_tensor(tiny, tmp_path / "none.gguf", "blk.9.attn_q.weight", flip)
+
+
 def dequantized(t, data=None):
     import gguf
 

@@ -325,3 +325,25 @@ def test_what_supports_refuses_the_constructor_refuses_too(name, packages):
             cls(packages[fixture])
         if cls.availability():
             assert err.value.message == found.reason
+
+
+# -- ort-cpu's sessions ------------------------------------------------------------------------
+
+def test_ort_cpu_engines_share_a_session_per_package_content_and_no_further(packages,
+                                                                             tmp_path):
+    import shutil
+
+    from engines.package import load_package
+
+    package = packages["tiny_llama"]
+    one, two = OrtCpuEngine(package), OrtCpuEngine(package)
+    assert one._sessions["target"] is two._sessions["target"]  # optimised once
+    copy = shutil.copytree(package.root, tmp_path / "copy")
+    changed = load_package(copy)
+    assert OrtCpuEngine(changed)._sessions["target"] is not one._sessions["target"]  # its path
+    spec = (copy / "package.yaml").read_text()
+    (copy / "package.yaml").write_text(spec + "\n# edited\n")
+    edited = load_package(copy)
+    assert edited.content_hash != changed.content_hash
+    assert OrtCpuEngine(edited)._sessions["target"] is not OrtCpuEngine(
+        changed)._sessions["target"]

@@ -1,7 +1,7 @@
 """ONNX's own node test cases, run through the native executor's Backend adapter.
 
 The cases come from ONNX's generators (``collect_testcases``; the data folder is not in the
-wheel). A case is selected when its main op (the op of the single-node base case, also for
+wheel), kept in the cache once generated (``suites.onnx_node_cases``). A case is selected when its main op (the op of the single-node base case, also for
 its ``_expanded`` function-body variants) has a kernel and every op in its model has one.
 Each selected case must match the expected outputs: same dtype and shape, NaN at the same
 positions, integers/bools/strings exactly, floats within the case's rtol/atol. A case that
@@ -11,7 +11,6 @@ are no skips. The module prints a per-op tally and every gap/exclusion at its en
 from __future__ import annotations
 
 import time
-import warnings
 from collections import Counter, defaultdict
 
 import ml_dtypes
@@ -24,6 +23,7 @@ from engines.native.onnx_backend import NativeBackend
 from engines.native.ops import KERNELS
 from engines.native.plan import unsupported_ops
 from harness.convert.onnx_graph import ALLOWED_OPS
+from suites.onnx_node_cases import node_cases
 
 # The ops a fixture (or a converted checkpoint, built by the same graph code) may use, as the
 # graph builder enforces them: each must pass every node test. One list, not a copy of it.
@@ -38,11 +38,7 @@ KNOWN_GAPS: dict[str, str] = {}
 
 def _collect():
     started = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the generators overflow on purpose
-        from onnx.backend.test.case.node import collect_testcases
-
-        cases = list(collect_testcases(None))
+    cases = node_cases()
     return cases, time.perf_counter() - started
 
 

@@ -527,6 +527,25 @@ def test_hash_changes_when_one_byte_changes_and_returns_when_restored(pkg: Pkg):
     assert package_content_hash(root) == before
 
 
+def test_hash_is_remembered_until_a_file_is_written_again_even_with_its_old_mtime(
+        pkg: Pkg, monkeypatch):
+    from engines.package import hashing
+
+    root = pkg.write()
+    before = package_content_hash(root)
+    reads = []
+    real = hashing._folder_hash
+    monkeypatch.setattr(hashing, "_folder_hash", lambda entries: reads.append(1) or real(entries))
+    assert package_content_hash(root) == before and reads == []  # remembered: not read again
+    target = root / "target.onnx"
+    old = target.stat()
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))  # same size
+    os.utime(target, ns=(old.st_atime_ns, old.st_mtime_ns))  # and the old modification time
+    assert package_content_hash(root) != before and reads == [1]
+
+
 def test_hash_follows_paths_and_file_boundaries(tmp_path: Path):
     base = package_content_hash(_write_files(tmp_path / "a", {"x": b"ab", "y": b""}, ["x", "y"]))
     moved = package_content_hash(_write_files(tmp_path / "b", {"x": b"a", "y": b"b"}, ["x", "y"]))

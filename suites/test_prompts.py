@@ -173,6 +173,24 @@ def test_text_is_encoded_with_the_tokenizers_own_special_tokens(chat_package):
     assert got.source.text == "once upon a time" and got.rendered is None
 
 
+def test_the_tokenizer_is_kept_until_its_file_is_written_again(chat_package, tmp_path):
+    import shutil
+
+    from tokenizers import AddedToken
+
+    from engines.package import load_package
+
+    package = load_package(shutil.copytree(chat_package[0].root, tmp_path / "pkg"))
+    first = package_tokenizer(package)
+    assert package_tokenizer(package) is first  # loaded once
+    path = package.tokenizer_path
+    other = _tokenizer()
+    other.add_special_tokens([AddedToken("<new>", special=True, normalized=False)])
+    other.save(str(path))
+    again = package_tokenizer(package)
+    assert again is not first and again.vocab_size == first.vocab_size + 1
+
+
 def test_jsonl_file_mixes_text_chat_and_ids_in_order(chat_package, tmp_path):
     package, _ = chat_package
     path = tmp_path / "p.jsonl"

@@ -304,7 +304,7 @@ def test_the_prompt_record_skips_the_first_position_and_keeps_each_tokens_own():
 
 # -- the folder vLLM loads ------------------------------------------------------------------
 
-def test_the_folder_of_smollm2s_gguf_stops_at_the_ggufs_eos(monkeypatch, tmp_path):
+def test_the_folder_of_smollm2s_gguf_stops_at_the_ggufs_eos():
     """transformers' GGUF tokenizer names <|im_start|> (1) as SmolLM2's eos, the GGUF says
     <|im_end|> (2); vLLM stops at the tokenizer's, so the folder must carry the GGUF's."""
     pytest.importorskip("gguf", reason="make real (pip install gguf tokenizers)")
@@ -313,13 +313,13 @@ def test_the_folder_of_smollm2s_gguf_stops_at_the_ggufs_eos(monkeypatch, tmp_pat
     from engines.backends.checkpoint_source import content_hash
     from engines.shipped_checkpoint import INSTALL, smollm2_path
     from engines.backends.vllm_engine import align_eos, hf_folder
+    from engines.cache_root import cache_root
 
     path = smollm2_path()
     if path is None:
         pytest.skip(f"SmolLM2 is not installed: {INSTALL}")
-    monkeypatch.setenv("LOCKSTEP_CACHE", str(tmp_path))
-    folder = hf_folder(CheckpointSource(path, "gguf", content_hash(path)))
-    assert folder.parent == tmp_path / "vllm-hf"
+    folder = hf_folder(CheckpointSource(path, "gguf", content_hash(path)))  # make real's
+    assert folder.parent == cache_root() / "vllm-hf"
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["eos_token_id"] == 2
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))

@@ -10,7 +10,6 @@ folders, separated like ``PATH``). A candidate counts only if its content hash m
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 from dataclasses import dataclass
@@ -56,16 +55,10 @@ def require_gguf_source(package, engine: str, needs: str, remedy: str) -> None:
             remedy=remedy)
 
 
-@functools.lru_cache(maxsize=32)
-def _hash(path: str, size: int, mtime_ns: int) -> str:
-    return checkpoint_hash(path)
-
-
 def content_hash(path: Path) -> str:
     """``sha256:<hex>`` of a file's bytes or a folder's files, as the converter computes it
-    (memoised per path, size and modification time)."""
-    st = Path(path).stat()
-    return _hash(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    (remembered by each file's identity: ``engines.package.hashing``)."""
+    return checkpoint_hash(path)
 
 
 def _candidates(source: dict) -> list[Path]:

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -36,16 +37,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from engines.backends.checkpoint_source import SIDECAR, find_checkpoint, read_source
+from engines.backends.checkpoint_source import (SIDECAR, CheckpointSource, content_hash,
+                                                find_checkpoint, read_source)
 from engines.backends.hf import DTYPES, cuda_availability
 from engines.backends.hf_model import model_from_gguf
 from engines.backends.http.engine import TOP_K
+from engines.backends.transformers_quiet import quiet_transformers
 from engines.cache_root import cache_root
 from engines.decode_result import DecodeResult, StepLogprobs
 from engines.engine import Availability, BlackBoxEngine
-from engines.errors import EngineUnavailable, ExecutionError, InputError
+from engines.errors import EngineUnavailable, ExecutionError, InputError, LockstepError
 from engines.ledger import Ledger
 from engines.requests import check_request
+from engines.shipped_checkpoint import INSTALL as SMOLLM2_INSTALL, smollm2_path
 
 VERSION = "0.26.0"
 INSTALL = (f"vLLM {VERSION} runs on a CUDA machine with torch 2.11: "
@@ -174,13 +178,16 @@ def hf_folder(source) -> Path:
     if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
         return folder
     path = Path(source.path)
-    model = model_from_gguf(path, source.content_hash, "eager")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    with quiet_transformers():
+        model = model_from_gguf(path, source.content_hash, "eager")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent),
+                                                               gguf_file=path.name)
     align_eos(tokenizer, model.config.eos_token_id)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staged = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        model.save_pretrained(str(staged))
+        with quiet_transformers():
+            model.save_pretrained(str(staged))
         tokenizer.save_pretrained(str(staged))
         if folder.exists():
             shutil.rmtree(staged)  # published meanwhile by another process
@@ -396,6 +403,31 @@ class VllmEngine(BlackBoxEngine):
 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m engines.backends.vllm_engine smollm2``: build (or reuse) the folder vLLM
+    loads for the shipped GGUF and print it; ``make real`` runs it with the other shared
+    conversions, so the suite and a GPU run find it (and transformers' GGUF load) cached."""
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv != ["smollm2"]:
+        print("usage: python -m engines.backends.vllm_engine smollm2", file=sys.stderr)
+        return 2
+    path = smollm2_path()
+    if path is None:
+        print(f"error: SmolLM2 is not installed: {SMOLLM2_INSTALL}", file=sys.stderr)
+        return 2
+    try:
+        print(hf_folder(CheckpointSource(path, "gguf", content_hash(path))))
+    except (LockstepError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
 
 
 __all__ = ["VllmEngine", "align_eos", "hf_folder", "prompt_record", "step_logprobs", "to_result"]

@@ -6,6 +6,10 @@ on creation order, timestamps, permissions or the folder's own location. Each pa
 content is length-prefixed, so no two different folders can feed sha256 the same stream.
 A symbolic link is hashed as a link (its target text), never followed: a link cannot pull in
 bytes from outside the folder, and a loop cannot hang the walk.
+
+A folder's hash is remembered by the identity of each of its files (``file_identity``): a
+run loads the same package for the oracle, each engine and each record, and hashing a real
+checkpoint's package reads hundreds of megabytes.
 """
 from __future__ import annotations
 
@@ -14,7 +18,10 @@ import os
 import stat
 from pathlib import Path
 
+from engines.package.file_identity import IdentityMemo, identity
+
 _CHUNK = 1 << 20
+_HASHES = IdentityMemo()
 
 
 def _entries(folder: Path) -> list[tuple[bytes, Path]]:
@@ -39,10 +46,16 @@ def package_content_hash(folder: str | os.PathLike) -> str:
     folder = Path(folder)
     if not folder.is_dir():
         raise NotADirectoryError(f"package_content_hash needs a folder, got {folder}")
+    entries = [(rel, full, os.lstat(full)) for rel, full in _entries(folder)]
+    key = ("folder", str(folder.resolve()), tuple((rel, identity(st)) for rel, _, st in entries))
+    return _HASHES.get(key, lambda: _folder_hash(entries))
+
+
+def _folder_hash(entries: list[tuple[bytes, Path, os.stat_result]]) -> str:
     h = hashlib.sha256()
     h.update(b"lockstep-package-v1\0")
-    for rel, full in _entries(folder):
-        mode = os.lstat(full).st_mode
+    for rel, full, st in entries:
+        mode = st.st_mode
         if stat.S_ISLNK(mode):
             target = os.readlink(full).encode("utf-8", "surrogateescape")
             _frame(h, b"L", len(rel))
@@ -67,6 +80,11 @@ def checkpoint_hash(path: str | os.PathLike) -> str:
     path = Path(path)
     if path.is_dir():
         return package_content_hash(path)
+    key = ("file", str(path.resolve()), identity(path.stat()))
+    return _HASHES.get(key, lambda: _file_hash(path))
+
+
+def _file_hash(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
