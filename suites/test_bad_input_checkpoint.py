@@ -48,6 +48,24 @@ def test_a_gemma_gguf_is_refused_by_name_before_it_is_hashed_or_parsed(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
+def test_a_folder_that_is_no_checkpoint_is_refused_before_it_is_hashed(tmp_path, monkeypatch):
+    """``convert .`` in a repository (gigabytes of caches) named the folder only after hashing
+    all of it: two minutes. The folder's kind is known from its listing."""
+    import harness.convert.conversion as convert_module
+    from engines.shipped_checkpoint import resolve_checkpoint
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "big.bin").write_bytes(b"\0" * 1024)
+    monkeypatch.setattr(convert_module, "checkpoint_hash", _never)
+    with pytest.raises(InputError) as info:
+        convert(folder, tmp_path / "out")
+    assert info.value.field == "CHECKPOINT" and "config.json" in str(info.value)
+    with pytest.raises(InputError) as info:
+        resolve_checkpoint("")  # the current folder, unasked
+    assert (info.value.field, info.value.value) == ("CHECKPOINT", "")
+
+
 def test_max_context_past_the_format_limit_is_refused_before_anything_is_allocated(
         tmp_path, monkeypatch):
     import harness.convert.llama_graph

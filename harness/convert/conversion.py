@@ -116,10 +116,11 @@ def precheck(path: Path, opts: ConvertOptions) -> None:
     if path.is_file():
         arch = declared_architecture(path)
         head_dim = None if arch is None else declared_head_dim(path, arch)
+    elif is_hf_folder(path):
+        arch = read_architecture(read_config(path), str(path / "config.json"))
+        head_dim, tables = arch.head_dim, 2 if arch.rope_local_base else 1
     else:
-        if is_hf_folder(path):
-            arch = read_architecture(read_config(path), str(path / "config.json"))
-            head_dim, tables = arch.head_dim, 2 if arch.rope_local_base else 1
+        read_checkpoint(path)  # a folder that is no checkpoint: named before it is hashed
     if opts.max_context is not None and head_dim:
         check_max_context(opts.max_context, head_dim, tables)
 
