@@ -62,7 +62,7 @@ ALLOWED = {
     ("manifest", "planned"): "an empty plan: the records are each reported as found",
 }
 
-# (file, field, mutation) still taken wrongly: strict xfail, so a fix shows
+# (file, field, mutation) still taken wrongly; one refused fails the sweep, so a fix shows
 LEFT = {
     # an identical record stripped of what judged it still reads identical; records built
     # in process (the suites' own) lack them too, so the rule needs its own change
@@ -72,14 +72,15 @@ LEFT = {
 
 
 @pytest.fixture(scope="module")
-def intact(tmp_path_factory) -> Path:
+def intact(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """One run's evidence folder, and its record and manifest as loaded."""
     from harness.cli import main
 
     folder = tmp_path_factory.mktemp("intact") / "evidence"
     assert main(["run", "--packages", "tiny_llama", "--engines", "native-host",
                  "--max-new-tokens", "2", "--max-prompts", "1", "--evidence-dir",
                  str(folder)]) == 0
-    return folder
+    return folder, {kind: _load(kind, path) for kind, path in _files(folder).items()}
 
 
 def _files(folder: Path) -> dict[str, Path]:
@@ -132,14 +133,12 @@ def _value_needle(value: object) -> str | None:
 CASES = _cases()
 
 
-@pytest.mark.parametrize("kind,field,how", [
-    pytest.param(*c, id="-".join(c), marks=[pytest.mark.xfail(strict=True, reason="LEFT")]
-                 if c in LEFT else []) for c in CASES])
-def test_a_spoiled_field_is_refused_clearly_or_means_nothing(kind, field, how, intact,
-                                                             tmp_path, capsys):
-    folder = Path(shutil.copytree(intact, tmp_path / "evidence"))
+def _spoiled_file_failure(kind: str, field: str, how: str, intact, tmp: Path,
+                          capsys) -> str | None:
+    """What is wrong with how ``report`` met this mutation (None: nothing)."""
+    folder = Path(shutil.copytree(intact[0], tmp / "evidence"))
     path = _files(folder)[kind]
-    original = _load(kind, path)
+    original = intact[1][kind]
     doc, value = _mutated(json.loads(path.read_text()), field, how)
     text = json.dumps(doc)
     path.write_text(text)
@@ -148,17 +147,35 @@ def test_a_spoiled_field_is_refused_clearly_or_means_nothing(kind, field, how, i
     except Exception:  # noqa: BLE001  (refused: the CLI must say so in one clear line)
         taken = None
     if taken is not None:
-        assert taken == original or (kind, field) in ALLOWED, \
-            f"{kind} {field} {how}: taken, and it changes what the file says"
-        return
-    line = one_line_error(capsys, ["report", str(folder), "-o", str(tmp_path / "r.html")])
+        if (kind, field, how) in LEFT or taken == original or (kind, field) in ALLOWED:
+            return None
+        return "taken, and it changes what the file says"
+    if (kind, field, how) in LEFT:
+        return "refused now: take it out of LEFT"
+    try:
+        line = one_line_error(capsys, ["report", str(folder), "-o", str(tmp / "r.html")])
+    except AssertionError as err:
+        return f"not one clear line: {str(err).splitlines()[0][:300]}"
     needles = [path.name, field] + ([] if how == "deleted" else
                                      [n for n in [_value_needle(value)] if n])
-    for needle in needles:
-        assert needle in line, (needle, line)
-    assert "remedy:" in line, line
-    assert path.read_text() == text  # the user's file is as they left it
-    assert not (tmp_path / "r.html").exists()
+    missing = [n for n in needles if n not in line] + ([] if "remedy:" in line else ["remedy"])
+    if missing:
+        return f"the line lacks {missing}: {line}"
+    if path.read_text() != text or (tmp / "r.html").exists():
+        return "the user's file changed, or a report was written"
+    return None
+
+
+@pytest.mark.parametrize("kind,field", sorted({(k, f) for k, f, _ in CASES}))
+def test_a_spoiled_field_is_refused_clearly_or_means_nothing(kind, field, intact, tmp_path,
+                                                             capsys):
+    failures = []
+    for how in sorted({h for k, f, h in CASES if (k, f) == (kind, field)}):
+        (tmp_path / how).mkdir()
+        why = _spoiled_file_failure(kind, field, how, intact, tmp_path / how, capsys)
+        if why:
+            failures.append(f"{kind} {field} {how}: {why}")
+    assert not failures, "\n".join(failures)
 
 
 def test_allowed_and_left_name_real_cases():
@@ -169,7 +186,7 @@ def test_allowed_and_left_name_real_cases():
 def test_a_status_deleted_from_an_unavailable_record_is_refused(intact, tmp_path, capsys):
     """Derived from findings a deleted status would read ``identical``: an unjudged cell
     shown as a pass. A file must hold what it concluded (and when: ``created``)."""
-    folder = Path(shutil.copytree(intact, tmp_path / "evidence"))
+    folder = Path(shutil.copytree(intact[0], tmp_path / "evidence"))
     path = _files(folder)["record"]
     doc = json.loads(path.read_text())
     doc.update(status="unavailable", judgement=None)
@@ -179,3 +196,63 @@ def test_a_status_deleted_from_an_unavailable_record_is_refused(intact, tmp_path
     path.write_text(json.dumps(doc))
     line = one_line_error(capsys, ["report", str(folder), "-o", str(tmp_path / "r.html")])
     assert path.name in line and "status" in line and "remedy:" in line, line
+
+
+# -- a Hugging Face config.json: every field the converter reads (hf_config.KINDS) ----------
+
+# field -> why a value check_values takes cannot build a different model
+ALLOWED_CONFIG = {
+    "model_type": "read only where architectures is absent (hf_reader), and architectures "
+                  "is checked",
+    "bos_token_id": "0 is a token id like any other (below vocab_size, checked)",
+    "eos_token_id": "0 is a token id like any other (below vocab_size, checked)",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory) -> Path:
+    pytest.importorskip("safetensors", reason="the converter needs the 'real' extra")
+    from suites.convert_support import write_tiny_hf
+
+    return write_tiny_hf(tmp_path_factory.mktemp("hf") / "hf")
+
+
+@pytest.mark.parametrize("field", sorted(__import__("harness.convert.hf_config",
+                                                     fromlist=["KINDS"]).KINDS))
+def test_a_spoiled_config_field_is_refused_or_read_as_its_default(field, tiny_hf, tmp_path,
+                                                                  capsys):
+    """Refused by ``check_values`` naming the field, the value and the remedy; taken only as
+    transformers reads it (deleted or null: the default, for a field that may be), or by a
+    reason in ``ALLOWED_CONFIG``; else the conversion itself must refuse it in one line."""
+    failures = []
+    for how in mutations(""):
+        (tmp_path / how).mkdir()
+        why = _spoiled_config_failure(field, how, tiny_hf, tmp_path / how, capsys)
+        if why:
+            failures.append(f"config.json {field} {how}: {why}")
+    assert not failures, "\n".join(failures)
+
+
+def _spoiled_config_failure(field: str, how: str, tiny_hf: Path, tmp: Path, capsys
+                            ) -> str | None:
+    from engines.errors import LockstepError
+    from harness.convert.hf_config import KINDS, check_values
+
+    config = json.loads((tiny_hf / "config.json").read_text())
+    config, value = _mutated({field: 1, **config}, field, how)
+    try:
+        check_values(config, "config.json")
+    except LockstepError as err:
+        same = how == "deleted" or err.value == value or (isinstance(value, float)
+                                                          and math.isnan(value))
+        return None if err.field == field and err.remedy and same else f"unclear: {err}"
+    if how == "deleted" or (how == "null" and KINDS[field].nullable) or field in ALLOWED_CONFIG:
+        return None
+    folder = Path(shutil.copytree(tiny_hf, tmp / "hf"))
+    (folder / "config.json").write_text(json.dumps(config))
+    try:
+        line = one_line_error(capsys, ["convert", str(folder), "-o", str(tmp / "out")])
+    except AssertionError as err:
+        return f"not one clear line: {str(err).splitlines()[0][:300]}"
+    needles = [field, "remedy:"] + [n for n in [_value_needle(value)] if n]
+    return None if all(n in line for n in needles) else f"the line lacks {needles}: {line}"
