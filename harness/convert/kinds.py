@@ -34,7 +34,8 @@ def _token(v) -> bool:
 
 
 COUNT = Kind("a positive integer", lambda v: _int(v) and v >= 1)
-POSITIVE = Kind("a number above 0 and at most 3.4e38 (float32's largest)", lambda v: _number(v) and v > 0)
+POSITIVE = Kind("a number above 0 and at most 3.4e38 (float32's largest)",
+                lambda v: _number(v) and v > 0)
 FLAG = Kind("true or false", lambda v: isinstance(v, bool))
 TEXT = Kind("a string", lambda v: isinstance(v, str))
 NAMES = Kind("a non-empty list of strings",
