@@ -17,7 +17,8 @@ from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, StrictBool, V
 
 from engines import json_text
 from engines.errors import LockstepError
-from harness.evidence.store import file_mode
+from harness.evidence.schema import run_time
+from harness.evidence.store import file_mode, first_error
 
 RUNS = "runs"
 
@@ -64,7 +65,7 @@ class ShardShare(BaseModel):
 
 class RunManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    run_id: str
+    run_id: str = Field(min_length=1)  # and the file's name (``manifest_path``)
     started: AwareDatetime
     command: list[str] = Field(default_factory=list)
     planned: list[PlannedCell]
@@ -73,6 +74,11 @@ class RunManifest(BaseModel):
     plan_digest: str | None = None  # what identifies the plan (harness.plan.plan_digest)
     shard: ShardShare | None = None  # this run's share, when the plan was sharded
     left_out: list[LeftOutCells] = Field(default_factory=list)  # what was not planned, why
+
+    @field_validator("started", "finished")
+    @classmethod
+    def _written_by_a_run(cls, value: datetime | None, info: ValidationInfo):
+        return value if value is None else run_time(value, info.field_name)
 
     @field_validator("finished")
     @classmethod
@@ -133,16 +139,18 @@ def _validated(data: object, path: Path) -> RunManifest:
     line names pydantic's first error: its field, and the value found there (none when the
     field is missing or the whole file is the wrong shape)."""
     try:
-        return RunManifest.model_validate(data)
+        manifest = RunManifest.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise LockstepError(f"invalid run manifest: {first['msg']}{more}",
-                            field=loc or "<manifest>",
-                            value=None if not loc or first["type"] == "missing"
-                            else first.get("input"),
-                            where=str(path), remedy="fix or delete the file") from exc
+        message, loc, value = first_error(exc, shown=lambda value: value)
+        raise LockstepError(f"invalid run manifest: {message}", field=loc or "<manifest>",
+                            value=value, where=str(path),
+                            remedy="fix or delete the file") from exc
+    if manifest.run_id != path.stem:  # records find their run by it: another run's, or none
+        raise LockstepError("invalid run manifest: run_id is not the file's name",
+                            field="run_id", value=manifest.run_id, where=str(path),
+                            remedy=f"a run writes {RUNS}/<run_id>.json; restore run_id "
+                                   f"{path.stem!r} or delete the file")
+    return manifest
 
 
 def finish(folder: str | os.PathLike, manifest: RunManifest, when: datetime) -> Path:

@@ -20,8 +20,13 @@ def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+# the largest float32: a package stores these constants as float32, where a larger one is inf
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and abs(v) <= FLOAT32_MAX)
 
 
 def _token(v) -> bool:
@@ -29,7 +34,8 @@ def _token(v) -> bool:
 
 
 COUNT = Kind("a positive integer", lambda v: _int(v) and v >= 1)
-POSITIVE = Kind("a finite number above 0", lambda v: _number(v) and v > 0)
+POSITIVE = Kind("a number above 0 and at most 3.4e38 (float32's largest)",
+                lambda v: _number(v) and v > 0)
 FLAG = Kind("true or false", lambda v: isinstance(v, bool))
 TEXT = Kind("a string", lambda v: isinstance(v, str))
 NAMES = Kind("a non-empty list of strings",

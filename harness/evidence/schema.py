@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic_core import PydanticCustomError
-from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, computed_field,
-                      field_validator, model_validator)
+from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo,
+                      computed_field, field_validator, model_validator)
 
 from engines.errors import NonFiniteLogits
 from engines.ledger import Ledger
@@ -34,6 +34,17 @@ ModeKind = Literal["greedy", "draft", "chained", "mtp", "prompt-lookup"]
 # how far ahead of this machine's clock a record's ``created`` may be (another machine of a
 # sharded run, a clock a little fast); anything later was not written by a run
 CLOCK_SKEW = timedelta(minutes=10)
+# no run wrote a time before lockstep existed: an earlier one (a timestamp of 0 or -1, read
+# as 1970) is an edit, and would sort the record or manifest as the oldest of its folder
+EARLIEST = datetime(2024, 1, 1, tzinfo=timezone.utc)
+# fields a file lockstep wrote always holds, though a record built in process may leave them
+# to their defaults: read from a file, a default (now; the status derived from findings, which
+# cannot show ``unavailable``) would stand in for what the file said. ``ok`` may be left out:
+# it is recomputed whatever the file says
+WRITTEN = ("created", "status")
+FROM_FILE = {"file": True}  # the validation context of a record read from a file
+# Engine.numeric_scheme()'s form: the backend, a colon, its scheme ("ggml-cpu:q4_0")
+NUMERIC_SCHEME = r"^[a-z0-9][a-z0-9_.-]*:[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 Count = Annotated[int, Field(ge=0)]  # a ledger counter: how many, or how many bytes
@@ -52,6 +63,20 @@ def _inconsistent(field: str, message: str) -> PydanticCustomError:
     """A record-level error that still names the field it is about (``ctx['field']``)."""
     return PydanticCustomError("evidence_inconsistent", message.replace("{", "(").replace("}", ")"),
                                {"field": field})
+
+
+def run_time(value: datetime, name: str) -> datetime:
+    """``value`` as a time a run can have written (``created``, ``started``, ``finished``):
+    not before ``EARLIEST``, not ahead of this machine's clock by more than ``CLOCK_SKEW``."""
+    now = utc_now()
+    if value < EARLIEST:
+        raise ValueError(f"{name} {value.isoformat()} is before {EARLIEST.date()}, when no "
+                         f"lockstep run existed")
+    if value > now + CLOCK_SKEW:
+        raise ValueError(f"{name} {value.isoformat()} is in the future (now "
+                         f"{now.isoformat(timespec='seconds')}, {CLOCK_SKEW} of clock "
+                         f"skew allowed): no run wrote it")
+    return value
 
 
 def new_run_id() -> str:
@@ -389,7 +414,7 @@ class EvidenceRecord(_Strict):
     engine_provenance: dict[str, Any] | None = None
     # module:Class of an engine named by its class, not registered under its name (None for
     # a registered one), so explain and repro load it again without --engine
-    engine_class: str | None = None
+    engine_class: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
     mode: Mode
     prompt: PromptRef
     status: Status = "identical"  # the cell's verdict: worst of what was found
@@ -404,7 +429,8 @@ class EvidenceRecord(_Strict):
     logits_audit: LogitsAuditRecord | None = None
     greedy: GreedyRef | None = None
     concurrency: ConcurrencyRecord | None = None
-    numeric_scheme: str | None = None  # Engine.numeric_scheme(): a quantized engine's scheme
+    # Engine.numeric_scheme(): a quantized engine's scheme; its band (if any) is that scheme's
+    numeric_scheme: str | None = Field(default=None, pattern=NUMERIC_SCHEME)
     band: BandRecord | None = None  # its band and this stream's statistics
     quality: QualityRecord | None = None  # against the original float model, where declared
     ledger: LedgerRecord = Field(default_factory=LedgerRecord)
@@ -428,13 +454,8 @@ class EvidenceRecord(_Strict):
 
     @field_validator("created")
     @classmethod
-    def _created_is_past(cls, value: datetime) -> datetime:
-        now = utc_now()
-        if value > now + CLOCK_SKEW:
-            raise ValueError(f"created {value.isoformat()} is in the future (now "
-                             f"{now.isoformat(timespec='seconds')}, {CLOCK_SKEW} of clock "
-                             f"skew allowed): no run wrote it")
-        return value
+    def _created_by_a_run(cls, value: datetime) -> datetime:
+        return run_time(value, "created")
 
     @model_validator(mode="after")
     def _status_is_what_it_holds(self) -> "EvidenceRecord":
@@ -464,21 +485,30 @@ class EvidenceRecord(_Strict):
             raise _inconsistent("judgement.steps_judged",
                                 f"judgement.steps_judged is written as {j.steps_judged} but "
                                 f"the record holds {len(self.tokens)} tokens")
+        if self.band is not None and self.band.scheme != self.numeric_scheme:
+            raise _inconsistent("numeric_scheme",
+                                f"numeric_scheme is written as {self.numeric_scheme!r} but the "
+                                f"band the stream was judged by is {self.band.scheme!r}'s")
         return self
 
     @model_validator(mode="wrap")
     @classmethod
-    def _check_written_ok(cls, data: Any, handler):
+    def _check_written_ok(cls, data: Any, handler, info: ValidationInfo):
         # ``ok`` is written for readers of the JSON (jq '.ok') but always recomputed; a
         # written value that disagrees with the content means the file was edited. Defined
         # after the other model validators, so it wraps them: a ``status`` edited by hand is
         # named as such before the ``ok`` it changes.
-        written = None
+        if isinstance(data, dict) and info.context == FROM_FILE:
+            for name in WRITTEN:
+                if name not in data:
+                    raise _inconsistent(name, f"{name} is missing: every record lockstep "
+                                              f"writes holds it")
+        written = unset = object()
         if isinstance(data, dict) and "ok" in data:
             data = dict(data)
             written = data.pop("ok")
         record = handler(data)
-        if written is not None and written != record.ok:
+        if written is not unset and written is not record.ok:
             raise _inconsistent("ok", f"ok is written as {written!r} but the record's "
                                       f"divergence, budgets and verdicts give {record.ok!r}")
         return record

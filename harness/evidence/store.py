@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from engines import json_text
 from engines.errors import LockstepError
 
-from .schema import SCHEMA_VERSION, EvidenceRecord
+from .schema import FROM_FILE, SCHEMA_VERSION, EvidenceRecord
 
 SUFFIX = ".json"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -152,6 +152,20 @@ def _short(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def first_error(exc: ValidationError, shown=_short) -> tuple[str, str, object]:
+    """pydantic's first error as (message, the field's dotted path, the value found there as
+    ``shown`` gives it): a consistency check between fields names the field it is about
+    (``ctx['field']``) and no value; a missing field, no value either."""
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    named = (first.get("ctx") or {}).get("field")
+    if named:
+        loc = f"{loc}.{named}" if loc and not named.startswith(loc) else named
+    value = None if not loc or named or first["type"] == "missing" else shown(first.get("input"))
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return first["msg"] + more, loc, value
+
+
 def read_evidence(path: str | os.PathLike) -> EvidenceRecord:
     """Read one evidence file; any defect is an EvidenceError naming the file and field."""
     path = Path(path)
@@ -194,16 +208,10 @@ def read_evidence(path: str | os.PathLike) -> EvidenceRecord:
                             remedy=f"this lockstep reads schema_version {SCHEMA_VERSION}; "
                                    "use the lockstep version that wrote the file")
     try:
-        return EvidenceRecord.model_validate(data)
+        return EvidenceRecord.model_validate(data, context=FROM_FILE)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        named = (first.get("ctx") or {}).get("field")
-        if named:  # a consistency check between fields names the field it is about
-            loc = f"{loc}.{named}" if loc and not named.startswith(loc) else named
-        value = None if not loc or named else _short(first.get("input"))
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise EvidenceError(f"invalid evidence: {first['msg']}{more}", field=loc or "<record>",
+        message, loc, value = first_error(exc)
+        raise EvidenceError(f"invalid evidence: {message}", field=loc or "<record>",
                             value=value, where=where,
                             remedy="fix or delete the file; the schema is "
                                    "harness.evidence.evidence_json_schema()") from exc
