@@ -11,6 +11,56 @@ The same notion of clear as the earlier batteries: the documented exit status (2
 input, 130 for an interrupt), no traceback, one ``lockstep: error:`` line naming the field and
 the value (the ``needles``) with a remedy (an interrupt: one ``lockstep: interrupted`` line),
 the user's files untouched, within ``SECONDS``.
+
+First run (wip-battery6 at b2376e0: main 66ee55b and this file; the go signal did not come
+within 45 minutes, so main's newer fixes were not merged; all 107 cases written before any was
+run): 79 of 107 clear (73.8%), 28 not:
+
+- a traceback: import-genai-past-key-names-without-index (``TypeError: not all arguments
+  converted during string formatting``), import-genai-model-half-downloaded (protobuf's
+  ``DecodeError: Wire format was corrupt``);
+- the wrong field named, or refused unclearly (exit 2): run-oracle-engine-a-black-box
+  (``[field --packages]``, remedy a converted package; following it, ``[field component =
+  'target']; remedy: decode through engines.workflow.greedy_decode``), run-oracle-engine-a-server
+  (``[field server = 'GET /v1/models']``), run-packages-a-genai-build (``has no package.yaml``:
+  neither ``--packages`` nor import-genai), convert-genai-builder-with-prompt-lookup (not
+  refused: the builder ran for 11 s and failed, its log quoted), report-a-package-folder (the
+  package's checkpoint.json "not an evidence record", remedy "delete the file"),
+  explain-record-package-changed (``[field --package = 'tiny-dynamic-float32']``, an option the
+  user never gave), explain-a-bench-json (``[field run_id]``, remedy "delete the file"),
+  calibrate-corpus-segment-extra-key (the engine named, the unknown key ``weight`` ignored),
+  import-genai-eos-past-vocab and import-genai-prompts-from-another-tokenizer (``eos_id`` and
+  ``prompts[0][1]`` of the package.yaml lockstep had just written, not genai_config.json's
+  ``eos_token_id`` or ``--prompts-from``); clear by the earlier batteries' standard and failing
+  only this one's needles, the remedy not naming the command that reads such a folder:
+  convert-a-genai-build (import-genai), convert-a-model-package (import-package),
+  import-genai-a-hugging-face-folder (convert --builder onnxruntime-genai);
+- accepted (exit 0) although wrong: prompts-key-repeated (the first ``"text"`` silently
+  dropped), report-baseline-is-the-evidence (the evidence compared with itself),
+  repro-no-shrink-with-max-runs (``--max-runs`` silently ignored),
+  import-package-genai-config-eos-a-string (``eos_token_id: "3"`` dropped: the package's
+  ``eos_id`` null, 3 when intact);
+- no user file overwritten, no case too slow;
+- the case was wrong, not lockstep: run-prompt-comma-separated (``--prompt`` takes commas
+  between ids by design: the same ids), cache-prune-max-size-in-bytes-unit (``500MB`` is
+  ``500M``: a size takes an optional ``B``), convert-tensor-in-two-files (lockstep reads
+  model.safetensors and leaves a stray file alone, as transformers does: with other values in
+  it the conversion is byte-identical), repro-into-the-package-it-reproduces (with ``--force``
+  the pack was written beside the package's files and replaced none, as documented),
+  calibrate-bands-provenance-missing (a band row's provenance is optional; what was refused
+  was the case's second fault, the default corpus too long for the package),
+  bench-forward-a-black-box-engine (the default ``--prefix 64`` did not fit the package,
+  refused clearly; with ``--prefix 4`` its row says "the engine decodes by itself: it runs no
+  single forward", exit 0, as ``run`` leaves out an engine that cannot run),
+  convert-fewer-layers-than-tensors (clear: "the weights hold 2 blocks (model.layers.N
+  tensors)"; the needle ``model.layers.1`` was too strict), explain-engine-renamed-in-record
+  (the record names the engine's class too, and explain used it); and
+  calibrate-json-is-the-bands-file was refused first for its second fault (the default corpus).
+
+The first six were removed, the last three corrected (the needle, the record's class cleared,
+a small corpus): 81 of 101 clear (80.2%). Corrected, calibrate-json-is-the-bands-file names
+the engine, never ``--json`` and ``--bands`` at one path: a lockstep fault too. The 20 faults
+are ``LEFT`` (strict xfail, each with its line).
 """
 from __future__ import annotations
 
@@ -85,17 +135,6 @@ def _foreign_graph(m: Materials) -> list[str]:
     return ["run", "--packages", str(folder), *BASE]
 
 
-def _extra_tensor_file(m: Materials) -> list[str]:
-    """The HF folder with a second safetensors file holding a tensor the first holds too."""
-    from safetensors.numpy import load_file, save_file
-
-    folder = _copy(m.hf, m.tmp / "hf")
-    tensors = load_file(str(folder / "model.safetensors"))
-    save_file({"model.norm.weight": tensors["model.norm.weight"]},
-              str(folder / "extra.safetensors"))
-    return ["convert", str(folder), "-o", str(m.tmp / "out")]
-
-
 def _empty_second_shard(m: Materials) -> list[str]:
     """The HF folder sharded in two with an index, the second shard's download cut at 0
     bytes."""
@@ -139,20 +178,6 @@ def _swapped_report(m: Materials) -> list[str]:
     return ["report", str(m.tmp / "r.html"), "-o", str(_copy(m.evidence, m.tmp / "ev"))]
 
 
-def _repro_into_its_package(m) -> list[str]:
-    folder = _copy(m.package, m.tmp / "pkg")
-    record = _failing_record(m, lambda d: d["package"].update(path=str(folder)))
-    return ["repro", str(record), "--engine", PLANTED, "-o", str(folder), "--force"]
-
-
-def _bands_without(key: str) -> str:
-    from engines.tolerances import BANDS_FILE
-
-    row = json.loads(BANDS_FILE.read_text())["schemes"]["ggml-cpu:q4_0"]
-    row.pop(key)
-    return json.dumps({"schemes": {"ggml-cpu:q4_0": row}})
-
-
 def _bands_copy(m: Materials) -> Path:
     from engines.tolerances import BANDS_FILE
 
@@ -180,7 +205,46 @@ def _first_json(folder: str) -> Callable[[Materials], Path]:
     return lambda m: next((m.tmp / folder).glob("*.json"))
 
 
-LEFT: set[str] = set()  # unclear today, left for a later fix (the docstring says why)
+# lockstep's faults found by the first run, left for a later fix: strict xfail, with why
+LEFT: dict[str, str] = {
+    "run-oracle-engine-a-black-box": "blames --packages (no checkpoint.json), never "
+                                     "--oracle-engine; a black box cannot be the oracle",
+    "run-oracle-engine-a-server": "[field server = 'GET /v1/models'], --oracle-engine not "
+                                  "named; a server cannot be the oracle",
+    "run-packages-a-genai-build": "'is not a package: it has no package.yaml': neither "
+                                  "--packages nor lockstep import-genai",
+    "prompts-key-repeated": "exit 0: the first \"text\" silently dropped (JSON's last wins)",
+    "convert-genai-builder-with-prompt-lookup": "not refused: the builder ran and failed "
+                                                "(exit 1), its log quoted",
+    "convert-a-genai-build": "'a folder without config.json [field CHECKPOINT]': the remedy "
+                             "does not say lockstep import-genai",
+    "convert-a-model-package": "'a folder without config.json [field CHECKPOINT]': the remedy "
+                               "does not say lockstep import-package",
+    "report-baseline-is-the-evidence": "exit 0: the evidence compared with itself",
+    "report-a-package-folder": "names the package's checkpoint.json as a bad record, remedy "
+                               "'delete the file'",
+    "explain-record-package-changed": "[field --package = 'tiny-dynamic-float32']: an option "
+                                      "the user never gave, the changed content_hash unnamed",
+    "explain-a-bench-json": "'not an evidence record [field run_id]', remedy 'delete the "
+                            "file': the user's bench JSON",
+    "repro-no-shrink-with-max-runs": "exit 0: --max-runs ignored beside --no-shrink",
+    "calibrate-json-is-the-bands-file": "--json and --bands at one path not refused: the "
+                                        "engine is named instead",
+    "calibrate-corpus-segment-extra-key": "the segment's unknown key 'weight' ignored: the "
+                                          "engine is named instead",
+    "import-genai-eos-past-vocab": "names eos_id of the package.yaml lockstep just wrote, not "
+                                   "genai_config.json's eos_token_id",
+    "import-genai-past-key-names-without-index": "a traceback (TypeError: not all arguments "
+                                                 "converted during string formatting)",
+    "import-genai-prompts-from-another-tokenizer": "names prompts[0][1] of the package.yaml "
+                                                   "lockstep just wrote, not --prompts-from",
+    "import-genai-a-hugging-face-folder": "'has no genai_config.json [field BUILD_FOLDER]': "
+                                          "the remedy does not say lockstep convert --builder",
+    "import-genai-model-half-downloaded": "a traceback (google.protobuf DecodeError: Wire "
+                                          "format was corrupt)",
+    "import-package-genai-config-eos-a-string": "exit 0: eos_token_id '3' dropped, the "
+                                                "package's eos_id null (3 when intact)",
+}
 
 CASES = [
     # run: option values and combinations a new user types
@@ -199,8 +263,6 @@ CASES = [
          ("--oracle-engine", "llama-cpp")),
     Case("run-oracle-engine-a-server", lambda m: [
         *TINY, "--oracle-engine", "http:openai=http://127.0.0.1:9"], ("--oracle-engine",)),
-    Case("run-prompt-comma-separated", lambda m: _run(m, "--prompt", "1,5,7"),
-         ("--prompt", "1,5,7")),
     Case("run-prompts-set-misspelt", lambda m: _run(m, "--prompts", "grounde"),
          ("--prompts", "grounde")),
     Case("run-concurrency-with-devices", lambda m: [
@@ -271,8 +333,7 @@ CASES = [
         m, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 50000.0}),
          ("rope_parameters", "yarn")),
     Case("convert-fewer-layers-than-tensors", lambda m: _hf_config(m, num_hidden_layers=1),
-         ("num_hidden_layers", "model.layers.1")),
-    Case("convert-tensor-in-two-files", _extra_tensor_file, ("model.norm.weight",)),
+         ("num_hidden_layers", "model.layers")),
     Case("convert-second-shard-empty", _empty_second_shard,
          ("model-00002-of-00002.safetensors",)),
     Case("convert-prompt-lookup-past-16", lambda m: [
@@ -333,27 +394,25 @@ CASES = [
     Case("explain-record-half-downloaded", lambda m: [
         "explain", str(_write(m.tmp / "cut.json", _half(m.failing)))], ("cut.json",)),
     Case("explain-engine-renamed-in-record", lambda m: [
-        "explain", str(_failing_record(m, lambda d: d.update(engine="native-hots")))],
+        "explain", str(_failing_record(m, lambda d: d.update(engine="native-hots",
+                                                             engine_class=None)))],
          ("native-hots", "--engine")),
     Case("explain-plot-to-stdout", lambda m: _explain(m, "--plot", "-"), ("--plot",)),
     Case("explain-a-bench-json", lambda m: ["explain", str(_bench_json(m))],
          ("EVIDENCE_FILE", "bench.json")),
-    Case("repro-into-the-package-it-reproduces", _repro_into_its_package, ("-o",),
-         kept=lambda m: m.tmp / "pkg" / "package.yaml"),
     Case("repro-no-shrink-with-max-runs", lambda m: [
         "repro", str(m.failing), "--engine", PLANTED, "-o", str(m.tmp / "pack"), "--no-shrink",
         "--max-runs", "5"], ("--max-runs", "--no-shrink")),
 
     # calibrate
     Case("calibrate-json-is-the-bands-file", lambda m: _calibrate(
-        m, "--write", "--bands", str(m.tmp / "b.json"), "--json", str(m.tmp / "b.json")),
+        m, "--corpus", _corpus(m, _segment(), ("a.txt", "hello world"))[-1], "--write",
+        "--bands", str(m.tmp / "b.json"), "--json", str(m.tmp / "b.json")),
          ("--json", "--bands")),
     Case("calibrate-corpus-segment-extra-key", lambda m: _corpus(
         m, _segment(weight=2), ("a.txt", "hello")), ("segments[0]", "weight")),
     Case("calibrate-bands-window-zero", lambda m: _bands(m, _band_row(window=0)),
          ("window", "0")),
-    Case("calibrate-bands-provenance-missing", lambda m: _bands(
-        m, _bands_without("provenance")), ("provenance",)),
     Case("calibrate-package-a-gguf", lambda m: [
         "calibrate", "--engine", "llama-cpp", "--package", str(m.package.parent / "tiny.gguf"),
         "--corpus", _corpus(m, _segment(), ("a.txt", "hello world"))[-1]],
@@ -378,9 +437,6 @@ CASES = [
         "--json", str(m.tmp / "p.jsonl")], ("--json",), kept=lambda m: m.tmp / "p.jsonl"),
     Case("bench-forward-without-engines", lambda m: [
         "bench-forward", "--packages", "tiny_llama"], ("--engines",)),
-    Case("bench-forward-a-black-box-engine", lambda m: [
-        "bench-forward", "--engines", "llama-cpp", "--packages", str(m.package)],
-         ("--engines", "llama-cpp"), env={"LOCKSTEP_CHECKPOINTS": _gguf_env}),
     Case("bench-judge-lengths-with-unit", lambda m: [
         "bench-judge", *BENCH, "--lengths", "1k,2k"], ("--lengths", "1k")),
 
@@ -419,10 +475,7 @@ CASES = [
     Case("import-package-a-lockstep-package", lambda m: [
         "import-package", str(m.package), "-o", str(m.tmp / "o")], ("manifest.json",)),
 
-    # cache, claims and the command line itself (prune always dry, on a cache of its own)
-    Case("cache-prune-max-size-in-bytes-unit", lambda m: [
-        "cache", "prune", "--max-size", "500MB", "--dry-run"], ("--max-size", "500MB"),
-         env={"LOCKSTEP_CACHE": lambda m: str(m.tmp / "cache")}),
+    # cache, claims and the command line itself
     Case("cache-list-with-a-prune-option", lambda m: ["cache", "list", "--older-than", "3"],
          ("--older-than",), env={"LOCKSTEP_CACHE": lambda m: str(m.tmp / "cache")}),
     Case("help-as-a-command", lambda m: ["help", "run"], ("help",)),
@@ -459,16 +512,17 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", [
-    pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason="left unclear")]
+    pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason=LEFT[c.id])]
                  if c.id in LEFT else []) for c in CASES])
 def test_sixth_bad_input_ends_in_one_clear_line(case, bad, capsys, monkeypatch):
     run_case(case, bad, capsys, monkeypatch)
 
 
 def test_the_cases_are_new():
-    """No case repeats an id of the earlier batteries."""
+    """No case repeats an id of the earlier batteries, and every fault left names a case."""
     from suites import (test_bad_input_battery, test_bad_input_fifth, test_bad_input_fourth,
                         test_bad_input_fresh, test_bad_input_third)
 
     assert new_ids(CASES, test_bad_input_battery, test_bad_input_fresh, test_bad_input_third,
                    test_bad_input_fourth, test_bad_input_fifth)
+    assert set(LEFT) <= {c.id for c in CASES}
