@@ -232,18 +232,6 @@ LEFT: dict[str, str] = {
                                         "engine is named instead",
     "calibrate-corpus-segment-extra-key": "the segment's unknown key 'weight' ignored: the "
                                           "engine is named instead",
-    "import-genai-eos-past-vocab": "names eos_id of the package.yaml lockstep just wrote, not "
-                                   "genai_config.json's eos_token_id",
-    "import-genai-past-key-names-without-index": "a traceback (TypeError: not all arguments "
-                                                 "converted during string formatting)",
-    "import-genai-prompts-from-another-tokenizer": "names prompts[0][1] of the package.yaml "
-                                                   "lockstep just wrote, not --prompts-from",
-    "import-genai-a-hugging-face-folder": "'has no genai_config.json [field BUILD_FOLDER]': "
-                                          "the remedy does not say lockstep convert --builder",
-    "import-genai-model-half-downloaded": "a traceback (google.protobuf DecodeError: Wire "
-                                          "format was corrupt)",
-    "import-package-genai-config-eos-a-string": "exit 0: eos_token_id '3' dropped, the "
-                                                "package's eos_id null (3 when intact)",
 }
 
 CASES = [

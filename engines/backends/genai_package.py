@@ -32,6 +32,7 @@ import yaml
 from onnx import TensorProto, helper
 
 from engines.errors import InputError
+from engines.genai_model_facts import model_facts
 from engines.output_paths import check_output_folder
 from engines.package import load_package
 
@@ -44,6 +45,8 @@ DECODER_KEYS = {"filename", "inputs", "outputs", "num_hidden_layers", "num_key_v
                 "head_size"}
 INPUT_KEYS = {"input_ids", "past_key_names", "past_value_names"}
 OUTPUT_KEYS = {"logits", "present_key_names", "present_value_names"}
+# the per-layer name patterns, each with one %d (inputs' two, then outputs' two)
+LAYER_NAMES = ("past_key_names", "past_value_names", "present_key_names", "present_value_names")
 DECODER_ONLY = "wrap a decoder-only text model built by onnxruntime-genai's builder"
 # a child of the converter's logger: ``lockstep convert``'s progress shows these steps too
 log = logging.getLogger("harness.convert.genai")
@@ -61,9 +64,12 @@ def read_genai_config(build: Path) -> dict:
     folder with it before removing anything)."""
     path = build / "genai_config.json"
     if not path.is_file():
+        remedy = "give the folder onnxruntime-genai's model builder wrote (-o)"
+        if (build / "config.json").is_file():  # the checkpoint the builder reads
+            remedy = (f"a Hugging Face folder is built first: lockstep convert {build} "
+                      f"--builder onnxruntime-genai")
         raise InputError(f"{build} has no genai_config.json: not an onnxruntime-genai build",
-                         field="BUILD_FOLDER", value=str(build),
-                         remedy="give the folder onnxruntime-genai's model builder wrote (-o)")
+                         field="BUILD_FOLDER", value=str(build), remedy=remedy)
     try:
         config = json.loads(path.read_text())
     except ValueError as err:
@@ -82,22 +88,47 @@ def read_genai_config(build: Path) -> dict:
                              f"{sorted(keys - set(dec[part] or {}))} "
                              f"(found: {_few(dec[part] or {})})",
                              field=f"model.decoder.{part}", value=str(path), remedy=DECODER_ONLY)
-    for part, values, key, required in (
-            ("model", model, "vocab_size", True), ("model", model, "context_length", False),
-            *(("model.decoder", dec, k, True) for k in ("num_hidden_layers",
-                                                       "num_key_value_heads", "head_size"))):
-        value = values.get(key)
-        if (value is not None or required) and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InputError(f"genai_config.json's {part}.{key} is not a positive integer",
-                             field=f"{part}.{key}", value=value, where=str(path),
-                             remedy="rebuild with onnxruntime-genai's builder, or correct "
-                                    "genai_config.json")
+    model_facts(model, path, InputError, needs_vocab=True)
+    for key in ("num_hidden_layers", "num_key_value_heads", "head_size"):
+        value = dec.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"genai_config.json's model.decoder.{key} is not a positive "
+                             f"integer", field=f"model.decoder.{key}", value=value,
+                             where=str(path), remedy="rebuild with onnxruntime-genai's "
+                                                     "builder, or correct genai_config.json")
+    for part, key in (*(("inputs", k) for k in LAYER_NAMES[:2]),
+                      *(("outputs", k) for k in LAYER_NAMES[2:])):
+        _check_layer_names(dec[part][key], f"model.decoder.{part}.{key}", path)
     if not (build / dec["filename"]).is_file():
         raise InputError(f"{build} has no {dec['filename']}, the graph genai_config.json "
                          f"names", field="model.decoder.filename", value=dec["filename"],
                          remedy="give the whole folder the builder wrote (-o), unmoved")
     return config
+
+
+def _check_layer_names(names, field: str, path: Path) -> None:
+    """A per-layer name pattern (``past_key_values.%d.key``) holds the layer index once."""
+    try:
+        ok = isinstance(names, str) and names % 0 != names % 1
+    except (TypeError, ValueError):  # no %d, two of them, or a stray %
+        ok = False
+    if not ok:
+        raise InputError(f"genai_config.json's {field} is not a per-layer name pattern with "
+                         f"one %d for the layer index", field=field, value=names,
+                         where=str(path), remedy="write it as the builder does, e.g. "
+                                                 "past_key_values.%d.key")
+
+
+def load_graph(path: Path) -> onnx.ModelProto:
+    """The build's graph, its weights left in their external file; a file that does not
+    parse (a download or build cut short) is refused naming it."""
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and onnx's own alike
+        raise InputError(f"{path.name} is not a whole ONNX model ({type(err).__name__}: "
+                         f"{str(err)[:120]})", field="model.decoder.filename", value=path.name,
+                         where=str(path), remedy="the file may be cut short: download or "
+                                                 "build it again") from None
 
 
 def mask_prologue(first_past: str, ids: str) -> list:
@@ -137,7 +168,7 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
     check_output_folder(out, "OUT")
     # the graph only: its weights stay in the builder's external data file, linked beside it
     log.info("reading %s", dec["filename"])
-    model = onnx.load(str(build / dec["filename"]), load_external_data=False)
+    model = load_graph(build / dec["filename"])
     graph = model.graph
     data_files = {e.value for t in graph.initializer for e in t.external_data
                   if e.key == "location"}
@@ -192,9 +223,8 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
     origin = {}
     if (build / "build.json").is_file():
         origin = json.loads((build / "build.json").read_text())
-    eos = model_cfg.get("eos_token_id")
-    eos = eos[0] if isinstance(eos, list) else eos
-    bos = model_cfg.get("bos_token_id")
+    facts = model_facts(model_cfg, build / "genai_config.json", InputError, needs_vocab=True)
+    bos, eos = facts.get("bos_id"), facts.get("eos_id")
     spec = {
         "format": 1,
         "name": name or f"genai-{build.name}",
@@ -203,9 +233,9 @@ def wrap_genai_build(build: str | Path, out: str | Path, name: str | None = None
                         f"({origin.get('precision', dtype)}, -e "
                         f"{origin.get('execution_provider', '?')}), wrapped: attention_mask "
                         f"computed in the graph"),
-        "vocab_size": int(model_cfg["vocab_size"]),
+        "vocab_size": facts["vocab_size"],
         "bos_id": bos, "eos_id": eos,
-        "max_context": int(model_cfg.get("context_length", 2048)),
+        "max_context": facts.get("max_context", 2048),
         "dtype": dtype,
         "prompts": prompts or [[bos if bos is not None else 0]],
         "components": {"target": {"path": COMPONENT_FILE, "inputs": {"tokens": ids},

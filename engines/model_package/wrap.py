@@ -28,6 +28,7 @@ from onnx import TensorProto, helper
 
 from engines.backends.genai_package import mask_prologue, wrap_genai_build
 from engines.errors import EngineUnavailable, PackageError
+from engines.genai_model_facts import model_facts
 from engines.model_package.manifest import Variant
 from engines.model_package.metadata import Metadata, read_metadata
 from engines.package import load_package
@@ -76,12 +77,12 @@ def _facts(variant: Variant) -> dict:
         raise PackageError(f"genai_config.json cannot be read ({err})", field="genai_config",
                            value=str(variant.genai_config), remedy="write it as JSON",
                            where=str(variant.genai_config)) from None
-    eos = model.get("eos_token_id")
-    eos = eos[0] if isinstance(eos, list) and eos else eos
-    return {k: v for k, v in (("bos_id", model.get("bos_token_id")), ("eos_id", eos),
-                              ("vocab_size", model.get("vocab_size")),
-                              ("max_context", model.get("context_length")))
-            if isinstance(v, int) and not isinstance(v, bool)}
+    if not isinstance(model, dict):
+        raise PackageError("genai_config.json's model is not a mapping of fields",
+                           field="model", value=type(model).__name__,
+                           remedy="write genai_config.json as its builder does",
+                           where=str(variant.genai_config))
+    return model_facts(model, variant.genai_config, PackageError)
 
 
 def _template_bos(tokenizer: Path | None) -> int | None:

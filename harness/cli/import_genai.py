@@ -51,19 +51,34 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     build = Path(args.build).expanduser().resolve()
     out = args.output if args.output is not None else build.parent / f"{build.name}-package"
-    prompts = prompts_from(args.prompts_from) if args.prompts_from is not None else None
+    prompts = None
+    if args.prompts_from is not None:
+        from engines.backends.genai_package import read_genai_config
+
+        vocab = read_genai_config(build)["model"]["vocab_size"]
+        prompts = prompts_from(args.prompts_from, vocab)
     return wrap_and_report(build, out, args.name, prompts, args.force)
 
 
-def prompts_from(package: str) -> list[list[int]]:
-    """The prompts of another package (``--prompts-from``)."""
+def prompts_from(package: str, vocab: int) -> list[list[int]]:
+    """The prompts of another package (``--prompts-from``), each id inside the build's
+    vocabulary of ``vocab`` (another tokenizer's ids are refused here, by the option)."""
     from harness.packages import resolve_package
 
     try:
-        return [list(p) for p in resolve_package(package).spec.prompts]
+        prompts = [list(p) for p in resolve_package(package).spec.prompts]
     except LockstepError as err:  # named by the option the user gave
         raise InputError(err.message, field="--prompts-from", value=package,
                          remedy=err.remedy) from err
+    outside = next(((i, t) for i, p in enumerate(prompts) for t in p if t >= vocab), None)
+    if outside is not None:
+        raise InputError(f"{package}'s prompt {outside[0]} holds token id {outside[1]}, outside "
+                         f"the build's vocabulary [0, {vocab}): another tokenizer's ids",
+                         field="--prompts-from", value=package,
+                         remedy="give a package that shares the build's tokenizer, or drop "
+                                "--prompts-from (the build's tokenizer.json encodes "
+                                "lockstep's prompts)")
+    return prompts
 
 
 def build_prompts(build: Path) -> list[list[int]] | None:
