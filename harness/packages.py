@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engines.backends.genai_package import is_genai_build
 from engines.cache_root import cache_root
 from engines.errors import PackageError
 from engines.gguf_header import MAGIC
@@ -44,6 +45,10 @@ def resolve_package(ref: str | Path) -> Package:
                                remedy=f"give one of the imported folders: "
                                       f"{', '.join(str(f) for f in imported)}")
         return load_package(imported[0])
+    if is_genai_build(path):
+        raise PackageError("an onnxruntime-genai build, not a package: it is wrapped into one "
+                           "first", field="package", value=text,
+                           remedy=f"lockstep import-genai {text} -o PACKAGE, then name PACKAGE")
     if _is_checkpoint(path):
         raise PackageError("a checkpoint, not a package: it converts to one first",
                            field="package", value=text,

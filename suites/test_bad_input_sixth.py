@@ -211,15 +211,7 @@ LEFT: dict[str, str] = {
                                      "--oracle-engine; a black box cannot be the oracle",
     "run-oracle-engine-a-server": "[field server = 'GET /v1/models'], --oracle-engine not "
                                   "named; a server cannot be the oracle",
-    "run-packages-a-genai-build": "'is not a package: it has no package.yaml': neither "
-                                  "--packages nor lockstep import-genai",
     "prompts-key-repeated": "exit 0: the first \"text\" silently dropped (JSON's last wins)",
-    "convert-genai-builder-with-prompt-lookup": "not refused: the builder ran and failed "
-                                                "(exit 1), its log quoted",
-    "convert-a-genai-build": "'a folder without config.json [field CHECKPOINT]': the remedy "
-                             "does not say lockstep import-genai",
-    "convert-a-model-package": "'a folder without config.json [field CHECKPOINT]': the remedy "
-                               "does not say lockstep import-package",
     "report-baseline-is-the-evidence": "exit 0: the evidence compared with itself",
     "report-a-package-folder": "names the package's checkpoint.json as a bad record, remedy "
                                "'delete the file'",

@@ -59,6 +59,13 @@ def _few(names, shown: int = 6) -> str:
     return ", ".join(names[:shown]) + more if names else "nothing"
 
 
+def is_genai_build(folder: Path) -> bool:
+    """A folder onnxruntime-genai's builder wrote (genai_config.json, no package.yaml): what
+    ``lockstep import-genai`` reads, named where a package or a checkpoint was expected."""
+    folder = Path(folder)
+    return (folder / "genai_config.json").is_file() and not (folder / "package.yaml").exists()
+
+
 def read_genai_config(build: Path) -> dict:
     """``genai_config.json`` of a build, checked for what the wrapper reads (the CLI checks a
     folder with it before removing anything)."""
@@ -322,5 +329,5 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
 
-__all__ = ["genai_package_folder", "genai_package_for", "main", "read_genai_config",
-           "wrap_genai_build"]
+__all__ = ["genai_package_folder", "genai_package_for", "is_genai_build", "main",
+           "read_genai_config", "wrap_genai_build"]

@@ -169,6 +169,7 @@ def convert_with_builder(args: argparse.Namespace) -> int:
         ("--cache", args.cache != "dynamic"), ("--no-twin", args.no_twin),
         ("--max-context", args.max_context is not None),
         ("--draft-layers", args.draft_layers is not None),
+        ("--prompt-lookup", args.prompt_lookup is not None),
         ("--no-tokenizer", args.no_tokenizer)) if given]
     if unused:
         raise InputError(f"{unused[0]} applies to lockstep's own converter only",

@@ -11,7 +11,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.backends.genai_package import is_genai_build
 from engines.errors import InputError
+from engines.model_package.manifest import is_model_package
 from engines.output_paths import check_apart
 from engines.package import load_package, package_content_hash
 from engines.package.hashing import checkpoint_hash
@@ -48,6 +50,11 @@ def read_checkpoint(path: str | Path, with_tokenizer: bool = True) -> Checkpoint
     remedy = (f"pass the GGUF file in it ({', '.join(str(g) for g in ggufs[:3])})" if ggufs
               else "pass a .gguf file, a Hugging Face folder (config.json + *.safetensors), "
                    "or 'smollm2'")
+    if is_genai_build(path):  # another tool's conversion, read by another command
+        remedy = f"an onnxruntime-genai build is wrapped: lockstep import-genai {path} -o PACKAGE"
+    elif is_model_package(path):
+        remedy = f"an onnx-genai model package is imported: lockstep import-package {path} -o " \
+                 f"PACKAGE"
     raise InputError(f"{path} is a {what}", field="CHECKPOINT", value=str(path), remedy=remedy)
 
 
