@@ -51,18 +51,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     build = Path(args.build).expanduser().resolve()
     out = args.output if args.output is not None else build.parent / f"{build.name}-package"
-    prompts = None
-    if args.prompts_from is not None:
-        from engines.backends.genai_package import read_genai_config
-
-        vocab = read_genai_config(build)["model"]["vocab_size"]
-        prompts = prompts_from(args.prompts_from, vocab)
+    prompts = prompts_from(args.prompts_from, build) if args.prompts_from is not None else None
     return wrap_and_report(build, out, args.name, prompts, args.force)
 
 
-def prompts_from(package: str, vocab: int) -> list[list[int]]:
-    """The prompts of another package (``--prompts-from``), each id inside the build's
-    vocabulary of ``vocab`` (another tokenizer's ids are refused here, by the option)."""
+def prompts_from(package: str, build: Path) -> list[list[int]]:
+    """The prompts of another package (``--prompts-from``), each id inside ``build``'s
+    vocabulary (another tokenizer's ids are refused here, by the option)."""
+    from engines.backends.genai_package import read_genai_config
     from harness.packages import resolve_package
 
     try:
@@ -70,6 +66,7 @@ def prompts_from(package: str, vocab: int) -> list[list[int]]:
     except LockstepError as err:  # named by the option the user gave
         raise InputError(err.message, field="--prompts-from", value=package,
                          remedy=err.remedy) from err
+    vocab = read_genai_config(build)["model"]["vocab_size"]
     outside = next(((i, t) for i, p in enumerate(prompts) for t in p if t >= vocab), None)
     if outside is not None:
         raise InputError(f"{package}'s prompt {outside[0]} holds token id {outside[1]}, outside "
