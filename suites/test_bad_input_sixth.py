@@ -207,10 +207,6 @@ def _first_json(folder: str) -> Callable[[Materials], Path]:
 
 # lockstep's faults found by the first run, left for a later fix: strict xfail, with why
 LEFT: dict[str, str] = {
-    "run-oracle-engine-a-black-box": "blames --packages (no checkpoint.json), never "
-                                     "--oracle-engine; a black box cannot be the oracle",
-    "run-oracle-engine-a-server": "[field server = 'GET /v1/models'], --oracle-engine not "
-                                  "named; a server cannot be the oracle",
     "run-packages-a-genai-build": "'is not a package: it has no package.yaml': neither "
                                   "--packages nor lockstep import-genai",
     "prompts-key-repeated": "exit 0: the first \"text\" silently dropped (JSON's last wins)",
