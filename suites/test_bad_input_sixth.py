@@ -209,7 +209,6 @@ def _first_json(folder: str) -> Callable[[Materials], Path]:
 LEFT: dict[str, str] = {
     "run-packages-a-genai-build": "'is not a package: it has no package.yaml': neither "
                                   "--packages nor lockstep import-genai",
-    "prompts-key-repeated": "exit 0: the first \"text\" silently dropped (JSON's last wins)",
     "convert-genai-builder-with-prompt-lookup": "not refused: the builder ran and failed "
                                                 "(exit 1), its log quoted",
     "convert-a-genai-build": "'a folder without config.json [field CHECKPOINT]': the remedy "
