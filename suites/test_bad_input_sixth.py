@@ -215,9 +215,6 @@ LEFT: dict[str, str] = {
                              "does not say lockstep import-genai",
     "convert-a-model-package": "'a folder without config.json [field CHECKPOINT]': the remedy "
                                "does not say lockstep import-package",
-    "report-baseline-is-the-evidence": "exit 0: the evidence compared with itself",
-    "report-a-package-folder": "names the package's checkpoint.json as a bad record, remedy "
-                               "'delete the file'",
     "explain-record-package-changed": "[field --package = 'tiny-dynamic-float32']: an option "
                                       "the user never gave, the changed content_hash unnamed",
     "explain-a-bench-json": "'not an evidence record [field run_id]', remedy 'delete the "
