@@ -217,8 +217,6 @@ LEFT: dict[str, str] = {
                                "does not say lockstep import-package",
     "explain-record-package-changed": "[field --package = 'tiny-dynamic-float32']: an option "
                                       "the user never gave, the changed content_hash unnamed",
-    "explain-a-bench-json": "'not an evidence record [field run_id]', remedy 'delete the "
-                            "file': the user's bench JSON",
     "repro-no-shrink-with-max-runs": "exit 0: --max-runs ignored beside --no-shrink",
     "calibrate-json-is-the-bands-file": "--json and --bands at one path not refused: the "
                                         "engine is named instead",

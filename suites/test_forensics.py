@@ -193,6 +193,27 @@ def test_a_file_that_is_not_json_is_not_called_a_damaged_record(tmp_path):
         explain_record(cut)
 
 
+@pytest.mark.parametrize("module", ["harness.bench", "harness.forward_bench",
+                                    "harness.judge_bench", "harness.calibrate"])
+def test_a_json_another_command_wrote_is_named_for_what_it_is(tmp_path, module):
+    """A bench or calibration JSON given as a record is no damaged record to delete: named by
+    its kind, under EVIDENCE_FILE; in an evidence folder, report names it the same way."""
+    import importlib
+
+    from harness.evidence import read_evidence
+
+    kind = importlib.import_module(module).KIND
+    path = tmp_path / "out.json"
+    path.write_text(json.dumps({"kind": kind, "rows": []}))
+    with pytest.raises(InputError, match="not a cell's record") as err:
+        explain_record(path)
+    assert (err.value.field, err.value.value) == ("EVIDENCE_FILE", str(path))
+    assert "delete" not in str(err.value)
+    with pytest.raises(EvidenceError, match="result .*, not an evidence record") as err:
+        read_evidence(path)
+    assert "delete" not in str(err.value)
+
+
 def test_nothing_to_explain_is_an_input_error(tmp_path, records):
     from harness.evidence import read_evidence
 

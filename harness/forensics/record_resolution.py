@@ -11,6 +11,7 @@ from engines.errors import EngineDefinitionError, InputError, LockstepError, Unk
 from engines.package import Package
 from engines.registry import check_engine_class, class_reference, get_engine_class
 from harness.evidence import EvidenceError, evidence_files, read_evidence
+from harness.evidence.other_outputs import other_output, the_remedy
 from harness.evidence.schema import EvidenceRecord
 from harness.evidence.store import SUFFIX
 from harness.packages import resolve_package
@@ -35,6 +36,10 @@ def load_record(record_or_path) -> tuple:
                              "cell's record", field="EVIDENCE_FILE", value=str(path),
                              remedy=f"give one of the records beside its runs/ folder, such "
                                     f"as {example}") from None
+        other = other_output(_parsed(path))
+        if other is not None:
+            raise InputError(f"this is {other[0]}, not a cell's record", field="EVIDENCE_FILE",
+                             value=str(path), remedy=the_remedy(other[1])) from None
         if path.suffix != SUFFIX and path.is_file() and _parsed(path) is _NOT_JSON:
             raise InputError("not a JSON evidence record", field="EVIDENCE_FILE",
                              value=str(path), remedy="give one <evidence>/<cell>.json record"
