@@ -215,8 +215,6 @@ LEFT: dict[str, str] = {
                              "does not say lockstep import-genai",
     "convert-a-model-package": "'a folder without config.json [field CHECKPOINT]': the remedy "
                                "does not say lockstep import-package",
-    "explain-record-package-changed": "[field --package = 'tiny-dynamic-float32']: an option "
-                                      "the user never gave, the changed content_hash unnamed",
     "repro-no-shrink-with-max-runs": "exit 0: --max-runs ignored beside --no-shrink",
     "calibrate-json-is-the-bands-file": "--json and --bands at one path not refused: the "
                                         "engine is named instead",

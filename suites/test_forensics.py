@@ -214,6 +214,21 @@ def test_a_json_another_command_wrote_is_named_for_what_it_is(tmp_path, module):
     assert "delete" not in str(err.value)
 
 
+def test_a_record_whose_package_changed_names_its_content_hash_not_an_option(records,
+                                                                            tmp_path):
+    """The user gave no --package: the record's package.content_hash is what no package here
+    matches, named as the record's field."""
+    data = json.loads(records(pe.PositionOffByOne, "tiny_llama").read_text())
+    stale = "sha256:" + "0" * 64
+    data["package"]["content_hash"] = stale
+    path = tmp_path / "cell.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match="not here as it was") as err:
+        explain_record(path, engine=pe.PositionOffByOne)
+    assert (err.value.field, err.value.value) == ("package.content_hash", stale)
+    assert "--package" in err.value.remedy
+
+
 def test_nothing_to_explain_is_an_input_error(tmp_path, records):
     from harness.evidence import read_evidence
 

@@ -155,7 +155,9 @@ def resolve_engine_class(engine, record_engine: str, record_class: str | None = 
 
 def resolve_record_package(record, package=None):
     """The package a record ran on: ``package`` (a Package, a folder or a fixture name),
-    else the record's folder if it still holds the same content, else its name."""
+    else the record's folder if it still holds the same content, else its name. A package
+    whose content differs is named by what chose it: ``--package`` when the user gave one,
+    else the record's ``package.content_hash``."""
     if isinstance(package, Package):
         pkg = package
     elif package is not None:
@@ -167,21 +169,39 @@ def resolve_record_package(record, package=None):
                 err.args = (err.render(),)
             raise
     else:
-        pkg = None
-        if record.package.path and Path(record.package.path).is_dir():
-            try:
-                pkg = resolve_package(record.package.path)
-            except Exception:
-                pkg = None
-        if pkg is None or pkg.content_hash != record.package.content_hash:
-            pkg = resolve_package(record.package.name)
-    if pkg.content_hash != record.package.content_hash:
+        pkg = _record_package(record)
+    want = record.package.content_hash
+    if package is None and (pkg is None or pkg.content_hash != want):
+        found = (f"{pkg.root} holds content hash {pkg.content_hash}" if pkg is not None else
+                 f"no package named {record.package.name!r} or at "
+                 f"{record.package.path or 'its path'} is here")
+        raise InputError(f"the package the record ran on ({record.package.name!r}) is not "
+                         f"here as it was: {found}", field="package.content_hash", value=want,
+                         remedy="pass --package with the folder the record was made from, "
+                                "as it was then")
+    if pkg.content_hash != want:
         raise InputError(f"package {pkg.spec.name!r} here is not the package the record ran "
-                         f"on (content hash {pkg.content_hash}, the record's "
-                         f"{record.package.content_hash})", field="--package",
-                         value=str(pkg.root),
+                         f"on (content hash {pkg.content_hash}, the record's {want})",
+                         field="--package", value=str(pkg.root),
                          remedy="pass --package with the folder the record was made from")
     return pkg
+
+
+def _record_package(record):
+    """The record's folder if it still holds the same content, else the package of the
+    record's name, else whichever of the two resolves; None when neither does."""
+    refs = [record.package.path] if record.package.path and Path(
+        record.package.path).is_dir() else []
+    found = None
+    for ref in [*refs, record.package.name]:
+        try:
+            pkg = resolve_package(ref)
+        except Exception:  # a damaged or missing package: the record's hash is named instead
+            continue
+        if pkg.content_hash == record.package.content_hash:
+            return pkg
+        found = found or pkg
+    return found
 
 
 def class_ref(cls) -> str:
