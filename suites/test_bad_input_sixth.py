@@ -215,7 +215,6 @@ LEFT: dict[str, str] = {
                              "does not say lockstep import-genai",
     "convert-a-model-package": "'a folder without config.json [field CHECKPOINT]': the remedy "
                                "does not say lockstep import-package",
-    "repro-no-shrink-with-max-runs": "exit 0: --max-runs ignored beside --no-shrink",
     "calibrate-json-is-the-bands-file": "--json and --bands at one path not refused: the "
                                         "engine is named instead",
     "calibrate-corpus-segment-extra-key": "the segment's unknown key 'weight' ignored: the "

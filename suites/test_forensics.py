@@ -484,6 +484,11 @@ def test_lockstep_explain_and_repro_cli(records, tmp_path, capsys):
     assert main(["explain", str(tmp_path / "older.json")]) == 2
     assert "--engine" in capsys.readouterr().err
     assert main(["repro", record, "--engine", ref, "-o", str(tmp_path / "pack"),
+                 "--no-shrink", "--max-runs", "5"]) == 2  # a bound on a search not run
+    err = capsys.readouterr().err
+    assert "--max-runs" in err and "--no-shrink" in err and "Traceback" not in err
+    assert not (tmp_path / "pack").exists()
+    assert main(["repro", record, "--engine", ref, "-o", str(tmp_path / "pack"),
                  "--no-shrink"]) == 0
     out = capsys.readouterr().out
     assert "self-check on native-host: passes" in out and "pack:" in out
