@@ -215,10 +215,6 @@ LEFT: dict[str, str] = {
                              "does not say lockstep import-genai",
     "convert-a-model-package": "'a folder without config.json [field CHECKPOINT]': the remedy "
                                "does not say lockstep import-package",
-    "calibrate-json-is-the-bands-file": "--json and --bands at one path not refused: the "
-                                        "engine is named instead",
-    "calibrate-corpus-segment-extra-key": "the segment's unknown key 'weight' ignored: the "
-                                          "engine is named instead",
     "import-genai-eos-past-vocab": "names eos_id of the package.yaml lockstep just wrote, not "
                                    "genai_config.json's eos_token_id",
     "import-genai-past-key-names-without-index": "a traceback (TypeError: not all arguments "
