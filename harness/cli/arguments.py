@@ -145,9 +145,8 @@ def name_list(text: str | None, option: str) -> list[str] | None:
     """``"a,b"`` -> ["a", "b"]; None when the option was not given at all.
 
     Given but empty (``--engines ""``, ``--engines ,``), with a name left out (``a,,b``) or
-    naming one entry twice is an
-    ``InputError``: an empty list would otherwise fall back to the default (everything),
-    and a repeated one would run the same cells twice."""
+    naming one entry twice is an ``InputError``: an empty list would otherwise fall back to
+    the default (everything), and a repeated one would run the same cells twice."""
     if text is None:
         return None
     names = [t.strip() for t in text.split(",") if t.strip()]
