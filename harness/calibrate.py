@@ -69,6 +69,7 @@ HEADROOM = 2.0
 MUTATION_FACTOR = 10.0
 REPRODUCE_WITHIN = 0.20
 KINDS = ("plain", "chat")
+SEGMENT_KEYS = ("name", "kind", "topic", "file")  # a corpus segment's keys
 # bound -> what it bounds in ``Observed`` (a mutation's ratio is its value over the bound)
 BOUNDS = ("near_tie_margin", "step_max_abs", "step_nmse", "step_kl", "mean_kl", "p99_kl",
           "flip_rate")
@@ -171,6 +172,12 @@ def _checked_segments(path: Path, entries: list) -> list[tuple[str, dict, Path]]
         if not isinstance(entry, dict) or not {"name", "kind", "file"} <= set(entry):
             raise InputError("a segment needs name, kind and file", field=where, value=entry,
                              remedy="write {name, kind: plain|chat, topic, file}",
+                             where=str(path))
+        unknown = [key for key in entry if key not in SEGMENT_KEYS]
+        if unknown:  # a misspelt or invented key would be ignored, the corpus not as written
+            raise InputError(f"unknown key {unknown[0]!r} in a corpus segment",
+                             field=f"{where}.{unknown[0]}", value=entry[unknown[0]],
+                             remedy=f"a segment holds {', '.join(SEGMENT_KEYS)} only",
                              where=str(path))
         if not isinstance(entry["name"], str) or not entry["name"].strip():
             # --segments and the results name a segment by its text: 5 would never match "5"

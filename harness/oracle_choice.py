@@ -37,8 +37,17 @@ class OracleAgreement:
 
 
 def check_engine_choice(engine_name: str, package) -> None:
-    """A chosen oracle engine must exist, run here, and judge a float32 package."""
+    """A chosen oracle engine must exist, compute logits rows (no black box: a server or an
+    engine that decodes by itself has no forward to recompute with), run here, and judge a
+    float32 package."""
     cls = get_engine_class(engine_name)
+    if cls.decodes_itself:
+        raise InputError(f"the oracle engine {cls.name!r} decodes by itself (a black box or a "
+                         f"server): it runs no forward, so it cannot compute the oracle's rows",
+                         field="--oracle-engine", value=engine_name,
+                         remedy=f"choose an engine that runs the package's graph (lockstep "
+                                f"engines), or drop --oracle-engine for the default "
+                                f"{REFERENCE_ENGINE}")
     avail = cls.availability()
     if not avail.ok:
         raise EngineUnavailable(f"the oracle engine {cls.name!r} cannot run here: {avail.reason}",

@@ -143,7 +143,10 @@ def read_prompts_file(path: str | Path) -> list[PromptSource]:
             continue
         where = f"{path.name}:{number}"
         try:
-            item = json_text.loads(line)
+            item = json_text.loads(line, unique_keys=True)
+        except json_text.RepeatedKey as exc:
+            raise InputError(str(exc), field=f"{where} {exc.key}", value=line[:80],
+                             remedy="give each key once", where=str(path)) from None
         except ValueError as exc:
             raise InputError(f"not valid JSON ({exc.args[0] if exc.args else exc})",
                              field=where, value=line[:80], remedy=JSONL_REMEDY,

@@ -185,6 +185,7 @@ def corpus_dir(tmp_path):
     ("segments:\n  - {name: a, kind: plain, file: /etc/hostname}\n", "segments[0].file"),
     ("segments:\n  - {name: a, kind: plain, file: a.txt}\n"
      "  - {name: a, kind: plain, file: a.txt}\n", "segments[1].name"),
+    ("segments:\n  - {name: a, kind: plain, file: a.txt, weight: 2}\n", "segments[0].weight"),
 ])
 def test_a_bad_corpus_names_its_field(corpus_dir, text, field):
     (corpus_dir.parent / "outside.txt").write_text("beside the folder, not in it")
@@ -192,6 +193,19 @@ def test_a_bad_corpus_names_its_field(corpus_dir, text, field):
     with pytest.raises(InputError) as err:
         cal.load_corpus(None, corpus_dir / "corpus.yaml")
     assert err.value.field == field
+
+
+def test_the_cli_refuses_json_at_the_bands_tables_path_before_any_work(tmp_path, capsys):
+    """The calibration's JSON would replace the bands table: refused before the engine is
+    even looked up (an engine that does not exist is not reached)."""
+    from harness.cli import main
+
+    same = tmp_path / "bands.json"
+    assert main(["calibrate", "--engine", "no-such-engine", "--bands", str(same), "--json",
+                 str(tmp_path / "." / "bands.json"), "--write"]) == 2
+    err = capsys.readouterr().err
+    assert "[field --json = " in err and "--bands" in err and "Traceback" not in err
+    assert not same.exists()
 
 
 def test_a_chat_segment_that_is_not_yaml_names_its_file(corpus_dir):

@@ -193,6 +193,42 @@ def test_a_file_that_is_not_json_is_not_called_a_damaged_record(tmp_path):
         explain_record(cut)
 
 
+@pytest.mark.parametrize("module", ["harness.bench", "harness.forward_bench",
+                                    "harness.judge_bench", "harness.calibrate"])
+def test_a_json_another_command_wrote_is_named_for_what_it_is(tmp_path, module):
+    """A bench or calibration JSON given as a record is no damaged record to delete: named by
+    its kind, under EVIDENCE_FILE; in an evidence folder, report names it the same way."""
+    import importlib
+
+    from harness.evidence import read_evidence
+
+    kind = importlib.import_module(module).KIND
+    path = tmp_path / "out.json"
+    path.write_text(json.dumps({"kind": kind, "rows": []}))
+    with pytest.raises(InputError, match="not a cell's record") as err:
+        explain_record(path)
+    assert (err.value.field, err.value.value) == ("EVIDENCE_FILE", str(path))
+    assert "delete" not in str(err.value)
+    with pytest.raises(EvidenceError, match="result .*, not an evidence record") as err:
+        read_evidence(path)
+    assert "delete" not in str(err.value)
+
+
+def test_a_record_whose_package_changed_names_its_content_hash_not_an_option(records,
+                                                                            tmp_path):
+    """The user gave no --package: the record's package.content_hash is what no package here
+    matches, named as the record's field."""
+    data = json.loads(records(pe.PositionOffByOne, "tiny_llama").read_text())
+    stale = "sha256:" + "0" * 64
+    data["package"]["content_hash"] = stale
+    path = tmp_path / "cell.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match="not here as it was") as err:
+        explain_record(path, engine=pe.PositionOffByOne)
+    assert (err.value.field, err.value.value) == ("package.content_hash", stale)
+    assert "--package" in err.value.remedy
+
+
 def test_nothing_to_explain_is_an_input_error(tmp_path, records):
     from harness.evidence import read_evidence
 
@@ -447,6 +483,11 @@ def test_lockstep_explain_and_repro_cli(records, tmp_path, capsys):
     (tmp_path / "older.json").write_text(json.dumps(older))
     assert main(["explain", str(tmp_path / "older.json")]) == 2
     assert "--engine" in capsys.readouterr().err
+    assert main(["repro", record, "--engine", ref, "-o", str(tmp_path / "pack"),
+                 "--no-shrink", "--max-runs", "5"]) == 2  # a bound on a search not run
+    err = capsys.readouterr().err
+    assert "--max-runs" in err and "--no-shrink" in err and "Traceback" not in err
+    assert not (tmp_path / "pack").exists()
     assert main(["repro", record, "--engine", ref, "-o", str(tmp_path / "pack"),
                  "--no-shrink"]) == 0
     out = capsys.readouterr().out

@@ -142,6 +142,14 @@ def test_an_unavailable_oracle_engine_is_refused_with_its_reason():
     assert err.value.field == "--oracle-engine"
 
 
+@pytest.mark.parametrize("name", ["llama-cpp", "http:openai=http://127.0.0.1:9"])
+def test_an_engine_that_decodes_by_itself_cannot_be_the_oracle(name):
+    """Refused before availability is asked (no server contacted, no GGUF looked for)."""
+    with pytest.raises(InputError, match="decodes by itself") as err:
+        check_engine_choice(name, resolve_package("tiny_llama"))
+    assert err.value.field == "--oracle-engine" and err.value.value == name
+
+
 class _CountingOps(HostTensorOps):
     """Host tensor ops that count what the oracle adopts and stages, as a device's would."""
 

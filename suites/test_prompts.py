@@ -216,6 +216,9 @@ def test_jsonl_file_mixes_text_chat_and_ids_in_order(chat_package, tmp_path):
     ('{"text": "a"', "p.jsonl:2", "not valid JSON"),
     ('{"text": "a", "name": "has space"}', "p.jsonl:2 name", "prompt name"),
     ('{"text": "b", "name": "one"}', "p.jsonl:2 name", "used on line 1"),
+    ('{"text": "a", "text": "b"}', "p.jsonl:2 text", "repeated"),
+    ('{"chat": [{"role": "user", "role": "system", "content": "hi"}]}', "p.jsonl:2 role",
+     "repeated"),
 ])
 def test_a_bad_line_names_its_line_field_value_and_remedy(tmp_path, line, field, words):
     path = tmp_path / "p.jsonl"

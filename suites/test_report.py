@@ -7,6 +7,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from html.parser import HTMLParser
 
 import pytest
@@ -924,3 +925,30 @@ def test_cli_names_a_bad_evidence_file_and_exits_2(tmp_path, capsys):
     assert str(bad) in err and "Traceback" not in err
     assert not (tmp_path / "r.html").exists()
     assert cli_main(["report", str(tmp_path / "absent"), "-o", str(tmp_path / "r.html")]) == 2
+
+
+def test_cli_refuses_the_evidence_as_its_own_baseline(tmp_path, capsys):
+    """The evidence compared with itself could never regress: refused, not an empty list."""
+    ev.write_evidence(make_record(), tmp_path / "ev")
+    same = tmp_path / "ev" / ".." / "ev"  # another spelling of the same folder
+    assert cli_main(["report", str(tmp_path / "ev"), "-o", str(tmp_path / "r.html"),
+                     "--baseline", str(same)]) == 2
+    err = capsys.readouterr().err
+    assert "--baseline" in err and "compared with itself" in err and "Traceback" not in err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_cli_names_a_package_given_as_the_evidence_folder(tmp_path, capsys):
+    """A package's JSON files are not damaged records to delete: the folder is named as a
+    package, under the argument it was given as."""
+    from harness.catalog import builtin
+
+    package = Path(builtin.build("tiny_llama"))
+    ev.write_evidence(make_record(), tmp_path / "ev")
+    for argv, option in ((["report", str(package)], "EVIDENCE_DIR"),
+                         (["report", str(tmp_path / "ev"), "--baseline", str(package)],
+                          "--baseline")):
+        assert cli_main([*argv, "-o", str(tmp_path / "r.html")]) == 2
+        err = capsys.readouterr().err
+        assert f"[field {option} = " in err and "is a package" in err, err
+        assert "delete" not in err and "Traceback" not in err

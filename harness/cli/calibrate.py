@@ -91,11 +91,16 @@ def run(args: argparse.Namespace) -> int:
     from harness.mutations import check_plantable, mutations_for
     from harness.packages import resolve_package
 
+    path = args.bands or BANDS_FILE
     if args.json is not None:  # before the minutes of scoring whose results it would receive
+        if args.json.expanduser().resolve() == Path(path).expanduser().resolve():
+            raise InputError(f"--json and --bands name one file: the calibration's JSON would "
+                             f"replace the bands table it is compared with", field="--json",
+                             value=str(args.json),
+                             remedy="give --json a file of its own, such as calibration.json")
         check_output_file(args.json, "--json", marker=cal_mod.MARKER, force=args.force,
                           example="calibration.json")
     console = Console(width=shutil.get_terminal_size((160, 24)).columns)
-    path = args.bands or BANDS_FILE
     checked_in = bands(path, "--bands")  # before the minutes of scoring it is compared with
     if args.write:  # and the table they would be written into (replacing it is --write's job)
         check_output_file(path, "--bands", marker="", force=True, example="bands.json")

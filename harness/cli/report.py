@@ -72,15 +72,28 @@ def write_output(output: Path, html: str) -> None:
                             remedy="pick a path in a writable folder with free space") from exc
 
 
-def _not_the_runs_folder(folder: Path | None, option: str) -> None:
-    """An evidence folder's ``runs/`` (its run manifests, no records) given in its place is
-    named as such: its files are not records for the user to delete."""
+def _an_evidence_folder(folder: Path | None, option: str) -> None:
+    """A folder given where an evidence folder belongs that is something else lockstep knows
+    is named as such: an evidence folder's ``runs/`` (its run manifests, no records) or a
+    package (its files are not records for the user to delete)."""
+    from engines.model_package.manifest import is_model_package
+    from engines.package.schema import PACKAGE_FILE
     from harness.manifest import RUNS
 
-    if folder is not None and folder.resolve().name == RUNS and not (folder / RUNS).is_dir():
+    if folder is None:
+        return
+    if folder.resolve().name == RUNS and not (folder / RUNS).is_dir():
         raise InputError(f"{folder} holds the run manifests of an evidence folder, not its "
                          f"records", field=option, value=str(folder),
                          remedy=f"give {option} the evidence folder itself: {folder.parent}")
+    what = (f"a package (it holds {PACKAGE_FILE})" if (folder / PACKAGE_FILE).is_file() else
+            "an onnx-genai model package" if is_model_package(folder) else None)
+    if what is not None:
+        raise InputError(f"{folder} is {what}, not an evidence folder", field=option,
+                         value=str(folder),
+                         remedy=f"give {option} the folder lockstep run wrote its records to "
+                                f"(--evidence-dir, default evidence/); to make one, run "
+                                f"lockstep run --packages {folder}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,14 +106,19 @@ def run(args: argparse.Namespace) -> int:
     from reports.render import MARKER
 
     check_output_file(args.output, "-o", marker=MARKER, force=args.force, example="report.html")
-    _not_the_runs_folder(args.baseline, "--baseline")
+    _an_evidence_folder(args.baseline, "--baseline")
     seen: set[Path] = set()
     for folder in args.evidence_dirs:  # one folder twice would count each record twice
-        _not_the_runs_folder(folder, "EVIDENCE_DIR")
+        _an_evidence_folder(folder, "EVIDENCE_DIR")
         if folder.resolve() in seen:
             raise InputError("EVIDENCE_DIR names one folder twice", field="EVIDENCE_DIR",
                              value=str(folder), remedy="name each evidence folder once")
         seen.add(folder.resolve())
+    if args.baseline is not None and args.baseline.resolve() in seen:
+        raise InputError("--baseline is one of the evidence folders: the evidence would be "
+                         "compared with itself and nothing could regress",
+                         field="--baseline", value=str(args.baseline),
+                         remedy="give --baseline the evidence folder of an earlier run")
 
     found, manifests, explanations = [], [], {}
     for folder in args.evidence_dirs:

@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from engines.errors import InputError
 from engines.output_paths import check_output_folder
 from harness.cli.arguments import existing, integer, number
+
+MAX_RUNS = 64  # candidate prompts run while shrinking, by default
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,8 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--package", metavar="REF",
                    help="the package (fixture name or folder), if the record's path moved")
     p.add_argument("--no-shrink", action="store_true", help="keep the record's prompt")
-    p.add_argument("--max-runs", type=integer("--max-runs"), default=64,
-                   help="at most this many candidate prompts are run while shrinking")
+    p.add_argument("--max-runs", type=integer("--max-runs"), default=None,
+                   help="at most this many candidate prompts are run while shrinking (default "
+                        f"{MAX_RUNS}; not with --no-shrink)")
     p.add_argument("--factor", type=number("--factor", above=0), default=None,
                    help="noise floor = FACTOR x the larger correct float32 spread (default 8)")
     p.set_defaults(func=run, fields={"engine": "--engine", "package": "--package"})
@@ -57,9 +61,15 @@ def self_check_line(engine: str, check: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     from harness.forensics import FACTOR, write_repro
 
+    if args.no_shrink and args.max_runs is not None:  # a bound on a search that never runs
+        raise InputError("--max-runs bounds the prompt shrinking that --no-shrink turns off",
+                         field="--max-runs", value=args.max_runs,
+                         remedy="drop --no-shrink to shrink within --max-runs, or drop "
+                                "--max-runs to keep the record's prompt")
     check_output_folder(args.output, "-o", force=args.force, forced="write into it")
     pack = write_repro(args.evidence, args.output, engine=args.engine, package=args.package,
-                       shrink=not args.no_shrink, max_runs=args.max_runs,
+                       shrink=not args.no_shrink,
+                       max_runs=MAX_RUNS if args.max_runs is None else args.max_runs,
                        factor=FACTOR if args.factor is None else args.factor)
     m = pack.manifest
     print(m["explanation"])

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from engines import json_text
 from engines.errors import LockstepError
 
+from .other_outputs import other_output, the_remedy
 from .schema import FROM_FILE, SCHEMA_VERSION, EvidenceRecord
 
 SUFFIX = ".json"
@@ -192,6 +193,10 @@ def read_evidence(path: str | os.PathLike) -> EvidenceRecord:
     if not isinstance(data, dict):
         raise EvidenceError(f"top level is a JSON {type(data).__name__}, not an object",
                             where=where, remedy="an evidence file holds one JSON object")
+    other = other_output(data)
+    if other is not None:
+        raise EvidenceError(f"{other[0]}, not an evidence record", where=where,
+                            remedy=the_remedy(other[1]))
     missing = [] if "schema_version" in data else [
         name for name, f in EvidenceRecord.model_fields.items()
         if f.is_required() and name not in data]

@@ -11,6 +11,7 @@ from engines.errors import EngineDefinitionError, InputError, LockstepError, Unk
 from engines.package import Package
 from engines.registry import check_engine_class, class_reference, get_engine_class
 from harness.evidence import EvidenceError, evidence_files, read_evidence
+from harness.evidence.other_outputs import other_output, the_remedy
 from harness.evidence.schema import EvidenceRecord
 from harness.evidence.store import SUFFIX
 from harness.packages import resolve_package
@@ -35,6 +36,10 @@ def load_record(record_or_path) -> tuple:
                              "cell's record", field="EVIDENCE_FILE", value=str(path),
                              remedy=f"give one of the records beside its runs/ folder, such "
                                     f"as {example}") from None
+        other = other_output(_parsed(path))
+        if other is not None:
+            raise InputError(f"this is {other[0]}, not a cell's record", field="EVIDENCE_FILE",
+                             value=str(path), remedy=the_remedy(other[1])) from None
         if path.suffix != SUFFIX and path.is_file() and _parsed(path) is _NOT_JSON:
             raise InputError("not a JSON evidence record", field="EVIDENCE_FILE",
                              value=str(path), remedy="give one <evidence>/<cell>.json record"
@@ -150,7 +155,9 @@ def resolve_engine_class(engine, record_engine: str, record_class: str | None = 
 
 def resolve_record_package(record, package=None):
     """The package a record ran on: ``package`` (a Package, a folder or a fixture name),
-    else the record's folder if it still holds the same content, else its name."""
+    else the record's folder if it still holds the same content, else its name. A package
+    whose content differs is named by what chose it: ``--package`` when the user gave one,
+    else the record's ``package.content_hash``."""
     if isinstance(package, Package):
         pkg = package
     elif package is not None:
@@ -162,21 +169,39 @@ def resolve_record_package(record, package=None):
                 err.args = (err.render(),)
             raise
     else:
-        pkg = None
-        if record.package.path and Path(record.package.path).is_dir():
-            try:
-                pkg = resolve_package(record.package.path)
-            except Exception:
-                pkg = None
-        if pkg is None or pkg.content_hash != record.package.content_hash:
-            pkg = resolve_package(record.package.name)
-    if pkg.content_hash != record.package.content_hash:
+        pkg = _record_package(record)
+    want = record.package.content_hash
+    if package is None and (pkg is None or pkg.content_hash != want):
+        found = (f"{pkg.root} holds content hash {pkg.content_hash}" if pkg is not None else
+                 f"no package named {record.package.name!r} or at "
+                 f"{record.package.path or 'its path'} is here")
+        raise InputError(f"the package the record ran on ({record.package.name!r}) is not "
+                         f"here as it was: {found}", field="package.content_hash", value=want,
+                         remedy="pass --package with the folder the record was made from, "
+                                "as it was then")
+    if pkg.content_hash != want:
         raise InputError(f"package {pkg.spec.name!r} here is not the package the record ran "
-                         f"on (content hash {pkg.content_hash}, the record's "
-                         f"{record.package.content_hash})", field="--package",
-                         value=str(pkg.root),
+                         f"on (content hash {pkg.content_hash}, the record's {want})",
+                         field="--package", value=str(pkg.root),
                          remedy="pass --package with the folder the record was made from")
     return pkg
+
+
+def _record_package(record):
+    """The record's folder if it still holds the same content, else the package of the
+    record's name, else whichever of the two resolves; None when neither does."""
+    refs = [record.package.path] if record.package.path and Path(
+        record.package.path).is_dir() else []
+    found = None
+    for ref in [*refs, record.package.name]:
+        try:
+            pkg = resolve_package(ref)
+        except Exception:  # a damaged or missing package: the record's hash is named instead
+            continue
+        if pkg.content_hash == record.package.content_hash:
+            return pkg
+        found = found or pkg
+    return found
 
 
 def class_ref(cls) -> str:
