@@ -12,7 +12,27 @@ input, 130 for an interrupt), no traceback, one ``lockstep: error:`` line naming
 the value (the ``needles``) with a remedy (an interrupt: one ``lockstep: interrupted`` line),
 the user's files untouched, within ``SECONDS``.
 
-First run: not yet measured.
+First run (wip-battery7 at b172897: main 40a5bc6 merged on the go signal into this file's
+first commit 1a461c0; all 87 cases written before any was run; 13.6 s): 83 of 87 clear
+(95.4%), 4 not:
+
+- accepted (exit 0) although wrong, or refused for another fault:
+  calibrate-bands-flip-rate-above-one (a band row's ``flip_rate: 1.5`` passed the bands
+  table's check, which runs before the work; the line named the default corpus: ``the prompt
+  is 3479 tokens, longer than the context of 'tiny-dynamic-float32' [field segments[0].file =
+  '3479 tokens']``);
+- the case was wrong, not lockstep: run-shard-with-spaces (``--shard "1 / 2"`` is read as
+  ``1/2``, the same plan: ``0 cells planned`` for both, the one cell in shard 2 of 2),
+  import-genai-model-type-unknown (genai_config.json's ``model.type`` only words the package's
+  description; the graph is what is wrapped and judged, so ``bert`` there changes nothing),
+  calibrate-bands-missing-file (a bands path where no table exists yet is documented as
+  accepted: ``--write`` creates it; it was refused for the default corpus, its second fault);
+- no traceback, no user file overwritten, no case too slow.
+
+The three wrong cases were removed, calibrate-bands-flip-rate-above-one given a small corpus:
+it then names ``--engine 'native-host'`` (no numeric scheme), never ``flip_rate``, the bands
+table read first having accepted the rate: a lockstep fault, left in ``LEFT`` (strict xfail).
+83 of 84 clear (98.8%).
 """
 from __future__ import annotations
 
@@ -88,6 +108,11 @@ def _anchored_name(text: str) -> str:
     return re.sub(r"^name: .*$", lambda _: f"name: {value}", text, count=1, flags=re.M)
 
 
+def _small_corpus(m: Materials) -> str:
+    """A one-segment corpus that fits the converted package (the default one does not)."""
+    return _corpus(m, _segment(), ("a.txt", "hello world"))[-1]
+
+
 def _gguf_as_safetensors(m: Materials) -> list[str]:
     return _hf(m, "model.safetensors", (m.package.parent / "tiny.gguf").read_bytes())
 
@@ -119,14 +144,17 @@ def _judge_bench_json(m: Materials) -> Path:
 
 
 # lockstep's faults found by the first run, left for a later fix: strict xfail, with why
-LEFT: dict[str, str] = {}
+LEFT: dict[str, str] = {
+    "calibrate-bands-flip-rate-above-one": "flip_rate 1.5 (a rate above 1) passes the bands "
+                                           "table's check; the default corpus, then the "
+                                           "engine, is named instead",
+}
 
 CASES = [
     # run: option values a new user types
     Case("run-max-prompts-zero", lambda m: [
         "run", "--packages", "tiny_llama", "--engines", "native-host", "--no-evidence",
         "--max-new-tokens", "2", "--max-prompts", "0"], ("--max-prompts", "0")),
-    Case("run-shard-with-spaces", lambda m: [*TINY, "--shard", "1 / 2"], ("--shard", "1 / 2")),
     Case("run-engines-underscore", lambda m: [
         "run", "--packages", "tiny_llama", "--engines", "native_host", "--no-evidence"],
          ("--engines", "native_host")),
@@ -273,9 +301,8 @@ CASES = [
     Case("calibrate-corpus-segment-name-empty", lambda m: _corpus(
         m, _segment(name=""), ("a.txt", "hello world")), ("segments[0].name",)),
     Case("calibrate-corpus-empty-file", lambda m: _corpus(m, ""), ("corpus.yaml",)),
-    Case("calibrate-bands-missing-file", lambda m: _calibrate(
-        m, "--bands", str(m.tmp / "nowhere.json")), ("--bands", "nowhere.json")),
-    Case("calibrate-bands-flip-rate-above-one", lambda m: _bands(m, _band_row(flip_rate=1.5)),
+    Case("calibrate-bands-flip-rate-above-one", lambda m: [
+        *_bands(m, _band_row(flip_rate=1.5)), "--corpus", _small_corpus(m)],
          ("flip_rate", "1.5")),
 
     # the benches
@@ -302,8 +329,6 @@ CASES = [
     Case("import-genai-layers-zero", lambda m: _import_genai(
         m, lambda c: c["model"]["decoder"].update(num_hidden_layers=0)),
          ("num_hidden_layers", "0")),
-    Case("import-genai-model-type-unknown", lambda m: _import_genai(
-        m, lambda c: c["model"].update(type="bert")), ("type", "bert")),
     Case("import-genai-logits-output-renamed", lambda m: _import_genai(
         m, lambda c: c["model"]["decoder"]["outputs"].update(logits="scores")), ("scores",)),
     Case("import-genai-name-a-path", lambda m: [
