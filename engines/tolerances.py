@@ -159,8 +159,8 @@ def bands(path: Path | None = None, option: str | None = None) -> dict[str, Band
 
 def _band_problems(row) -> list[str]:
     """What keeps ``row`` (one scheme's entry of the table) from being a ``Band``: a bound
-    missing or not a finite number of at least 0, a window that is no count, a field no band
-    has."""
+    missing or not a finite number of at least 0, a flip rate above 1, a window that is no
+    count, a field no band has."""
     if not isinstance(row, dict):
         return [f"a JSON {type(row).__name__}, not an object"]
     known = {f.name: f for f in fields(Band) if f.name != "scheme"}
@@ -176,6 +176,8 @@ def _band_problems(row) -> list[str]:
         elif name in known and name not in ("window", "provenance") and not (
                 number and math.isfinite(value) and value >= 0):
             problems.append(f"{name} = {_short(value)} is not a finite number of at least 0")
+        elif name == "flip_rate" and value > 1:  # a share of steps
+            problems.append(f"flip_rate = {_short(value)} is a share of steps: at most 1")
     return problems
 
 

@@ -31,8 +31,10 @@ first commit 1a461c0; all 87 cases written before any was run; 13.6 s): 83 of 87
 
 The three wrong cases were removed, calibrate-bands-flip-rate-above-one given a small corpus:
 it then names ``--engine 'native-host'`` (no numeric scheme), never ``flip_rate``, the bands
-table read first having accepted the rate: a lockstep fault, left in ``LEFT`` (strict xfail).
-83 of 84 clear (98.8%).
+table read first having accepted the rate: a lockstep fault. 83 of 84 clear (98.8%).
+
+Fixed since (``engines.tolerances``: a band's flip rate is a share of steps, at most 1), with
+its case here as its test: 84 of 84 clear.
 """
 from __future__ import annotations
 
@@ -144,11 +146,7 @@ def _judge_bench_json(m: Materials) -> Path:
 
 
 # lockstep's faults found by the first run, left for a later fix: strict xfail, with why
-LEFT: dict[str, str] = {
-    "calibrate-bands-flip-rate-above-one": "flip_rate 1.5 (a rate above 1) passes the bands "
-                                           "table's check; the default corpus, then the "
-                                           "engine, is named instead",
-}
+LEFT: dict[str, str] = {}
 
 CASES = [
     # run: option values a new user types
