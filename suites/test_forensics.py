@@ -193,6 +193,15 @@ def test_a_file_that_is_not_json_is_not_called_a_damaged_record(tmp_path):
         explain_record(cut)
 
 
+def test_the_other_outputs_are_the_kinds_their_writers_write():
+    from harness import bench, calibrate, forward_bench, judge_bench
+    from harness.evidence.other_outputs import OUTPUTS
+    from harness.forensics import explanation
+
+    assert set(OUTPUTS) == {m.KIND for m in (bench, forward_bench, judge_bench, calibrate,
+                                              explanation)}
+
+
 @pytest.mark.parametrize("module", ["harness.bench", "harness.forward_bench",
                                     "harness.judge_bench", "harness.calibrate"])
 def test_a_json_another_command_wrote_is_named_for_what_it_is(tmp_path, module):

@@ -6,18 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 
-def _outputs() -> dict[str, tuple[str, str | None]]:
-    """kind: (what the file is, the command that reads it, if one does); imported late, as
-    these modules read evidence themselves."""
-    from harness import bench, calibrate, forward_bench, judge_bench
-    from harness.forensics import explanation
-
-    return {bench.KIND: ("a bench result (lockstep bench --json)", "lockstep report --bench"),
-            forward_bench.KIND: ("a forward bench result (lockstep bench-forward --json)", None),
-            judge_bench.KIND: ("a judge bench result (lockstep bench-judge --json)", None),
-            calibrate.KIND: ("a calibration result (lockstep calibrate --json)", None),
-            explanation.KIND: ("an explanation (lockstep explain --json)",
-                               "lockstep report, from <evidence>/forensics/")}
+# kind: (what the file is, the command that reads it, if one does). The kinds are the
+# writers' own ``KIND`` constants (harness.bench, forward_bench, judge_bench, calibrate,
+# forensics.explanation), written out because those modules read evidence themselves;
+# suites/test_forensics.py checks that the two agree.
+OUTPUTS: dict[str, tuple[str, str | None]] = {
+    "lockstep-bench": ("a bench result (lockstep bench --json)", "lockstep report --bench"),
+    "lockstep-bench-forward": ("a forward bench result (lockstep bench-forward --json)", None),
+    "lockstep-bench-judge": ("a judge bench result (lockstep bench-judge --json)", None),
+    "lockstep-calibrate": ("a calibration result (lockstep calibrate --json)", None),
+    "lockstep-explanation": ("an explanation (lockstep explain --json)",
+                             "lockstep report, from <evidence>/forensics/"),
+}
 
 
 def the_remedy(reader: str | None) -> str:
@@ -30,7 +30,7 @@ def other_output(data: Any) -> tuple[str, str | None] | None:
     """(what the file is, the command that reads it) for parsed JSON another lockstep command
     wrote; None for anything else."""
     kind = data.get("kind") if isinstance(data, dict) else None
-    return _outputs().get(kind) if isinstance(kind, str) else None
+    return OUTPUTS.get(kind) if isinstance(kind, str) else None
 
 
-__all__ = ["other_output", "the_remedy"]
+__all__ = ["OUTPUTS", "other_output", "the_remedy"]

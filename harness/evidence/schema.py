@@ -414,7 +414,8 @@ class EvidenceRecord(_Strict):
     engine_provenance: dict[str, Any] | None = None
     # module:Class of an engine named by its class, not registered under its name (None for
     # a registered one), so explain and repro load it again without --engine
-    engine_class: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+    # (a class lockstep makes for an engine spelled as a URL is named with it in brackets)
+    engine_class: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\S*$")
     mode: Mode
     prompt: PromptRef
     status: Status = "identical"  # the cell's verdict: worst of what was found
