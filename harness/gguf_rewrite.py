@@ -110,9 +110,10 @@ def patch_tensor(src: Path, dst: Path, name: str, change: Callable[[Tensor], np.
     import gguf
 
     table = tensor_table(src)
-    if table is None or name not in [t[0] for t in table.tensors]:
+    names = [t[0] for t in table.tensors] if table is not None else []
+    if name not in names:
         return False
-    i = [t[0] for t in table.tensors].index(name)
+    i = names.index(name)
     try:
         kind = gguf.GGMLQuantizationType(table.tensors[i][1])
         block, size = gguf.GGML_QUANT_SIZES[kind]

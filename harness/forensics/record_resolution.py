@@ -28,7 +28,8 @@ def load_record(record_or_path) -> tuple:
     try:
         return read_evidence(path), str(path)
     except EvidenceError:
-        if _is_run_manifest(path):
+        parsed = _parsed(path)
+        if isinstance(parsed, dict) and {"run_id", "planned"} <= set(parsed):  # a manifest
             folder = path.parent.parent
             records = evidence_files(folder) if folder.is_dir() else []
             example = records[0] if records else folder / "<record>.json"
@@ -36,11 +37,11 @@ def load_record(record_or_path) -> tuple:
                              "cell's record", field="EVIDENCE_FILE", value=str(path),
                              remedy=f"give one of the records beside its runs/ folder, such "
                                     f"as {example}") from None
-        other = other_output(_parsed(path))
+        other = other_output(parsed)
         if other is not None:
             raise InputError(f"this is {other[0]}, not a cell's record", field="EVIDENCE_FILE",
                              value=str(path), remedy=the_remedy(other[1])) from None
-        if path.suffix != SUFFIX and path.is_file() and _parsed(path) is _NOT_JSON:
+        if path.suffix != SUFFIX and path.is_file() and parsed is _NOT_JSON:
             raise InputError("not a JSON evidence record", field="EVIDENCE_FILE",
                              value=str(path), remedy="give one <evidence>/<cell>.json record"
                              ) from None
@@ -56,11 +57,6 @@ def _parsed(path: Path):
         return json_text.loads(path.read_bytes())
     except (OSError, ValueError):
         return _NOT_JSON
-
-
-def _is_run_manifest(path: Path) -> bool:
-    data = _parsed(path)
-    return isinstance(data, dict) and {"run_id", "planned"} <= set(data)
 
 
 def failing_step(record) -> tuple[int, str] | None:
