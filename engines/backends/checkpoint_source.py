@@ -55,10 +55,9 @@ def require_gguf_source(package, engine: str, needs: str, remedy: str) -> None:
             remedy=remedy)
 
 
-def content_hash(path: Path) -> str:
-    """``sha256:<hex>`` of a file's bytes or a folder's files, as the converter computes it
-    (remembered by each file's identity: ``engines.package.hashing``)."""
-    return checkpoint_hash(path)
+# ``sha256:<hex>`` of a file's bytes or a folder's files, as the converter computes it
+# (remembered by each file's identity: ``engines.package.hashing``)
+content_hash = checkpoint_hash
 
 
 def _candidates(source: dict) -> list[Path]:
