@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from engines.package.file_identity import IdentityMemo, identity
 
 MAGIC = b"GGUF"
 STRING, ARRAY = 8, 9  # value types of the format
@@ -87,8 +90,21 @@ def _pairs(cursor: _Cursor):
     return tensors, walk()
 
 
+# a key absent from the header makes the walk read every pair (SmolLM2's has no key_length:
+# 49,152 vocabulary strings a look); a file unchanged since is not walked again
+_WALKED = IdentityMemo(size=16)
+
+
 def read_metadata(path: str | Path, wanted: set[str]) -> dict[str, Any]:
     """The scalar and string values of the ``wanted`` keys that the walk reaches."""
+    try:
+        key = (str(path), identity(os.stat(path)), frozenset(wanted))
+    except OSError:
+        return {}
+    return dict(_WALKED.get(key, lambda: _walk_metadata(path, wanted)))
+
+
+def _walk_metadata(path: str | Path, wanted: set[str]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     try:
         with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:

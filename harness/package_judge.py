@@ -21,16 +21,28 @@ from harness.cells import CellError
 from harness.judgement import (LogitsAudit, StreamJudgement, audit_forwards, audit_logits,
                                judge_stream)
 from harness.oracle_choice import chosen_oracle
+from harness.oracle_guesses import STREAMS
 from harness.topk_audit import audit_top_logprobs
 
 
 def with_guesser(oracle: Oracle) -> Oracle:
     """``oracle`` guessing its own stream by its engine's cached greedy decode (the
     interpreter's, which the oracle itself never runs): one decode and one verifying forward
-    where an engine's stream left the oracle's, instead of a forward per step after it."""
+    where an engine's stream left the oracle's, instead of a forward per step after it; a
+    decode already made in this process for the same package content serves again."""
     engine = oracle.engine
     if oracle.component == "target" and isinstance(engine, Engine) and not engine.decodes_itself:
-        oracle.guesser = lambda ids, n: greedy_decode(engine, ids, n).tokens
+        def decode(ids: list[int], n: int) -> list[int]:
+            return greedy_decode(engine, ids, n).tokens
+
+        content = getattr(engine.package, "content_hash", None)
+        if not content:  # nothing names what the decode was computed from: not kept
+            oracle.guesser = decode
+        else:  # kept across judges of this process (harness.oracle_guesses)
+            source = (type(engine).__module__, type(engine).__qualname__, content,
+                      oracle.component)
+            eos = engine.package.spec.eos_id
+            oracle.guesser = lambda ids, n: STREAMS.guess(source, ids, n, eos, decode)
     return oracle
 
 

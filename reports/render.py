@@ -25,6 +25,7 @@ red box in the header, and on its matrix cell).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections import defaultdict
@@ -67,7 +68,10 @@ DEFAULT_CATCH_MATRIX = Path(__file__).resolve().parent.parent / "docs" / "catch_
 _MODE_ORDER = {"greedy": 0, "draft": 1, "chained": 2, "mtp": 3, "prompt-lookup": 4}
 
 
+@functools.cache
 def _env() -> Environment:
+    """One environment a process: it keeps each template compiled (a render of a small
+    report compiled them again each time, about 0.2 s)."""
     env = Environment(loader=PackageLoader("reports", "templates"), autoescape=True,
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["visible"] = visible_text
