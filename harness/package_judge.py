@@ -25,6 +25,13 @@ from harness.oracle_guesses import STREAMS
 from harness.topk_audit import audit_top_logprobs
 
 
+def guess_source(engine, component: str) -> tuple:
+    """What a kept greedy stream was computed from: the engine class, the package content
+    and the component (``harness.oracle_guesses``)."""
+    return (type(engine).__module__, type(engine).__qualname__, engine.package.content_hash,
+            component)
+
+
 def with_guesser(oracle: Oracle) -> Oracle:
     """``oracle`` guessing its own stream by its engine's cached greedy decode (the
     interpreter's, which the oracle itself never runs): one decode and one verifying forward
@@ -39,8 +46,7 @@ def with_guesser(oracle: Oracle) -> Oracle:
         if not content:  # nothing names what the decode was computed from: not kept
             oracle.guesser = decode
         else:  # kept across judges of this process (harness.oracle_guesses)
-            source = (type(engine).__module__, type(engine).__qualname__, content,
-                      oracle.component)
+            source = guess_source(engine, oracle.component)
             eos = engine.package.spec.eos_id
             oracle.guesser = lambda ids, n: STREAMS.guess(source, ids, n, eos, decode)
     return oracle
@@ -147,4 +153,4 @@ class PackageJudge:
                 pass
 
 
-__all__ = ["OracleFailed", "PackageJudge"]
+__all__ = ["OracleFailed", "PackageJudge", "guess_source", "with_guesser"]

@@ -65,6 +65,7 @@ def device_ms(sync, session, tokens, phase: str, repeats: int = 50) -> float:
 
 
 def main(width: int = 8, tokens: int = 128) -> dict:
+    from engines.native import graph_slots
     from engines.registry import get_engine_class
     from engines.workflow import greedy_decode
     from engines.workflow import speculative as spec_mod
@@ -113,7 +114,6 @@ def main(width: int = 8, tokens: int = 128) -> dict:
         timed(PromptLookupProposer, "propose")
         timed(PromptLookupProposer, "after_round")
         timed(engine, "run_component", "engine.run_component")
-        from engines.native import graph_slots
         timed(graph_slots.GraphSlots, "run", "slots.run")
         timed(graph_slots.SlotState, "holds", "slot.holds")
         timed(graph_slots.SlotState, "replay", "slot.replay")

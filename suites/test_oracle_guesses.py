@@ -79,9 +79,7 @@ def test_a_wrong_kept_stream_costs_forwards_never_a_token(monkeypatch):
         monkeypatch.setattr(package_judge, "STREAMS", kept)
         oracle = package_judge.with_guesser(oracle_for(package))
         if lie:
-            engine = oracle.engine
-            source = (type(engine).__module__, type(engine).__qualname__,
-                      engine.package.content_hash, "target")
+            source = package_judge.guess_source(oracle.engine, "target")
             liar = [(t + 3) % package.spec.vocab_size for t in truth]
             kept.guess(source, prompt, TOKENS, None, lambda ids, n: liar[:n])
         assert oracle.decode(prompt, TOKENS).tokens == truth
