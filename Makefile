@@ -75,9 +75,13 @@ demo: fixtures
 # suite reads them; each worker would generate them again). Workers steal queued tests from
 # each other (--dist worksteal): with the default split one worker sat idle for the last 84 s
 # of a 340 s run while the other worked through its pre-assigned share.
+# Python may write its bytecode here even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE): the suite starts hundreds of Python processes (workers, the CLI,
+# nested pytest runs, distributed pools), and each compiled every module it imported again,
+# pytest's rewritten test modules included: 306 s of pytest in a fresh clone, 262 s without.
 test: fixtures
 	$(BIN)/python -m suites.onnx_node_cases
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q
 
 # The nightly GPU evidence run (a CUDA machine, every visible GPU): GPU suites under
 # --require-gpu with the nightly Hypothesis profile (one pytest-xdist worker per GPU where
