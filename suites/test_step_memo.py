@@ -228,6 +228,42 @@ def test_a_new_signature_records_again_and_host_values_are_never_keyed():
     assert calls[-2:] == ["host", "host"]
 
 
+def test_a_bench_of_two_prompt_sets_replays_every_prefill_from_its_third_pass():
+    """A step keeps the signatures a bench cycles through: two prompt sets' ten prefill
+    lengths, M = 1 and a verification with its re-advances (1..8 rows). Each is called
+    plain, then recorded, then replayed; eight kept signatures replayed none of them. Past
+    ``KEYS_PER_STEP`` the least recently used is forgotten."""
+    from engines.native.step_memo import KEYS_PER_STEP
+
+    cupy = FakeCupy()
+    kernels = Kernels(cupy)
+    memo = StepMemo(cupy, frozenset())
+    calls = []
+
+    def call(x):
+        calls.append(x.shape[0])
+        return kernels.double(x)
+
+    lengths = [132, 119, 99, 127, 124, 46, 37, 43, 48, 43 + 1, *range(1, 9)]
+    assert len(lengths) == len(set(lengths))  # 18 signatures
+    passes = []
+    for _ in range(4):
+        calls.clear()
+        for m in lengths:
+            x = FakeArray((m, 8), ptr=0x7000_0000 + 0x10_0000 * m)
+            memo.run(lambda x=x: call(x), [x])
+        passes.append(list(calls))
+    assert passes == [lengths, lengths, [], []]  # seen, recorded, then only replays
+
+    many = [1000 + i for i in range(KEYS_PER_STEP + 1)]  # one more than a step keeps
+    for _ in range(3):
+        calls.clear()
+        for m in many:
+            x = FakeArray((m, 8), ptr=0x7000_0000)
+            memo.run(lambda x=x: call(x), [x])
+    assert calls == many  # each forgotten before it came round again: never replayed
+
+
 def test_constants_are_keyed_by_identity():
     cupy = FakeCupy()
     kernels = Kernels(cupy)
