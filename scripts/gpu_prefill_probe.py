@@ -6,8 +6,7 @@ Both loops run the same prefill forward (``DecodeSession.forward(prompt, "prefil
 read one token back, so the probe times that forward alone, with the stream synchronised on
 both sides, in the order a bench row runs it: after a greedy decode, after a speculative
 decode, and with CuPy's memory pool emptied first (every activation then needs a new
-``cudaMalloc``). Beside each time: the pool's held and used bytes before and after, and the
-engine's graph slots. A random SmolLM2-shaped float16 package (static cache, prompt lookup at
+``cudaMalloc``). Beside each time: the pool's held and used bytes before and after. A random SmolLM2-shaped float16 package (static cache, prompt lookup at
 ``WIDTH``), prompts of ``LENGTHS`` tokens. Printed, and written as JSON to
 ``$OUT/prefill_probe.json``. Usage (repo root, GPU image):
 ``python scripts/gpu_prefill_probe.py [WIDTH] [LENGTHS...]``; ``ENGINE=native-host
@@ -18,6 +17,9 @@ LAYERS=2`` runs it on the host (a dry run of the script, not a figure).
 decode to eos as a bench row runs it (``TOKENS``, 128) and past eos (``ignore_eos``), greedy
 (the pipelined loop) and speculative at ``WIDTH``, every step-0 time and the lone forward
 after each.
+
+What it found (docs/evidence/2026-12-04-h200-prefill): the two loops' prefills are equal; the
+bench's were slow because its step memos kept too few signatures for two prompt sets.
 """
 from __future__ import annotations
 

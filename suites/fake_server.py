@@ -39,6 +39,9 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
     return row - (top + math.log(float(np.exp(row - top).sum())))
 
 
+POLL_INTERVAL = 0.02  # seconds between the serving loop's looks at a shutdown
+
+
 class FakeServer:
     def __init__(self, package, engine_cls=None, *, protocols=PROTOCOLS, fault=None,
                  fault_on: int = 1, sleep: float = 5.0, batch_window: float = 0.0,
@@ -64,7 +67,10 @@ class FakeServer:
         return f"http://{host}:{port}"
 
     def start(self) -> "FakeServer":
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # ``shutdown`` waits for the serving loop to look at its flag, which it does every
+        # poll interval: at the default 0.5 s every test that stops a server waited for it
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={
+            "poll_interval": POLL_INTERVAL}, daemon=True)
         self.thread.start()
         return self
 
