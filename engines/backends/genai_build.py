@@ -241,13 +241,17 @@ def read_build(folder: Path) -> GenaiBuild | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m engines.backends.genai_build CHECKPOINT [-p fp32] [-e cpu]``: build (or
-    reuse) onnxruntime-genai's model of a checkpoint (``smollm2``: the shipped one) and print
-    its folder; ``make real`` runs it so the suite finds the build cached."""
+    """``python -m engines.backends.genai_build CHECKPOINT [-p fp32] [-e cpu] [--reference]``:
+    build (or reuse) onnxruntime-genai's model of a checkpoint (``smollm2``: the shipped one)
+    and print its folder; ``--reference`` also makes (or reuses) the float32 package over the
+    build's own dequantized weights, what ``ort-genai-int4`` is judged against, and prints its
+    folder. ``make real`` runs it so the suite finds both cached."""
     parser = argparse.ArgumentParser(prog="python -m engines.backends.genai_build")
     parser.add_argument("checkpoint", help="a .gguf file, a Hugging Face folder, or smollm2")
     parser.add_argument("-p", "--precision", default="fp32")
     parser.add_argument("-e", "--provider", default="cpu")
+    parser.add_argument("--reference", action="store_true",
+                        help="also the float32 package over the dequantized weights")
     args = parser.parse_args(argv)
     try:
         path = resolve_checkpoint(args.checkpoint)
@@ -256,10 +260,17 @@ def main(argv: list[str] | None = None) -> int:
                              remedy="give a .gguf file, a Hugging Face folder, or smollm2")
         source = CheckpointSource(path, "gguf" if path.is_file() else "hf", content_hash(path))
         build = ensure_build(source, args.precision, args.provider)
+        reference = None
+        if args.reference:
+            from engines.backends.genai_dequant import dequantized_package_for
+
+            reference = dequantized_package_for(build)
     except (LockstepError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(build.folder)
+    if reference is not None:
+        print(reference)
     return 0
 
 
