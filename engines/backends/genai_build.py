@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from engines.backends.checkpoint_source import CheckpointSource, content_hash
+from engines.backends.genai_dequant import dequantized_package_for
 from engines.backends.transformers_quiet import quiet_transformers
 from engines.cache_root import cache_root
 from engines.errors import EngineUnavailable, ExecutionError, InputError, LockstepError
@@ -260,11 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                              remedy="give a .gguf file, a Hugging Face folder, or smollm2")
         source = CheckpointSource(path, "gguf" if path.is_file() else "hf", content_hash(path))
         build = ensure_build(source, args.precision, args.provider)
-        reference = None
-        if args.reference:
-            from engines.backends.genai_dequant import dequantized_package_for
-
-            reference = dequantized_package_for(build)
+        reference = dequantized_package_for(build) if args.reference else None
     except (LockstepError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
