@@ -244,8 +244,10 @@ def test_a_bench_of_two_prompt_sets_replays_every_prefill_from_its_third_pass():
         calls.append(x.shape[0])
         return kernels.double(x)
 
-    lengths = [132, 119, 99, 127, 124, 46, 37, 43, 48, 43 + 1, *range(1, 9)]
-    assert len(lengths) == len(set(lengths))  # 18 signatures
+    # the grounded set's five prompt lengths, the free set's four (two of its prompts are 43
+    # tokens long), then one to eight rows (M = 1, the verification and its re-advances)
+    lengths = [132, 119, 99, 127, 124, 46, 37, 43, 48, *range(1, 9)]
+    assert len(lengths) == len(set(lengths)) == 17
     passes = []
     for _ in range(4):
         calls.clear()
