@@ -6,8 +6,9 @@ Both loops run the same prefill forward (``DecodeSession.forward(prompt, "prefil
 read one token back, so the probe times that forward alone, with the stream synchronised on
 both sides, in the order a bench row runs it: after a greedy decode, after a speculative
 decode, and with CuPy's memory pool emptied first (every activation then needs a new
-``cudaMalloc``). Beside each time: the pool's held and used bytes before and after. A random SmolLM2-shaped float16 package (static cache, prompt lookup at
-``WIDTH``), prompts of ``LENGTHS`` tokens. Printed, and written as JSON to
+``cudaMalloc``). Beside each time: the pool's held and used bytes before and after. A random
+SmolLM2-shaped float16 package (static cache, prompt lookup at ``WIDTH``), prompts of
+``LENGTHS`` tokens. Printed, and written as JSON to
 ``$OUT/prefill_probe.json``. Usage (repo root, GPU image):
 ``python scripts/gpu_prefill_probe.py [WIDTH] [LENGTHS...]``; ``ENGINE=native-host
 LAYERS=2`` runs it on the host (a dry run of the script, not a figure).
@@ -87,8 +88,7 @@ def main(width: int = 7, *lengths: int) -> dict:
                         name="smollm2_shape_float16")
     package = with_prompt_lookup(built, root / "lookup", width)
     engine = get_engine_class(os.environ.get("ENGINE", "native-cuda"))(package)
-    stream = getattr(engine, "stream", None)
-    sync = stream.synchronize if stream is not None else (lambda: None)
+    sync = engine.synchronize  # the engine's own wait for its stream (none on a host)
     out: dict = {"width": width, "lengths": list(lengths), "repeats": REPEATS, "rows": []}
     try:
         for n, prompt in prompts.items():  # warm every shape and both loops once
@@ -139,8 +139,7 @@ def real_main(folder: str, width: int = 7) -> dict:
     prompts = {name: r.ids for name, r in
                resolve_all(read_prompts_file(prompt_set_file("grounded")), package)}
     engine = get_engine_class(os.environ.get("ENGINE", "native-cuda"))(package)
-    stream = getattr(engine, "stream", None)
-    sync = stream.synchronize if stream is not None else (lambda: None)
+    sync = engine.synchronize  # the engine's own wait for its stream (none on a host)
     out: dict = {"package": package.spec.name, "width": width, "tokens": tokens,
                  "repeats": REPEATS, "rows": []}
     try:
