@@ -111,26 +111,32 @@ _marker = threading.local()
 
 
 @contextlib.contextmanager
-def sanctioned_readback(purpose: str) -> Iterator[None]:
+def sanctioned_readback(purpose: str, *more: str) -> Iterator[None]:
     """Mark the device-to-host reads inside as a sanctioned readback of ``purpose``.
 
     Only engine code that also records ``ledger.record_readback(purpose, nbytes)`` for the
     same bytes may use it; the transfer guard then counts the bytes as readback. Thread-local.
+    With ``more`` purposes one copy carries several values of equal size, one a purpose in
+    order (the accept count and the bonus id in one 8-byte read): the guard splits its bytes
+    evenly over them, as the ledger records them.
     """
-    if purpose not in READBACK_PURPOSES:
-        raise ValueError(f"readback purpose {purpose!r} is not sanctioned; "
-                         f"valid: {', '.join(READBACK_PURPOSES)}")
+    purposes = (purpose, *more)
+    for name in purposes:
+        if name not in READBACK_PURPOSES:
+            raise ValueError(f"readback purpose {name!r} is not sanctioned; "
+                             f"valid: {', '.join(READBACK_PURPOSES)}")
     stack = getattr(_marker, "stack", None)
     if stack is None:
         stack = _marker.stack = []
-    stack.append(purpose)
+    stack.append(purposes)
     try:
         yield
     finally:
         stack.pop()
 
 
-def current_readback_purpose() -> str | None:
-    """The innermost active ``sanctioned_readback`` purpose on this thread, or None."""
+def current_readback_purposes() -> tuple[str, ...]:
+    """The innermost active ``sanctioned_readback``'s purposes on this thread, or ()."""
     stack = getattr(_marker, "stack", None)
-    return stack[-1] if stack else None
+    return stack[-1] if stack else ()
+

@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 from types import ModuleType
 from typing import Any, Literal, TextIO
 
-from engines.cuda_support import current_readback_purpose
+from engines.cuda_support import current_readback_purposes
 from engines.errors import LockstepError
 from engines.ledger import READBACK_PURPOSES
 
@@ -242,12 +242,12 @@ def _wrap(point: InterceptPoint, original: Any, library_dirs: tuple[str, ...]) -
         if nbytes is None:
             return original(*args, **kwargs)
         site = _call_site(library_dirs)
-        purpose = current_readback_purpose()
+        purposes = current_readback_purposes()
         with _lock:
             guards = list(_active)
-        if purpose is None and any(g.mode == "disallow" for g in guards):
+        if not purposes and any(g.mode == "disallow" for g in guards):
             for g in guards:
-                g._record(point.path, nbytes, site, purpose)
+                g._record(point.path, nbytes, site, purposes)
             raise TransferGuardError(
                 f"device-to-host transfer of {nbytes} bytes through {point.path} at {site}",
                 field="site", value=site, where="transfer_guard(disallow)",
@@ -259,7 +259,7 @@ def _wrap(point: InterceptPoint, original: Any, library_dirs: tuple[str, ...]) -
         finally:
             _local.depth -= 1
         for g in guards:  # recorded once it happened (CuPy refuses __array__, say)
-            g._record(point.path, nbytes, site, purpose)
+            g._record(point.path, nbytes, site, purposes)
         return result
 
     try:
@@ -367,14 +367,24 @@ class TransferGuard:
                 "events": [asdict(e) for e in self.events], "intercepted": list(self.intercepted),
                 "refused_patches": list(self.refused_patches)}
 
-    def _record(self, path: str, nbytes: int, site: str, purpose: str | None) -> None:
-        event = TransferEvent(path, int(nbytes), site, READBACK if purpose else STAGING, purpose)
+    def _record(self, path: str, nbytes: int, site: str, purposes: tuple[str, ...]) -> None:
+        """One event, or with several purposes (one copy of equal-sized values) one event a
+        purpose, the bytes split evenly; a copy that does not split evenly stays one event
+        under its first purpose, so the budget sees every byte either way."""
+        nbytes = int(nbytes)
+        parts = len(purposes)
+        if parts > 1 and nbytes % parts == 0:
+            events = [TransferEvent(path, nbytes // parts, site, READBACK, p) for p in purposes]
+        else:
+            events = [TransferEvent(path, nbytes, site, READBACK if purposes else STAGING,
+                                    purposes[0] if purposes else None)]
         with self._event_lock:
-            self.events.append(event)
+            self.events.extend(events)
         if self.mode == "log":
-            print(f"transfer_guard: {event.kind} {event.nbytes} B via {path} at {site}"
-                  + (f" (purpose {purpose})" if purpose else ""),
-                  file=self.stream if self.stream is not None else sys.stderr)
+            for event in events:
+                print(f"transfer_guard: {event.kind} {event.nbytes} B via {path} at {site}"
+                      + (f" (purpose {event.purpose})" if event.purpose else ""),
+                      file=self.stream if self.stream is not None else sys.stderr)
 
     # context manager
     def __enter__(self) -> TransferGuard:

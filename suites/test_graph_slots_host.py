@@ -551,6 +551,35 @@ def test_advance_positions_continues_from_the_last_position():
 
 
 @pytest.mark.claim("tensor_ops")
+def test_a_verification_s_positions_are_the_last_one_s_shifted_on_the_engine():
+    """A forward as wide as the last one takes its positions shifted from that one's feed
+    (nothing crosses), after an accept that rolled the position back as after one that did
+    not; a forward of another width, or the first, adopts them (one crossing)."""
+    from engines.workflow.session import DecodeSession
+
+    class Recorder:
+        def __init__(self):
+            self.tensor_ops = ops = HostTensorOps(Ledger())
+            self.shifted, self.adopted = [], []
+            shift, adopt = ops.shift_positions, ops.adopt
+            ops.shift_positions = lambda p, by: self.shifted.append(by) or shift(p, by)
+            ops.adopt = lambda a: self.adopted.append(a.shape) or adopt(a)
+
+    rec = Recorder()
+    session = DecodeSession.__new__(DecodeSession)
+    session.engine = rec
+    session._positions = None
+    session.state = type("S", (), {"position": 0})()
+    for start, m in ((0, 5), (5, 8), (9, 8), (17, 8), (20, 1), (21, 8)):
+        session.position = start
+        feed = session._positions_feed(m)
+        assert feed.tolist() == [list(range(start, start + m))], (start, m)
+        session._positions = (feed, start + m)  # what _run keeps after the forward
+    assert rec.shifted == [4, 8]  # 9..16 after 5..12 (rolled back from 13), 17..24 after it
+    assert rec.adopted == [(1, 5), (1, 8), (1, 1), (1, 8)]  # the prompt, the first 8, ...
+
+
+@pytest.mark.claim("tensor_ops")
 def test_device_feed_takes_arrays_only():
     ops = HostTensorOps(Ledger())
     with pytest.raises(InputError) as err:

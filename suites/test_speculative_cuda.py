@@ -142,6 +142,47 @@ def test_accept_drafts_reads_back_exactly_8_bytes_and_copy_into_none():
     assert guard.staging_count == 0
 
 
+@pytest.mark.claim("readback_budget", "token_identity")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_one_launch_accept_agrees_with_the_host_s_on_ties_nan_and_the_fed_drafts(dtype):
+    """``accept_rows`` (each row's argmax, then the count, in one launch) against the host
+    ops on random rows with planted ties and NaN, drafts read from a tokens feed (pending
+    token first) and adopted; its ticket is back at 0 after every launch, so launches of
+    different widths follow each other; one 8-byte read a verification."""
+    import cupy
+
+    from engines.dtypes import dtype_of
+    from engines.tensor_ops import CudaTensorOps, HostTensorOps
+    from harness.transfer_guard import transfer_guard
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    ops, host = CudaTensorOps(Ledger(), stream), HostTensorOps(Ledger())
+    rng = np.random.default_rng(7)
+    cases = 0
+    with transfer_guard("disallow") as guard:
+        for width in (1, 3, 7, 8, 2):
+            for _ in range(6):
+                rows = rng.integers(-4, 5, size=(width + 1, 300)).astype(np.float32)
+                rows[rng.random(rows.shape) < 0.05] = np.nan
+                best = host.argmax_rows(rows, width + 1)
+                keep = int(rng.integers(0, width + 1))  # drafts agree up to here
+                drafts = [int(b) for b in best[:keep]] + \
+                         [int((b + 1) % 300) for b in best[keep:width]]
+                want = host.accept_drafts(rows, drafts)
+                on_device = ops.adopt(rows.astype(dtype_of(dtype)))
+                fed = ops.adopt(np.array([[5] + drafts], np.int64))
+                assert ops.accept_drafts(on_device, drafts, fed=fed) == want, (width, keep)
+                assert ops.accept_drafts(on_device, drafts) == want
+                cases += 2
+        stream.synchronize()
+    assert ops.ledger.readback_bytes == {"token_id": 4 * cases, "accept_count": 4 * cases,
+                                         "logits_audit": 0}
+    assert ops.ledger.readback_count["accept_count"] == cases
+    assert guard.readback_bytes["token_id"] == guard.readback_bytes["accept_count"] == 4 * cases
+    assert guard.staging_count == 0
+    assert int(ops._accept_buffers["done"].get()[0]) == 0
+
+
 @pytest.mark.claim("flat_memory")
 @pytest.mark.parametrize("package_name", list(SPECULATIVE))
 def test_live_allocations_flat_across_100_proposals(packages, engine_cache, package_name,

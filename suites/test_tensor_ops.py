@@ -436,6 +436,18 @@ ERROR_CASES: list[tuple[str, Callable[[TensorOps, Callable], Any], type, str]] =
         m(np.ones((1, 2, 3), np.float32)), [0]), InputError, "logits2d"),
     ("accept all-NaN bonus row", lambda o, m: o.accept_drafts(
         m(np.array([[1, 2], [np.nan, np.nan]], np.float32)), [1]), InputError, "logits2d"),
+    ("shift 1-D positions", lambda o, m: o.shift_positions(m(np.arange(3, dtype=np.int64)), 2),
+     InputError, "positions"),
+    ("shift int32 positions", lambda o, m: o.shift_positions(
+        m(np.arange(3, dtype=np.int32).reshape(1, 3)), 2), InputError, "positions.dtype"),
+    ("shift by a float", lambda o, m: o.shift_positions(
+        m(np.arange(3, dtype=np.int64).reshape(1, 3)), 2.5), InputError, "by"),
+    ("accept feed without the pending token", lambda o, m: o.accept_drafts(
+        m(np.ones((3, 3), np.float32)), [0, 1], fed=m(np.array([[0, 1]], np.int64))),
+     InputError, "fed"),
+    ("accept int32 feed", lambda o, m: o.accept_drafts(
+        m(np.ones((3, 3), np.float32)), [0, 1], fed=m(np.array([[2, 0, 1]], np.int32))),
+     InputError, "fed"),
 ]
 
 

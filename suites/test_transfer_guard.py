@@ -255,6 +255,24 @@ def test_sanctioned_readback_counts_as_readback_and_passes_disallow(fake):
 
 
 @pytest.mark.claim("readback_budget")
+def test_one_copy_of_two_purposes_is_split_evenly_and_an_uneven_one_kept_whole(fake):
+    """The accept reads its count and bonus id in one 8-byte copy: one event a purpose, 4
+    bytes each; a copy that does not split evenly stays one event, every byte counted."""
+    with guard(fake, "disallow") as g:
+        with sanctioned_readback("accept_count", "token_id"):
+            FakeArray(np.zeros(2, np.int32)).get()
+        with sanctioned_readback("accept_count", "token_id"):
+            FakeArray(np.zeros(3, np.int8)).get()
+    assert [(e.purpose, e.nbytes) for e in g.events] == [
+        ("accept_count", 4), ("token_id", 4), ("accept_count", 3)]
+    assert g.readback_bytes == {"token_id": 4, "accept_count": 7, "logits_audit": 0}
+    assert g.staging_count == 0
+    with pytest.raises(ValueError, match="'logits' is not sanctioned"):
+        with sanctioned_readback("token_id", "logits"):
+            pass
+
+
+@pytest.mark.claim("readback_budget")
 def test_sanctioned_readback_refuses_unknown_purposes():
     with pytest.raises(ValueError, match="not sanctioned"):
         with sanctioned_readback("logits"):

@@ -309,14 +309,18 @@ class TensorOps(abc.ABC):
             self._copy_into(dst, src)
         return dst
 
-    def accept_drafts(self, logits2d: Any, drafts: Any) -> tuple[int, int]:
+    def accept_drafts(self, logits2d: Any, drafts: Any, fed: Any = None) -> tuple[int, int]:
         """Verification on the residency of the logits: ``(accepted, bonus)``.
 
         ``logits2d`` holds the target's rows for the W+1 verified positions (at least
         ``len(drafts) + 1`` rows); row i's argmax (ties to the lowest index, NaN ignored) is
         compared with ``drafts[i]``; ``accepted`` is the length of the agreeing prefix and
         ``bonus`` the argmax of row ``accepted``. The only values that come back are those
-        two int32s: 4 bytes ``accept_count`` and 4 bytes ``token_id`` on a device."""
+        two int32s: 4 bytes ``accept_count`` and 4 bytes ``token_id`` on a device.
+
+        ``fed``: the verification's own int64 tokens feed where the ops live (the pending
+        token, then ``drafts``), so a device reads the drafts there instead of adopting
+        them again; the caller vouches that it holds them."""
         self.check_resident(logits2d, "logits2d")
         if logits2d.ndim != 2:
             raise InputError("accept_drafts needs a 2-D [rows, vocab] value", field="logits2d",
@@ -332,7 +336,15 @@ class TensorOps(abc.ABC):
             raise InputError(f"{ids.size} drafts need {ids.size + 1} verified rows, the logits "
                              f"hold {rows}", field="drafts", value=int(ids.size),
                              remedy="verify W drafts with a forward over W+1 positions")
-        accepted, bonus = self._accept(logits2d, ids)
+        if fed is not None:
+            self.check_resident(fed, "fed")
+            if fed.dtype != np.int64 or int(fed.size) != ids.size + 1:
+                raise InputError(f"the tokens feed holds {int(fed.size)} {fed.dtype.name} "
+                                 f"values; {ids.size} drafts need {ids.size + 1} int64",
+                                 field="fed", value=tuple(fed.shape),
+                                 remedy="pass the verification's tokens feed: the pending "
+                                        "token, then the drafts")
+        accepted, bonus = self._accept(logits2d, ids, fed)
         if bonus < 0:
             raise NonFiniteLogits(f"row {accepted} is all NaN, so it has no argmax",
                              field="logits2d", value=f"row {accepted}",
@@ -371,6 +383,17 @@ class TensorOps(abc.ABC):
     def advance_positions(self, positions: Any, step: Any = 1):
         """``positions[0, -1] + step`` (``positions``: int64 ``[1, M]``, M >= 1) as an int64
         ``[1, 1]`` value where the ops live, computed there: the next forward's positions."""
+        self._check_positions(positions)
+        return self._advance_positions(positions, _int_arg(step, "step"))
+
+    def shift_positions(self, positions: Any, by: Any):
+        """``positions + by`` (int64 ``[1, M]``) as a new value where the ops live, computed
+        there: a forward of the same width as the last one, moved along the sequence (a
+        verification after the last one's accept), whose positions then cross nothing."""
+        self._check_positions(positions)
+        return self._shift_positions(positions, _int_arg(by, "by"))
+
+    def _check_positions(self, positions: Any) -> None:
         self.check_resident(positions, "positions")
         if positions.ndim != 2 or positions.shape[0] != 1 or positions.shape[1] < 1:
             raise InputError("positions must be [1, M] with M >= 1", field="positions",
@@ -378,7 +401,6 @@ class TensorOps(abc.ABC):
         if positions.dtype != np.int64:
             raise InputError("positions must be int64", field="positions.dtype",
                              value=positions.dtype.name, remedy="feed int64 positions")
-        return self._advance_positions(positions, _int_arg(step, "step"))
 
     def audit_row(self, logits2d: Any) -> np.ndarray:
         """A ``[1, vocab]`` logits row as a host float64 vector (``audit_rows`` of one row)."""
@@ -421,6 +443,10 @@ class TensorOps(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} keeps no device feed "
                                   "(supports_device_feed is False)")
 
+    def _shift_positions(self, positions: Any, by: int):
+        raise NotImplementedError(f"{type(self).__name__} keeps no device feed "
+                                  "(supports_device_feed is False)")
+
     def stage_to_host(self, v: Any, site: str) -> np.ndarray:
         """A host copy of ``v``: host staging, outside every budget but the measured one.
 
@@ -434,8 +460,9 @@ class TensorOps(abc.ABC):
     def _copy_into(self, dst: Any, src: Any) -> None: ...
 
     @abc.abstractmethod
-    def _accept(self, logits2d: Any, drafts: np.ndarray) -> tuple[int, int]:
-        """(accepted, bonus); bonus -1 when row ``accepted`` is all NaN."""
+    def _accept(self, logits2d: Any, drafts: np.ndarray, fed: Any = None) -> tuple[int, int]:
+        """(accepted, bonus); bonus -1 when row ``accepted`` is all NaN. ``fed``: checked,
+        may be None (read the drafts from it or ignore it)."""
 
     @abc.abstractmethod
     def _stage(self, v: Any, site: str) -> np.ndarray: ...

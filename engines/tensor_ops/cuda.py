@@ -40,10 +40,11 @@ ARGMAX_SIZES = (("LK_ARGMAX_BLOCK", ARGMAX_BLOCK), ("LK_ARGMAX_UNROLL", ARGMAX_U
 
 
 def argmax_module(name: str) -> CudaModule:
-    """``kernels/argmax.cu`` for one dtype name: its row argmax and test hook (instantiated
-    for the dtype's tag ``lk_argmax_<name>``) and the acceptance kernel."""
+    """``kernels/argmax.cu`` for one dtype name: its row argmax, the verification's accept and
+    the test hook, each instantiated for the dtype's tag ``lk_argmax_<name>``."""
     tag = f"lk_argmax_{name}"
-    return CudaModule(KERNELS, "argmax.cu", (f"lockstep_argmax_rows<{tag}>", "lockstep_accept",
+    return CudaModule(KERNELS, "argmax.cu", (f"lockstep_argmax_rows<{tag}>",
+                                             f"lockstep_accept_rows<{tag}>",
                                              f"lockstep_keys<{tag}>"), ARGMAX_SIZES)
 
 
@@ -86,6 +87,7 @@ class CudaTensorOps(TensorOps):
         self.residency = f"cuda:{dev}"
         self._dtype_ok: dict[str, bool] = {}
         self._token_slots_free: list[tuple[Any, Any]] = []  # (pinned word, event) to reuse
+        self._accept_buffers: dict[str, Any] | None = None  # _accept_scratch's
 
     @contextlib.contextmanager
     def on_stream(self):
@@ -177,22 +179,56 @@ class CudaTensorOps(TensorOps):
                                           np.uint64(0) if feed is None else feed))
         return out
 
-    def _accept(self, logits2d: Any, drafts: np.ndarray) -> tuple[int, int]:
+    def _accept(self, logits2d: Any, drafts: np.ndarray, fed: Any = None) -> tuple[int, int]:
+        """One launch (``lockstep_accept_rows``) and one 8-byte read: the count and the bonus
+        id come back together into a pinned pair, each recorded under its own purpose. The
+        drafts are read where the verification's tokens feed ``fed`` holds them, else adopted."""
         width = int(drafts.size)
-        best = self._row_argmax_on_device(logits2d, width + 1)
-        fn = ARGMAX_MODULES[dtype_name(logits2d.dtype)].load(self.device_id)["lockstep_accept"]
+        rows, cols = width + 1, int(logits2d.shape[1])
+        module = ARGMAX_MODULES[dtype_name(logits2d.dtype)]
+        fn = module.load(self.device_id)[module.instances[1]]
+        scratch = self._accept_scratch(rows)
         with self.on_stream():
-            dev_drafts = (self._adopt(drafts) if width else
-                          self.cp.zeros((1,), dtype=self.cp.int64))
-            out = self.cp.empty((2,), dtype=self.cp.int32)
-            fn((1,), (1,), (best, dev_drafts, np.int32(width), out))
-            with sanctioned_readback("accept_count"):
-                accepted = out[0:1].get(stream=self.stream)
-            with sanctioned_readback("token_id"):
-                bonus = out[1:2].get(stream=self.stream)
-        self.ledger.record_readback("accept_count", accepted.nbytes)
-        self.ledger.record_readback("token_id", bonus.nbytes)
-        return int(accepted[0]), int(bonus[0])
+            x = self._bits(logits2d[:rows])
+            row_stride, usable = kernel_layout(x.shape, x.strides, x.itemsize)
+            if not usable:
+                x = self.cp.ascontiguousarray(x)
+                row_stride = cols
+            if fed is not None:
+                dev_drafts = fed.reshape(-1)[1:]
+            elif width:
+                dev_drafts = self._adopt(drafts)
+            else:
+                dev_drafts = scratch["no_drafts"]
+            fn((rows,), (ARGMAX_BLOCK,), (x, np.int64(row_stride), np.int32(cols), dev_drafts,
+                                          np.int32(width), scratch["best"], scratch["done"],
+                                          scratch["out"]))
+            with sanctioned_readback("accept_count", "token_id"):
+                scratch["out"].get(stream=self.stream, out=scratch["host"], blocking=False)
+            scratch["event"].record(self.stream)
+        scratch["event"].synchronize()
+        self.ledger.record_readback("accept_count", 4)
+        self.ledger.record_readback("token_id", 4)
+        accepted, bonus = scratch["host"]
+        return int(accepted), int(bonus)
+
+    def _accept_scratch(self, rows: int) -> dict[str, Any]:
+        """The accept's buffers, made once and grown with the rows: each row's argmax, the
+        finished-block ticket (zero between launches: the last block resets it), the pair
+        on the device and its pinned host copy, and the event the host waits on."""
+        scratch = self._accept_buffers
+        if scratch is None or scratch["best"].size < rows:
+            import cupyx
+
+            with self.on_stream():
+                scratch = {"best": self.cp.empty((max(rows, 16),), dtype=self.cp.int32),
+                           "done": self.cp.zeros((1,), dtype=self.cp.uint32),
+                           "out": self.cp.empty((2,), dtype=self.cp.int32),
+                           "no_drafts": self.cp.zeros((1,), dtype=self.cp.int64),
+                           "host": cupyx.empty_pinned((2,), dtype=np.int32),
+                           "event": self.cp.cuda.Event(disable_timing=True)}
+            self._accept_buffers = scratch
+        return scratch
 
     def _argmax_and_feed(self, logits2d: Any) -> tuple[Any, Any]:
         """Row 0's argmax on the device: (int32 [1], the int64 [1, 1] tokens feed), one
@@ -250,6 +286,10 @@ class CudaTensorOps(TensorOps):
     def _advance_positions(self, positions: Any, step: int):
         with self.on_stream():
             return positions[:, -1:] + np.int64(step)  # a new int64 [1, 1], on the stream
+
+    def _shift_positions(self, positions: Any, by: int):
+        with self.on_stream():
+            return positions + np.int64(by)  # a new int64 [1, M], on the stream
 
     def _stage(self, v: Any, site: str) -> np.ndarray:
         with self.on_stream():

@@ -62,7 +62,7 @@ class HostTensorOps(TensorOps):
     def _copy_into(self, dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src, casting="no")
 
-    def _accept(self, logits2d: np.ndarray, drafts: np.ndarray) -> tuple[int, int]:
+    def _accept(self, logits2d: np.ndarray, drafts: np.ndarray, fed=None) -> tuple[int, int]:
         best = self._argmax(logits2d, drafts.size + 1)
         n = 0
         while n < drafts.size and best[n] == int(drafts[n]):
@@ -75,6 +75,9 @@ class HostTensorOps(TensorOps):
 
     def _advance_positions(self, positions: np.ndarray, step: int) -> np.ndarray:
         return positions[:, -1:] + np.int64(step)
+
+    def _shift_positions(self, positions: np.ndarray, by: int) -> np.ndarray:
+        return positions + np.int64(by)
 
     def _stage(self, v: np.ndarray, site: str) -> np.ndarray:
         return np.array(v, copy=True)  # nothing crosses on the host: nothing to record

@@ -44,6 +44,8 @@ class DecodeSession:
                                               snapshot_cells, snapshot_mode)
         # the last forward's positions feed and the position it ended at (device feed)
         self._positions: tuple[Any, int] | None = None
+        # the last ``forward``'s tokens feed: a verification's accept reads its drafts there
+        self.tokens_fed: Any = None
 
     @property
     def ops(self):
@@ -70,11 +72,21 @@ class DecodeSession:
         """Run the component over ``len(tokens)`` new positions; returns outputs by role."""
         m = len(tokens)
         ids = np.asarray(tokens, dtype=np.int64).reshape(1, m)
-        feeds = {self.inputs["tokens"]: self.ops.adopt(ids)}
+        self.tokens_fed = self.ops.adopt(ids)
+        feeds = {self.inputs["tokens"]: self.tokens_fed}
         if "positions" in self.inputs:
-            pos = np.arange(self.position, self.position + m, dtype=np.int64).reshape(1, m)
-            feeds[self.inputs["positions"]] = self.ops.adopt(pos)
+            feeds[self.inputs["positions"]] = self._positions_feed(m)
         return self._run(feeds, m, phase)
+
+    def _positions_feed(self, m: int):
+        """Positions ``position .. position + m - 1``: where the last forward's feed had the
+        same width and lives with the engine (a verification after a verification), shifted
+        there from it; else they cross once."""
+        last = self._positions
+        if self.ops.supports_device_feed and last is not None and last[0].shape == (1, m):
+            return self.ops.shift_positions(last[0], self.position - (last[1] - m))
+        pos = np.arange(self.position, self.position + m, dtype=np.int64).reshape(1, m)
+        return self.ops.adopt(pos)
 
     def forward_fed(self, token_feed, phase: str) -> dict[str, Any]:
         """One position whose token id already lives with the engine (``next_token``'s

@@ -11,8 +11,9 @@ through its ``TensorOps``). A round, with L positions committed and the pending 
 2. recurrent target cells are snapshotted device-to-device (``state.py``);
 3. the target runs [t, d1..dW] at positions L..L+W (phase ``verify``);
 4. ``accept_drafts`` compares the target's argmax per row with the drafts on the engine's
-   residency: ``accepted`` n (4 bytes, ``accept_count``) and the bonus token (4 bytes,
-   ``token_id``) are the only readbacks;
+   residency (on a device one launch, the drafts read from the verification's own tokens
+   feed): ``accepted`` n (4 bytes, ``accept_count``) and the bonus token (4 bytes,
+   ``token_id``), read back together, are the only readbacks;
 5. committed: d1..dn + bonus. Full accept (n = W): nothing to undo. Partial: kv cells roll
    back by truncation; with recurrent cells, kv roll back to L, the snapshot is restored
    and [t, d1..dn] re-advanced (phase ``readvance``, n+1 positions), without them kv
@@ -186,7 +187,8 @@ class SpeculativeSession:
             verify = self.target.forward([pending] + drafts, "verify")
             logits = verify[logits_role]
             self._audit(audited, logits, tokens, drafts, f"verify r{len(widths)}")
-            n, bonus = ops.accept_drafts(logits.reshape(w + 1, logits.shape[-1]), drafts)
+            n, bonus = ops.accept_drafts(logits.reshape(w + 1, logits.shape[-1]), drafts,
+                                         fed=self.target.tokens_fed)
             ledger.proposals += 1
             ledger.accepted += n
             ledger.rejected += w - n

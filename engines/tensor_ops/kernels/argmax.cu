@@ -1,5 +1,5 @@
-// The greedy step's kernels (engines/tensor_ops/cuda.py): each row's argmax, the draft
-// acceptance of a verification, and a test hook. Instances: one per dtype tag below.
+// The greedy step's kernels (engines/tensor_ops/cuda.py): each row's argmax, a verification's
+// argmaxes and draft acceptance in one launch, and a test hook. Instances: one per dtype tag below.
 #if !defined(LK_ARGMAX_BLOCK) || !defined(LK_ARGMAX_UNROLL)
 #error "LK_ARGMAX_BLOCK and LK_ARGMAX_UNROLL come from the launcher (-D options)"
 #endif
@@ -43,17 +43,13 @@ LK_ARGMAX_TAG(lk_argmax_bool, unsigned char, int, (int)p[j])
 // a row of a vocabulary's width is read in a few round trips, not one per column), keeping
 // the first maximum it sees; a tree then keeps (larger value, else lower index). NaN (v != v) is
 // skipped; a row with no non-NaN value yields -1. Every scan order and tree gives the same
-// answer: the lowest index of the row's largest value. out64, when given, gets the same ids
-// as int64 (a next forward's tokens feed, with no cast launched after this kernel).
+// answer: the lowest index of the row's largest value, which every thread returns.
 template <typename D>
-__global__ void lockstep_argmax_rows(const typename D::value* __restrict__ x,
-                                     long long row_stride, int cols, int* __restrict__ out,
-                                     long long* __restrict__ out64) {
-    typedef typename D::value lk_value;
+__device__ __forceinline__ int lk_block_argmax(const typename D::value* __restrict__ p,
+                                               int cols) {
     typedef typename D::key lk_key;
     __shared__ lk_key best_v[LK_ARGMAX_BLOCK];
     __shared__ int best_i[LK_ARGMAX_BLOCK];
-    const lk_value* p = x + (long long)blockIdx.x * row_stride;
     lk_key bv = (lk_key)0;
     int bi = -1;
     for (long long base = threadIdx.x; base < cols;
@@ -86,21 +82,47 @@ __global__ void lockstep_argmax_rows(const typename D::value* __restrict__ x,
         }
         __syncthreads();
     }
+    return best_i[0];
+}
+
+// Each row's argmax into out (and, when given, out64: the same ids as int64, a next forward's
+// tokens feed, with no cast launched after this kernel).
+template <typename D>
+__global__ void lockstep_argmax_rows(const typename D::value* __restrict__ x,
+                                     long long row_stride, int cols, int* __restrict__ out,
+                                     long long* __restrict__ out64) {
+    const int best = lk_block_argmax<D>(x + (long long)blockIdx.x * row_stride, cols);
     if (threadIdx.x == 0) {
-        out[blockIdx.x] = best_i[0];
-        if (out64) out64[blockIdx.x] = best_i[0];
+        out[blockIdx.x] = best;
+        if (out64) out64[blockIdx.x] = best;
     }
 }
 
-// Verification: the length of the prefix where the row argmaxes equal the drafts, and the
-// argmax of the first row after it (the bonus token), into out[0] and out[1].
-__global__ void lockstep_accept(const int* __restrict__ best, const long long* __restrict__ drafts,
-                                int width, int* __restrict__ out) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+// A verification's accept in one launch of width + 1 blocks: block r takes row r's argmax
+// into best[r]; the block that finishes last (a ticket from *done, after a fence) counts the
+// prefix where they equal the drafts (out[0], the accepted n), writes the argmax of row n (the
+// bonus token, -1 for an all-NaN row) to out[1], and puts *done back to 0 for the next launch.
+template <typename D>
+__global__ void lockstep_accept_rows(const typename D::value* __restrict__ x,
+                                     long long row_stride, int cols,
+                                     const long long* __restrict__ drafts, int width,
+                                     int* best, unsigned int* done, int* __restrict__ out) {
+    __shared__ bool last;
+    const int mine = lk_block_argmax<D>(x + (long long)blockIdx.x * row_stride, cols);
+    if (threadIdx.x == 0) {
+        best[blockIdx.x] = mine;
+        __threadfence();
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x != 0) return;
+    __threadfence();
+    const volatile int* seen = best;
     int n = 0;
-    while (n < width && (long long)best[n] == drafts[n]) n++;
+    while (n < width && (long long)seen[n] == drafts[n]) n++;
     out[0] = n;
-    out[1] = best[n];
+    out[1] = seen[n];
+    *done = 0u;
 }
 
 // Test hook: the ordering key of every element, so the bit decoding can be checked
