@@ -131,9 +131,23 @@ class TensorTable:
     data_start: int
 
 
+_TABLES = IdentityMemo(size=8)
+
+
 def tensor_table(path: str | Path) -> TensorTable | None:
     """The file's metadata and tensor table, or None where the walk cannot follow the file
-    (not GGUF, truncated, an unfamiliar type): the full reader then says what is wrong."""
+    (not GGUF, truncated, an unfamiliar type): the full reader then says what is wrong. Kept
+    by the file's identity (a real vocabulary's walk takes a tenth of a second, and the
+    llama engines, their mutations and their rewrites ask again and again): one table
+    serves every caller, who reads it and changes nothing."""
+    try:
+        key = (str(path), identity(os.stat(path)))
+    except OSError:
+        return None
+    return _TABLES.get(key, lambda: _walk_table(path))
+
+
+def _walk_table(path: str | Path) -> TensorTable | None:
     try:
         with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
             cursor = _Cursor(data)

@@ -123,6 +123,7 @@ def main(width: int = 8, tokens: int = 128) -> dict:
         timed(type(engine), "publish_memory", "engine.publish_memory")
         timed(type(engine), "_device_empties", "engine._device_empties")
         timed(ops, "adopt", "ops.adopt")
+        timed(ops, "adopt_feeds", "ops.adopt_feeds")
         timed(ops, "slice_axis", "ops.slice_axis")
         timed(ops, "accept_drafts", "ops.accept_drafts (after the wait)")
         waits = SPENT["wait: device time left at the accept"]

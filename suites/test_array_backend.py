@@ -149,3 +149,29 @@ def test_an_attention_shaped_product_of_transposed_views_keeps_the_order():
     b = rng.standard_normal((1, 2, 1, 5, 16)).astype(np.float32).swapaxes(-1, -2)
     assert a.strides[1:] == (128, 64, 256, 4) and b.strides[1:] == (320, 320, 4, 64)
     assert BE.matmul(a, b).tobytes() == stated_order(a, b).tobytes()
+
+
+def test_a_kept_constant_is_widened_once_and_gives_the_same_bits(monkeypatch):
+    """A float16 or bfloat16 constant (``keep_constant``) is widened at its first matmul and
+    that float32 copy serves every later one, bit for bit what widening each time gives; a
+    value not kept (an activation of the same dtype) is widened at every use, and past
+    WIDENED_BYTES a kept constant is too."""
+    from engines.native import array_backend
+
+    rng = np.random.default_rng(3)
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        be, plain = NumpyArrayBackend(), NumpyArrayBackend()
+        w = be.keep_constant(rng.standard_normal((64, 48)).astype(dtype))
+        x = rng.standard_normal((3, 64)).astype(dtype)
+        first = be.matmul(x, w)
+        (entry,) = be._constants.values()
+        assert entry[0] is w and entry[1].dtype == np.float32
+        assert be._widened(w, np.dtype(np.float32)) is entry[1]  # kept, not made again
+        assert be._widened(x, np.dtype(np.float32)) is not be._widened(x, np.dtype(np.float32))
+        for _ in range(2):
+            assert be.matmul(x, w).tobytes() == first.tobytes() == plain.matmul(x, w).tobytes()
+    monkeypatch.setattr(array_backend, "WIDENED_BYTES", 100)
+    be = NumpyArrayBackend()
+    w = be.keep_constant(rng.standard_normal((64, 48)).astype(np.float16))
+    be.matmul(rng.standard_normal((1, 64)).astype(np.float16), w)
+    assert [entry[1] for entry in be._constants.values()] == [None] and be._widened_bytes == 0

@@ -551,32 +551,34 @@ def test_advance_positions_continues_from_the_last_position():
 
 
 @pytest.mark.claim("tensor_ops")
-def test_a_verification_s_positions_are_the_last_one_s_shifted_on_the_engine():
-    """A forward as wide as the last one takes its positions shifted from that one's feed
-    (nothing crosses), after an accept that rolled the position back as after one that did
-    not; a forward of another width, or the first, adopts them (one crossing)."""
+def test_a_forward_adopts_its_ids_and_positions_together_under_its_component():
+    """``DecodeSession.forward`` hands its token ids and positions to ``adopt_feeds`` in one
+    call keyed by its component (a device stages them in one copy), and the accept's drafts
+    are the tokens feed it keeps."""
     from engines.workflow.session import DecodeSession
 
-    class Recorder:
-        def __init__(self):
-            self.tensor_ops = ops = HostTensorOps(Ledger())
-            self.shifted, self.adopted = [], []
-            shift, adopt = ops.shift_positions, ops.adopt
-            ops.shift_positions = lambda p, by: self.shifted.append(by) or shift(p, by)
-            ops.adopt = lambda a: self.adopted.append(a.shape) or adopt(a)
+    calls = []
 
-    rec = Recorder()
+    class Engine:
+        tensor_ops = HostTensorOps(Ledger())
+        ledger = tensor_ops.ledger
+
+        def run_component(self, component, feeds, phase=None):
+            return {"logits": np.zeros((1, len(feeds["ids"][0]), 4), np.float32)}
+
+    ops = Engine.tensor_ops
+    adopt_feeds = ops.adopt_feeds
+    ops.adopt_feeds = lambda arrays, key: calls.append(
+        (key, [a.tolist() for a in arrays])) or adopt_feeds(arrays, key)
     session = DecodeSession.__new__(DecodeSession)
-    session.engine = rec
-    session._positions = None
-    session.state = type("S", (), {"position": 0})()
-    for start, m in ((0, 5), (5, 8), (9, 8), (17, 8), (20, 1), (21, 8)):
-        session.position = start
-        feed = session._positions_feed(m)
-        assert feed.tolist() == [list(range(start, start + m))], (start, m)
-        session._positions = (feed, start + m)  # what _run keeps after the forward
-    assert rec.shifted == [4, 8]  # 9..16 after 5..12 (rolled back from 13), 17..24 after it
-    assert rec.adopted == [(1, 5), (1, 8), (1, 1), (1, 8)]  # the prompt, the first 8, ...
+    session.engine, session.component = Engine(), "target"
+    session.inputs, session.outputs = {"tokens": "ids", "positions": "pos"}, {"logits": "logits"}
+    session._positions, session.tokens_fed = None, None
+    session.state = type("S", (), {"position": 3, "feeds": lambda self: {},
+                                   "absorb": lambda self, out, m: None})()
+    session.forward([7, 8, 9], "verify")
+    assert calls == [("target", [[[7, 8, 9]], [[3, 4, 5]]])]
+    assert session.tokens_fed.tolist() == [[7, 8, 9]]
 
 
 @pytest.mark.claim("tensor_ops")
@@ -695,7 +697,8 @@ def test_greedy_feeds_each_next_token_and_position_from_the_tensor_ops(packages,
             return real(self, *args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(HostTensorOps, "adopt", counted("adopt", HostTensorOps.adopt))
+    # the crossing primitive under adopt and adopt_feeds alike
+    monkeypatch.setattr(HostTensorOps, "_adopt", counted("adopt", HostTensorOps._adopt))
     monkeypatch.setattr(HostTensorOps, "advance_positions",
                         counted("advance", HostTensorOps.advance_positions))
     monkeypatch.setattr(HostTensorOps, "next_token_feed",

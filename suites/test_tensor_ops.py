@@ -436,12 +436,10 @@ ERROR_CASES: list[tuple[str, Callable[[TensorOps, Callable], Any], type, str]] =
         m(np.ones((1, 2, 3), np.float32)), [0]), InputError, "logits2d"),
     ("accept all-NaN bonus row", lambda o, m: o.accept_drafts(
         m(np.array([[1, 2], [np.nan, np.nan]], np.float32)), [1]), InputError, "logits2d"),
-    ("shift 1-D positions", lambda o, m: o.shift_positions(m(np.arange(3, dtype=np.int64)), 2),
-     InputError, "positions"),
-    ("shift int32 positions", lambda o, m: o.shift_positions(
-        m(np.arange(3, dtype=np.int32).reshape(1, 3)), 2), InputError, "positions.dtype"),
-    ("shift by a float", lambda o, m: o.shift_positions(
-        m(np.arange(3, dtype=np.int64).reshape(1, 3)), 2.5), InputError, "by"),
+    ("adopt_feeds of a list", lambda o, m: o.adopt_feeds([np.ones(2, np.int64), [1, 2]], "t"),
+     InputError, "host_array"),
+    ("adopt_feeds unsupported dtype", lambda o, m: o.adopt_feeds(
+        [np.ones(2, np.complex64)], "t"), InputError, "dtype"),
     ("accept feed without the pending token", lambda o, m: o.accept_drafts(
         m(np.ones((3, 3), np.float32)), [0, 1], fed=m(np.array([[0, 1]], np.int64))),
      InputError, "fed"),
@@ -480,6 +478,7 @@ def test_all_nan_error_names_the_row(host_ops):
     lambda o, d: o.scatter_into_last_axis(np.ones((2, 3), np.float32), 0, d),
     lambda o, d: o.argmax_rows(d, 1),
     lambda o, d: o.adopt(d),
+    lambda o, d: o.adopt_feeds([np.zeros((1, 2), np.int64), d], "target"),
 ])
 def test_host_ops_refuse_device_values_naming_both_remedies(host_ops, call):
     with pytest.raises(ResidencyError) as info:

@@ -204,6 +204,42 @@ def test_gpu_ops_are_ordered_on_the_engine_stream(cp, stream):
 
 
 @pytest.mark.gpu
+def test_gpu_adopt_feeds_keep_their_buffers_and_land_in_stream_order(cp, stream):
+    """A step's ids and positions are staged in one copy into buffers kept by key and
+    shape: the same addresses every call (a graph slot's feed copy is reused), every value
+    counted as adopted, nothing read back. A copy queued between two calls, behind ~50 ms
+    of spinning, still reads the first call's values (the second waits for the pinned side,
+    and its device write lands in stream order); another key or width has its own buffers,
+    and a feed past FEED_STAGE_BYTES is adopted as ``adopt`` does it."""
+    from engines.tensor_ops.cuda import FEED_STAGE_BYTES
+
+    ops = cuda_ops(cp, stream)
+    x = ops.zeros((4, 64), "float32")
+    slow = SLOW_FILL.load(0)["slow_fill"]
+    ids, pos = np.array([[1, 2, 3]], np.int64), np.array([[40, 41, 42]], np.int64)
+    with transfer_guard("disallow") as g:
+        first = ops.adopt_feeds([ids, pos], "target")
+        seen = ops.zeros((2, 3), "int64")
+        with cp.cuda.Device(0), stream:
+            slow((1,), (256,), (x, np.int64(x.size), np.float32(5.0), np.int64(100_000_000)))
+            seen[0:1] = first[0]  # queued behind the spinning, on the engine's stream
+            seen[1:2] = first[1]
+        second = ops.adopt_feeds([ids + 10, pos + 3], "target")
+        other = ops.adopt_feeds([ids, pos], "draft")
+        wide = [np.arange(FEED_STAGE_BYTES // 8 + 1, dtype=np.int64).reshape(1, -1)]
+        big = (ops.adopt_feeds(wide, "target")[0], ops.adopt_feeds(wide, "target")[0])
+        stream.synchronize()
+    assert [v.data.ptr for v in second] == [v.data.ptr for v in first]
+    assert other[0].data.ptr not in {v.data.ptr for v in first}
+    assert big[0].data.ptr != big[1].data.ptr  # not staged: a fresh array each
+    assert cp.asnumpy(seen).tolist() == [[1, 2, 3], [40, 41, 42]]
+    assert [cp.asnumpy(v).tolist() for v in second] == [[[11, 12, 13]], [[43, 44, 45]]]
+    assert cp.asnumpy(big[1]).tolist() == wide[0].tolist()
+    assert g.events == [] and ops.ledger.readback_total == 0
+    assert ops.ledger.h2d_count == 8 and ops.ledger.h2d_bytes == 6 * 24 + 2 * wide[0].nbytes
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 def test_gpu_kernel_decodes_every_half_and_bfloat16_pattern(cp, stream, name):
     bits = np.arange(1 << 16, dtype=np.uint16)

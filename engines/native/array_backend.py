@@ -31,6 +31,9 @@ _SMALL_OUTPUT = 1 << 14
 _PRODUCTS = 1 << 22
 # elements of the output block the loop over K updates at a time (256 KiB of float32)
 _BLOCK = 1 << 16
+# the float32 copies of a plan's low-precision constants kept for matmul, in bytes (SmolLM2's
+# weights widened: about 540 MB); past it a constant is widened again at every use
+WIDENED_BYTES = 1 << 30
 
 
 @runtime_checkable
@@ -82,10 +85,35 @@ class NumpyArrayBackend:
 
     def __init__(self) -> None:
         self.xp = np
+        # id -> [a constant, its float32 widening once made]: the list holds the constant, so
+        # its id names it for as long as the entry lives
+        self._constants: dict[int, list] = {}
+        self._widened_bytes = 0
 
     def adopt(self, host_array: Any) -> np.ndarray:
         # asarray keeps 0-d arrays 0-d (ascontiguousarray would make them 1-d).
         return np.asarray(host_array, order="C")
+
+    def keep_constant(self, value: np.ndarray) -> np.ndarray:
+        """Mark ``value`` as fixed for the plan's life (an initializer, a weight-only fold):
+        a float16 or bfloat16 one is widened to float32 once, at its first matmul, and that
+        copy is read at every later one (a decode step widened every weight again: 40% of
+        a float16 SmolLM2 step), the same values, so the same bits."""
+        if value.dtype in _WIDEN:
+            self._constants[id(value)] = [value, None]
+        return value
+
+    def _widened(self, x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        entry = self._constants.get(id(x))
+        if entry is None or entry[0] is not x:
+            return x.astype(dtype, copy=False)
+        if entry[1] is None or entry[1].dtype != dtype:
+            wide = x.astype(dtype)
+            if self._widened_bytes + wide.nbytes > WIDENED_BYTES:
+                return wide
+            self._widened_bytes += wide.nbytes
+            entry[1] = wide
+        return entry[1]
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         xp = self.xp
@@ -94,8 +122,8 @@ class NumpyArrayBackend:
         acc_dtype = _WIDEN.get(out_dtype, out_dtype)
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
-        a2 = a2.astype(acc_dtype, copy=False)
-        b2 = b2.astype(acc_dtype, copy=False)
+        a2 = self._widened(a2, acc_dtype)
+        b2 = self._widened(b2, acc_dtype)
         batch = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
         m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
         outputs = int(np.prod(batch, dtype=np.int64)) * m * n

@@ -248,10 +248,12 @@ class Plan:
         # device ops (a transposed tied embedding, say) on the backend ----
         const_host: dict[str, Any] = dict(initializers)
         self._const_dev: dict[str, Any] = {}  # backend values fixed at build
+        # a backend may keep something per constant (the host's float32 widenings)
+        keep = getattr(backend, "keep_constant", lambda value: value)
 
         def const_dev(name: str) -> Any:
             if name not in self._const_dev:
-                self._const_dev[name] = backend.adopt(const_host[name])
+                self._const_dev[name] = keep(backend.adopt(const_host[name]))
             return self._const_dev[name]
 
         dynamic: list[tuple[int, onnx.NodeProto, Kernel, bool]] = []
@@ -273,7 +275,7 @@ class Plan:
                 values = self._call(kernel, backend, args, label)
                 for y, v in zip(node.output, values):
                     if y:
-                        self._const_dev[y] = v
+                        self._const_dev[y] = keep(v)
             else:
                 dynamic.append((index, node, kernel, is_host))
 

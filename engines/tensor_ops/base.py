@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import math
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import ml_dtypes
@@ -120,6 +121,27 @@ class TensorOps(abc.ABC):
     # -- the interface -----------------------------------------------------------------------
     def adopt(self, host_array: Any):
         """Host to where the ops live; counted ``ledger.record_adopt`` when it crosses."""
+        self._check_adoptable(host_array)
+        if host_array.size == 0:
+            return host_array
+        return self._adopt(host_array)
+
+    def adopt_feeds(self, arrays: Sequence[Any], key: str) -> tuple:
+        """``adopt`` of a forward's small feeds (its token ids and positions), each counted
+        as ``adopt`` counts it. A device may stage them together into buffers it keeps for
+        ``key`` and their shape, one copy a call, so a decode or verification step's feeds
+        keep their addresses (a graph slot then reuses its feed copy) and allocate nothing.
+        A kept buffer is overwritten by the next call with the same key and shape, in the
+        engine's stream order: a caller uses it for one forward (and what that forward's
+        result is compared with) before the next forward of that key and width."""
+        for array in arrays:
+            self._check_adoptable(array)
+        return self._adopt_feeds(tuple(arrays), key)
+
+    def _adopt_feeds(self, arrays: tuple[np.ndarray, ...], key: str) -> tuple:
+        return tuple(a if a.size == 0 else self._adopt(a) for a in arrays)
+
+    def _check_adoptable(self, host_array: Any) -> None:
         _ndarray_like(host_array, "host_array")
         try:
             where = residency_of(host_array)
@@ -133,9 +155,6 @@ class TensorOps(abc.ABC):
                         "or read the device value back through a sanctioned readback first "
                         "and use the host tensor ops"))
         dtype_name(host_array.dtype)
-        if host_array.size == 0:
-            return host_array
-        return self._adopt(host_array)
 
     def zeros(self, shape: Any, dtype: Any):
         """Zeros of ``shape`` and ``dtype`` where the ops live (host-empty if any extent is 0)."""
@@ -386,13 +405,6 @@ class TensorOps(abc.ABC):
         self._check_positions(positions)
         return self._advance_positions(positions, _int_arg(step, "step"))
 
-    def shift_positions(self, positions: Any, by: Any):
-        """``positions + by`` (int64 ``[1, M]``) as a new value where the ops live, computed
-        there: a forward of the same width as the last one, moved along the sequence (a
-        verification after the last one's accept), whose positions then cross nothing."""
-        self._check_positions(positions)
-        return self._shift_positions(positions, _int_arg(by, "by"))
-
     def _check_positions(self, positions: Any) -> None:
         self.check_resident(positions, "positions")
         if positions.ndim != 2 or positions.shape[0] != 1 or positions.shape[1] < 1:
@@ -440,10 +452,6 @@ class TensorOps(abc.ABC):
         return ReadyToken(token), feed
 
     def _advance_positions(self, positions: Any, step: int):
-        raise NotImplementedError(f"{type(self).__name__} keeps no device feed "
-                                  "(supports_device_feed is False)")
-
-    def _shift_positions(self, positions: Any, by: int):
         raise NotImplementedError(f"{type(self).__name__} keeps no device feed "
                                   "(supports_device_feed is False)")
 

@@ -76,8 +76,5 @@ class HostTensorOps(TensorOps):
     def _advance_positions(self, positions: np.ndarray, step: int) -> np.ndarray:
         return positions[:, -1:] + np.int64(step)
 
-    def _shift_positions(self, positions: np.ndarray, by: int) -> np.ndarray:
-        return positions + np.int64(by)
-
     def _stage(self, v: np.ndarray, site: str) -> np.ndarray:
         return np.array(v, copy=True)  # nothing crosses on the host: nothing to record

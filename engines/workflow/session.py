@@ -44,7 +44,8 @@ class DecodeSession:
                                               snapshot_cells, snapshot_mode)
         # the last forward's positions feed and the position it ended at (device feed)
         self._positions: tuple[Any, int] | None = None
-        # the last ``forward``'s tokens feed: a verification's accept reads its drafts there
+        # the last ``forward``'s tokens feed (kept by the ops until the next forward of its
+        # width): a verification's accept reads its drafts there
         self.tokens_fed: Any = None
 
     @property
@@ -71,22 +72,17 @@ class DecodeSession:
     def forward(self, tokens: Sequence[int], phase: str) -> dict[str, Any]:
         """Run the component over ``len(tokens)`` new positions; returns outputs by role."""
         m = len(tokens)
-        ids = np.asarray(tokens, dtype=np.int64).reshape(1, m)
-        self.tokens_fed = self.ops.adopt(ids)
-        feeds = {self.inputs["tokens"]: self.tokens_fed}
+        host = [np.asarray(tokens, dtype=np.int64).reshape(1, m)]
         if "positions" in self.inputs:
-            feeds[self.inputs["positions"]] = self._positions_feed(m)
+            host.append(np.arange(self.position, self.position + m,
+                                  dtype=np.int64).reshape(1, m))
+        # one staged copy a step on a device (the feeds keep their addresses step to step)
+        fed = self.ops.adopt_feeds(host, key=self.component)
+        self.tokens_fed = fed[0]
+        feeds = {self.inputs["tokens"]: fed[0]}
+        if "positions" in self.inputs:
+            feeds[self.inputs["positions"]] = fed[1]
         return self._run(feeds, m, phase)
-
-    def _positions_feed(self, m: int):
-        """Positions ``position .. position + m - 1``: where the last forward's feed had the
-        same width and lives with the engine (a verification after a verification), shifted
-        there from it; else they cross once."""
-        last = self._positions
-        if self.ops.supports_device_feed and last is not None and last[0].shape == (1, m):
-            return self.ops.shift_positions(last[0], self.position - (last[1] - m))
-        pos = np.arange(self.position, self.position + m, dtype=np.int64).reshape(1, m)
-        return self.ops.adopt(pos)
 
     def forward_fed(self, token_feed, phase: str) -> dict[str, Any]:
         """One position whose token id already lives with the engine (``next_token``'s

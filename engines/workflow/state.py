@@ -71,6 +71,8 @@ class DecodeState:
         self._saved_lengths: dict[str, int] | None = None
         # per cell: its declared shape, and the sequence axis where it grows (else None);
         # ``absorb`` checks every cell every forward, so they are read from the spec once
+        # truncate's cells by the names asked for (None: every kv cell), once checked
+        self._truncated: dict[tuple[str, ...] | None, list[Cell]] = {}
         self._expect = {name: (tuple(c.spec.shape),
                                c.spec.seq_axis if c.spec.kind == "kv"
                                and c.spec.update == "append" else None)
@@ -162,14 +164,19 @@ class DecodeState:
         """The cell half of ``rollback`` (kv cells only; the position stays): callers use
         ``rollback``. Refusals, checked for every cell before any changes: a recurrent cell,
         a length past a cell's valid length, a negative length."""
-        chosen = [self._cell(n, "rollback") for n in
-                  (names if names is not None else
-                   [n for n, c in self.cells.items() if c.spec.kind == "kv"])]
+        key = None if names is None else tuple(names)
+        chosen = self._truncated.get(key)
+        if chosen is None:  # checked once a set of names (a round truncates every kv cell)
+            chosen = [self._cell(n, "rollback") for n in
+                      (key if key is not None else
+                       [n for n, c in self.cells.items() if c.spec.kind == "kv"])]
+            for cell in chosen:
+                if cell.spec.kind != "kv":
+                    raise InputError(f"recurrent cell {cell.name!r} cannot be truncated",
+                                     field=f"state.{cell.name}", value=length,
+                                     remedy="snapshot it before verification and restore it")
+            self._truncated[key] = chosen
         for cell in chosen:
-            if cell.spec.kind != "kv":
-                raise InputError(f"recurrent cell {cell.name!r} cannot be truncated",
-                                 field=f"state.{cell.name}", value=length,
-                                 remedy="snapshot it before verification and restore it")
             if not 0 <= length <= cell.length:
                 raise InputError(f"truncate to {length} past the cell's length {cell.length}",
                                  field=f"state.{cell.name}", value=length,
