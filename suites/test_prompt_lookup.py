@@ -268,7 +268,7 @@ def test_convert_prompt_lookup_adds_the_section_and_nothing_else(tmp_path, monke
     assert result.folder.name.startswith("tiny-dynamic-float32-lookup5-")
     assert package.spec.name == "tiny-dynamic-float32-lookup5"
     assert package.spec.decoding.speculative.model_dump(exclude_defaults=True) == {
-        "kind": "prompt-lookup", "max_width": 5, "max_ngram": 3, "min_ngram": 1,
+        "kind": "prompt-lookup", "max_width": 5, "max_ngram": 3, "min_ngram": 2,
         "rollback": list(plain.spec.state)}
     assert package.spec.components == plain.spec.components
     assert package.spec.state == plain.spec.state
@@ -296,7 +296,7 @@ def test_cli_convert_prompt_lookup_says_what_it_wrote(tmp_path, capsys, monkeypa
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     assert main(["convert", str(gguf), "-o", str(tmp_path / "p"), "--prompt-lookup", "3"]) == 0
     out = capsys.readouterr().out
-    assert "speculative: prompt-lookup, n-grams 3..1 of the sequence, widths 1..3" in out
+    assert "speculative: prompt-lookup, n-grams 3..2 of the sequence, widths 1..3" in out
     for bad in ("0", "17", "two"):
         assert "--prompt-lookup" in one_line_error(capsys, ["convert", str(gguf), "-o",
                                                             str(tmp_path / "q"),
