@@ -8,6 +8,7 @@ its own with a sequential sum over K, and ``sum`` adds along its axis in index o
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -78,6 +79,19 @@ def matmul_shapes(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[i
     return out
 
 
+@functools.lru_cache(maxsize=1024)
+def _matmul_layout(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple:
+    """``matmul``'s shapes, worked out once a pair (a decode step asks the same few
+    thousands of times): the result's shape, the broadcast batch, M, K, N and the count of
+    outputs. A bad pair raises ``matmul_shapes``' error every time (errors are not kept)."""
+    out_shape = matmul_shapes(a_shape, b_shape)
+    a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
+    b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
+    batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    m, k, n = a2[-2], a2[-1], b2[-1]
+    return out_shape, batch, m, k, n, int(np.prod(batch, dtype=np.int64)) * m * n
+
+
 class NumpyArrayBackend:
     """The host backend: numpy arrays, sequential fixed-order reductions."""
 
@@ -117,16 +131,13 @@ class NumpyArrayBackend:
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         xp = self.xp
-        out_shape = matmul_shapes(tuple(a.shape), tuple(b.shape))
+        out_shape, batch, m, k, n, outputs = _matmul_layout(tuple(a.shape), tuple(b.shape))
         out_dtype = np.result_type(a.dtype, b.dtype)
         acc_dtype = _WIDEN.get(out_dtype, out_dtype)
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
         a2 = self._widened(a2, acc_dtype)
         b2 = self._widened(b2, acc_dtype)
-        batch = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
-        m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
-        outputs = int(np.prod(batch, dtype=np.int64)) * m * n
         acc = None
         if 2 <= n and outputs <= _SMALL_OUTPUT and outputs * k <= _PRODUCTS \
                 and _plain(a2, b2):
