@@ -139,4 +139,3 @@ def current_readback_purposes() -> tuple[str, ...]:
     """The innermost active ``sanctioned_readback``'s purposes on this thread, or ()."""
     stack = getattr(_marker, "stack", None)
     return stack[-1] if stack else ()
-

@@ -69,10 +69,10 @@ class DecodeState:
                 self._restore_into[name] = ops.zeros(tuple(spec.shape), dtype_of(spec.dtype))
         self._host_copies: dict[str, np.ndarray] = {}
         self._saved_lengths: dict[str, int] | None = None
-        # per cell: its declared shape, and the sequence axis where it grows (else None);
-        # ``absorb`` checks every cell every forward, so they are read from the spec once
         # truncate's cells by the names asked for (None: every kv cell), once checked
         self._truncated: dict[tuple[str, ...] | None, list[Cell]] = {}
+        # per cell: its declared shape, and the sequence axis where it grows (else None);
+        # ``absorb`` checks every cell every forward, so they are read from the spec once
         self._expect = {name: (tuple(c.spec.shape),
                                c.spec.seq_axis if c.spec.kind == "kv"
                                and c.spec.update == "append" else None)

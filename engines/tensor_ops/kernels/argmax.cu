@@ -1,5 +1,6 @@
-// The greedy step's kernels (engines/tensor_ops/cuda.py): each row's argmax, a verification's
-// argmaxes and draft acceptance in one launch, and a test hook. Instances: one per dtype tag below.
+// The greedy step's kernels (engines/tensor_ops/cuda.py): each row's argmax, a
+// verification's argmaxes and draft acceptance in one launch, and a test hook. Instances: one
+// per dtype tag below.
 #if !defined(LK_ARGMAX_BLOCK) || !defined(LK_ARGMAX_UNROLL)
 #error "LK_ARGMAX_BLOCK and LK_ARGMAX_UNROLL come from the launcher (-D options)"
 #endif
