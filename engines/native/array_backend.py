@@ -121,7 +121,7 @@ class NumpyArrayBackend:
         entry = self._constants.get(id(x))
         if entry is None or entry[0] is not x:
             return x.astype(dtype, copy=False)
-        if entry[1] is None or entry[1].dtype != dtype:
+        if entry[1] is None:  # every low-precision dtype widens to float32 (_WIDEN)
             wide = x.astype(dtype)
             if self._widened_bytes + wide.nbytes > WIDENED_BYTES:
                 return wide

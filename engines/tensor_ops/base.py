@@ -402,10 +402,6 @@ class TensorOps(abc.ABC):
     def advance_positions(self, positions: Any, step: Any = 1):
         """``positions[0, -1] + step`` (``positions``: int64 ``[1, M]``, M >= 1) as an int64
         ``[1, 1]`` value where the ops live, computed there: the next forward's positions."""
-        self._check_positions(positions)
-        return self._advance_positions(positions, _int_arg(step, "step"))
-
-    def _check_positions(self, positions: Any) -> None:
         self.check_resident(positions, "positions")
         if positions.ndim != 2 or positions.shape[0] != 1 or positions.shape[1] < 1:
             raise InputError("positions must be [1, M] with M >= 1", field="positions",
@@ -413,6 +409,7 @@ class TensorOps(abc.ABC):
         if positions.dtype != np.int64:
             raise InputError("positions must be int64", field="positions.dtype",
                              value=positions.dtype.name, remedy="feed int64 positions")
+        return self._advance_positions(positions, _int_arg(step, "step"))
 
     def audit_row(self, logits2d: Any) -> np.ndarray:
         """A ``[1, vocab]`` logits row as a host float64 vector (``audit_rows`` of one row)."""
