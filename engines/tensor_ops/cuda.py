@@ -160,24 +160,36 @@ class CudaTensorOps(TensorOps):
         with self.on_stream():
             self._bits(dst)[...] = self._bits(src)  # device to device, on the stream
 
+    def _argmax_kernel(self, logits2d: Any, instance: int):
+        """Instance ``instance`` of the argmax module of the logits' dtype (0: the row
+        argmax, 1: the accept), refusing rows wider than the kernels' int32 column index."""
+        if int(logits2d.shape[1]) >= 2 ** 31:
+            raise InputError("rows wider than 2**31 - 1 are not supported", field="logits2d",
+                             value=tuple(logits2d.shape),
+                             remedy="split the vocabulary before taking the argmax")
+        module = ARGMAX_MODULES[dtype_name(logits2d.dtype)]
+        return module.load(self.device_id)[module.instances[instance]]
+
+    def _kernel_rows(self, logits2d: Any, rows: int) -> tuple[Any, np.int64, np.int32]:
+        """The first ``rows`` rows as the argmax kernels read them (on the stream): their bits,
+        the row stride in elements (a contiguous copy where the layout does not allow one)
+        and the column count."""
+        cols = int(logits2d.shape[1])
+        x = self._bits(logits2d[:rows])
+        row_stride, usable = kernel_layout(x.shape, x.strides, x.itemsize)
+        if not usable:
+            x = self.cp.ascontiguousarray(x)
+            row_stride = cols
+        return x, np.int64(row_stride), np.int32(cols)
+
     def _row_argmax_on_device(self, logits2d: Any, rows: int, feed: Any = None):
         """int32 [rows] argmaxes left on the device (-1 for an all-NaN row); ``feed``, an
         int64 array of ``rows`` values, gets them too, from the same kernel."""
-        name = dtype_name(logits2d.dtype)
-        cols = int(logits2d.shape[1])
-        if cols >= 2 ** 31:
-            raise InputError("rows wider than 2**31 - 1 are not supported", field="logits2d",
-                             value=tuple(logits2d.shape))
-        module = ARGMAX_MODULES[name]
-        fn = module.load(self.device_id)[module.instances[0]]
+        fn = self._argmax_kernel(logits2d, 0)
         with self.on_stream():
-            x = self._bits(logits2d[:rows])
-            row_stride, usable = kernel_layout(x.shape, x.strides, x.itemsize)
-            if not usable:
-                x = self.cp.ascontiguousarray(x)
-                row_stride = cols
+            x, row_stride, cols = self._kernel_rows(logits2d, rows)
             out = self.cp.empty((rows,), dtype=self.cp.int32)
-            fn((rows,), (ARGMAX_BLOCK,), (x, np.int64(row_stride), np.int32(cols), out,
+            fn((rows,), (ARGMAX_BLOCK,), (x, row_stride, cols, out,
                                           np.uint64(0) if feed is None else feed))
         return out
 
@@ -186,25 +198,19 @@ class CudaTensorOps(TensorOps):
         id come back together into a pinned pair, each recorded under its own purpose. The
         drafts are read where the verification's tokens feed ``fed`` holds them, else adopted."""
         width = int(drafts.size)
-        rows, cols = width + 1, int(logits2d.shape[1])
-        module = ARGMAX_MODULES[dtype_name(logits2d.dtype)]
-        fn = module.load(self.device_id)[module.instances[1]]
+        rows = width + 1
+        fn = self._argmax_kernel(logits2d, 1)
         scratch = self._accept_scratch(rows)
         with self.on_stream():
-            x = self._bits(logits2d[:rows])
-            row_stride, usable = kernel_layout(x.shape, x.strides, x.itemsize)
-            if not usable:
-                x = self.cp.ascontiguousarray(x)
-                row_stride = cols
+            x, row_stride, cols = self._kernel_rows(logits2d, rows)
             if fed is not None:
                 dev_drafts = fed.reshape(-1)[1:]
             elif width:
                 dev_drafts = self._adopt(drafts)
             else:
                 dev_drafts = scratch["no_drafts"]
-            fn((rows,), (ARGMAX_BLOCK,), (x, np.int64(row_stride), np.int32(cols), dev_drafts,
-                                          np.int32(width), scratch["best"], scratch["done"],
-                                          scratch["out"]))
+            fn((rows,), (ARGMAX_BLOCK,), (x, row_stride, cols, dev_drafts, np.int32(width),
+                                          scratch["best"], scratch["done"], scratch["out"]))
             with sanctioned_readback("accept_count", "token_id"):
                 scratch["out"].get(stream=self.stream, out=scratch["host"], blocking=False)
             scratch["event"].record(self.stream)
