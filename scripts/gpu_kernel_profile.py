@@ -21,13 +21,18 @@ the same arithmetic) for the A/B; each run also writes one verification's logits
 """
 from __future__ import annotations
 
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 REPLAYS = 20
 
@@ -60,8 +65,6 @@ def prefill_as_graph(engine, session, prompt, cupy) -> dict:
     whether the last row's logits are the eager ones bit for bit."""
     from engines.native import graph_slots
     from engines.native.graph_slots import GraphSlot
-
-    import numpy as np
 
     last_row = lambda out: cupy.asnumpy(out["logits"][0, -1].view(cupy.uint16))  # noqa: E731
     eagers = []
@@ -96,7 +99,8 @@ def prefill_as_graph(engine, session, prompt, cupy) -> dict:
             "eager_runs_argmax": [int(as_float(e).argmax()) for e in eagers],
             "graph_vs_eager_max_abs": float(np.abs(as_float(row) - as_float(eager)).max()),
             "argmax_graph_eager": [int(as_float(row).argmax()), int(as_float(eager).argmax())],
-            "first_ms (eager and capture)": walls[0], "host_ms_median": statistics.median(hosts[2:]),
+            "first_ms (eager and capture)": walls[0],
+            "host_ms_median": statistics.median(hosts[2:]),
             "wall_ms_median": statistics.median(walls[2:]), "last_row_bitwise_equal": same}
 
 
@@ -171,10 +175,6 @@ def main(width: int = 7) -> dict:
             session.forward(prompt, "prefill")
         rows, total = kernels_of(prefill, 3)
         engine.synchronize()
-        import cProfile
-        import io
-        import pstats
-
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(5):
@@ -192,8 +192,6 @@ def main(width: int = 7) -> dict:
         session.forward(prompt, "prefill")
         verify = session.forward(prompt[:width + 1], "verify")["logits"]
         if os.environ.get("OUT"):
-            import numpy as np
-
             np.save(Path(os.environ["OUT"], f"verify_logits_{variant}.npy"),
                     cupy.asnumpy(verify.view(cupy.uint16)))
         out["prefill"] = {"host_ms_median": statistics.median(hosts),
