@@ -21,7 +21,7 @@ Usage (repository root):
 carries it), for ``--old`` to read where there is no history (the GPU machine, where NVRTC
 comes with CuPy). Prints a summary (and writes it, with every difference, under ``--out``);
 exits 1 on any difference or unpaired kernel, 2 when it cannot compare at all. Kernels
-rewritten on purpose after the move (``REPLACED``) are named in the summary, not compared.
+rewritten on purpose after the move (``REWRITTEN``) are named in the summary, not compared.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ json.dump({k: dict(zip(("text", "options", "names"), v)) for k, v in old.items()
 """
 # kernels rewritten on purpose after the move (old name -> its successor, and where): not
 # compared, named in the summary, and their successors' instances not reported as unpaired
-REPLACED = {"lockstep_accept": ("lockstep_accept_rows",
+REWRITTEN = {"lockstep_accept": ("lockstep_accept_rows",
                                 "2007928: the accept's argmaxes and count in one launch"),
             "lockstep_argmax_rows": ("lockstep_argmax_rows",
                                      "2007928: its block reduction became lk_block_argmax, "
@@ -231,14 +231,14 @@ def compare(old: dict, compiler: str, work: Path) -> tuple[list[str], list[str]]
             new.update({inst: (bodies[name][0], normalised(name, bodies[name][1], decls))
                         for inst, name in lowered.items() if name in bodies})
         paired, identical = set(), 0
-        replaced = [name for name in entry["names"] if name in REPLACED]
+        replaced = [name for name in entry["names"] if name in REWRITTEN]
         for name in replaced:
-            successor, why = REPLACED[name]
+            successor, why = REWRITTEN[name]
             paired.add(new_instance(label, successor))
             lines.append(f"{label}: {name} rewritten since the move as {successor} ({why}): "
                          f"not compared")
         for name in entry["names"]:
-            if name in REPLACED:
+            if name in REWRITTEN:
                 continue
             inst = new_instance(label, name)
             paired.add(inst)

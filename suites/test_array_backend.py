@@ -175,3 +175,19 @@ def test_a_kept_constant_is_widened_once_and_gives_the_same_bits(monkeypatch):
     w = be.keep_constant(rng.standard_normal((64, 48)).astype(np.float16))
     be.matmul(rng.standard_normal((1, 64)).astype(np.float16), w)
     assert [entry[1] for entry in be._constants.values()] == [None] and be._widened_bytes == 0
+
+
+def test_both_backends_implement_every_method_the_plan_calls():
+    """The plan calls the protocol's methods on any backend without a fallback, so the device
+    backend (importable without CuPy) must define each of them too."""
+    import inspect
+
+    from engines.native.array_backend import ArrayBackend
+    from engines.native.cupy_array_backend import CupyArrayBackend
+
+    methods = [name for name, _ in inspect.getmembers(ArrayBackend, inspect.isfunction)
+               if not name.startswith("_")]
+    assert "keep_constant" in methods and "matmul" in methods
+    for cls in (NumpyArrayBackend, CupyArrayBackend):
+        missing = [name for name in methods if not callable(getattr(cls, name, None))]
+        assert not missing, (cls.__name__, missing)

@@ -157,7 +157,7 @@ def test_each_old_kernel_name_becomes_its_launcher_s_instance():
     assert ptx_compare.new_instance("argmax_bool", "lockstep_keys") == \
         "lockstep_keys<lk_argmax_bool>"
     # the accept was rewritten after the move: its successor's instance, named, not compared
-    successor, _ = ptx_compare.REPLACED["lockstep_accept"]
+    successor, _ = ptx_compare.REWRITTEN["lockstep_accept"]
     assert ptx_compare.new_instance("argmax_bool", successor) == \
         "lockstep_accept_rows<lk_argmax_bool>"
     assert ptx_compare.new_instance("casts", "lk_f32_to_bf16") == "lk_cast<float, lk_bf16>"

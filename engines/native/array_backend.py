@@ -53,6 +53,10 @@ class ArrayBackend(Protocol):
     def sum(self, x: Any, axis: int, keepdims: bool = False) -> Any:
         """Sum along one axis in index order starting from +0."""
 
+    def keep_constant(self, value: Any) -> Any:
+        """``value`` (adopted) marked as fixed for the plan's life, returned for the plan to
+        keep: a backend may cache something per constant (the host's float32 widenings)."""
+
 
 def matmul_shapes(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, ...]:
     """The ONNX MatMul result shape, or an ExecutionError naming both shapes."""

@@ -70,6 +70,10 @@ class CupyArrayBackend:
             self._loading = False
             self._loading_shapes = None
 
+    def keep_constant(self, value: Any) -> Any:
+        """As adopted: the device's GEMVs read a low-precision weight as it is stored."""
+        return value
+
     def adopt(self, host_array: Any):
         """Copy a host array to the device on the stream; counted once in the ledger."""
         cupy = self.xp

@@ -248,8 +248,7 @@ class Plan:
         # device ops (a transposed tied embedding, say) on the backend ----
         const_host: dict[str, Any] = dict(initializers)
         self._const_dev: dict[str, Any] = {}  # backend values fixed at build
-        # a backend may keep something per constant (the host's float32 widenings)
-        keep = getattr(backend, "keep_constant", lambda value: value)
+        keep = backend.keep_constant  # a backend may keep something per constant
 
         def const_dev(name: str) -> Any:
             if name not in self._const_dev:
