@@ -8,12 +8,14 @@ A random SmolLM2-shaped float16 package (static cache) with a prompt-lookup sect
 ``gpu_round_probe.py`` builds it. Printed, and written as JSON to ``$OUT/kernel_profile.json``.
 Usage (repo root, GPU image, torch importable): python scripts/gpu_kernel_profile.py [WIDTH]
 
-Then an experiment (``prefill_as_graph``): after a verification, three eager prefills of the
-same prompt (each after ``truncate(0)``), compared with each other bit for bit (max abs and
-argmax beside); then the same prefill routed through the VERIFY slot, captured once and
-replayed, timed the same way, its last row compared with the third eager one's: what a
-prefill captured as a graph would cost. (docs/evidence/2026-12-04-h200-kernels: the first
-eager prefills after a verification came out wrong with the step memos on.)
+The eager prefill is measured with the engine's prefill graphs cut off. Then
+``prefill_as_graph``: after a verification and ``truncate(0)``, three eager prefills of the
+same prompt compared with each other bit for bit, then nine with the prefill graphs on
+(``engines/native/prefill_graphs.py``: eager, capture, seven replays), each timed the same
+way and its last row compared with the third eager one's. Every row is read on the engine's
+stream: the first eager prefills after a verification once looked wrong because the probe
+read them on the current stream before the engine's stream had written them
+(docs/evidence/2026-12-04-h200-readback/).
 
 ``VARIANT=tile`` routes every GEMV of 2 to 16 rows to ``gemv_tile`` (the prefill's kernel,
 the same arithmetic) for the A/B; each run also writes one verification's logits to
@@ -59,49 +61,44 @@ def kernels_of(run, replays: int) -> tuple[list[dict], float]:
 
 
 def prefill_as_graph(engine, session, prompt, cupy) -> dict:
-    """What a prefill captured as a CUDA graph would cost (an experiment, not the engine's
-    path): the prefill routed through the VERIFY slot, so its signature is captured once and
-    replayed; host and synchronised wall of the replays against the eager prefill's, and
-    whether the last row's logits are the eager ones bit for bit."""
-    from engines.native import graph_slots
-    from engines.native.graph_slots import GraphSlot
-
-    last_row = lambda out: cupy.asnumpy(out["logits"][0, -1].view(cupy.uint16))  # noqa: E731
+    """The engine's prefill graphs against its eager prefill (the module doc): three eager
+    prefills (the graphs cut off), then nine with them on; host and synchronised wall of
+    each, and whether each last row is the eager one bit for bit."""
+    # read on the engine's stream: a copy on the current one raced the forward
+    # (docs/evidence/2026-12-04-h200-readback/)
+    last_row = lambda out: out["logits"][0, -1].view(cupy.uint16).get(  # noqa: E731
+        stream=engine.stream)
+    prefill_graphs, engine.slots.prefill = engine.slots.prefill, None
     eagers = []
-    for _ in range(3):
-        session.truncate(0)
-        eagers.append(last_row(session.forward(prompt, "prefill")))
+    try:
+        for _ in range(3):
+            session.truncate(0)
+            eagers.append(last_row(session.forward(prompt, "prefill")))
+    finally:
+        engine.slots.prefill = prefill_graphs
     eager = eagers[-1]
     as_float = lambda bits: bits.view(np.float16).astype(np.float32)  # noqa: E731
-    routed = graph_slots.slot_for_phase
-    graph_slots.slot_for_phase = lambda phase, positions=None: (
-        GraphSlot.VERIFY if phase == "prefill" else routed(phase, positions))
-    engine.reset_slot(GraphSlot.VERIFY)
-    hosts, walls, same = [], [], []
-    try:
-        for _ in range(9):
-            session.truncate(0)
-            engine.synchronize()
-            t0 = time.perf_counter()
-            result = session.forward(prompt, "prefill")
-            t1 = time.perf_counter()
-            engine.synchronize()
-            hosts.append(1e3 * (t1 - t0))
-            walls.append(1e3 * (time.perf_counter() - t0))
-            row = last_row(result)
-            same.append(bool((row == eager).all()))
-    finally:
-        graph_slots.slot_for_phase = routed
-        engine.reset_slot(GraphSlot.VERIFY)
+    engine.reset_slot("PREFILL")
+    hosts, walls, same, replayed = [], [], [], []
+    for _ in range(9):
+        session.truncate(0)
+        engine.synchronize()
+        t0 = time.perf_counter()
+        result = session.forward(prompt, "prefill")
+        t1 = time.perf_counter()
+        engine.synchronize()
+        hosts.append(1e3 * (t1 - t0))
+        walls.append(1e3 * (time.perf_counter() - t0))
+        replayed.append(engine.slots.replayed)
+        row = last_row(result)
+        same.append(bool((row == eager).all()))
     return {"eager_runs_bitwise_equal": [bool((e == eager).all()) for e in eagers],
-            "eager_runs_max_abs": [float(np.abs(as_float(e) - as_float(eager)).max())
-                                   for e in eagers],
             "eager_runs_argmax": [int(as_float(e).argmax()) for e in eagers],
             "graph_vs_eager_max_abs": float(np.abs(as_float(row) - as_float(eager)).max()),
-            "argmax_graph_eager": [int(as_float(row).argmax()), int(as_float(eager).argmax())],
-            "first_ms (eager and capture)": walls[0],
-            "host_ms_median": statistics.median(hosts[2:]),
-            "wall_ms_median": statistics.median(walls[2:]), "last_row_bitwise_equal": same}
+            "replayed": replayed, "host_ms": hosts, "wall_ms": walls,
+            "host_ms_median_replays": statistics.median(hosts[2:]),
+            "wall_ms_median_replays": statistics.median(walls[2:]),
+            "last_row_bitwise_equal": same}
 
 
 def main(width: int = 7) -> dict:
@@ -134,6 +131,7 @@ def main(width: int = 7) -> dict:
     import cupy
 
     out: dict = {"variant": variant, "width": width, "prompt": len(prompt), "replays": REPLAYS}
+    prefill_graphs, engine.slots.prefill = engine.slots.prefill, None  # eager prefills first
     try:
         for _ in range(2):
             greedy_decode(engine, prompt, 32, ignore_eos=True, pipelined=True)
@@ -193,10 +191,11 @@ def main(width: int = 7) -> dict:
         verify = session.forward(prompt[:width + 1], "verify")["logits"]
         if os.environ.get("OUT"):
             np.save(Path(os.environ["OUT"], f"verify_logits_{variant}.npy"),
-                    cupy.asnumpy(verify.view(cupy.uint16)))
+                    verify.view(cupy.uint16).get(stream=engine.stream))
         out["prefill"] = {"host_ms_median": statistics.median(hosts),
                           "wall_ms_median": statistics.median(walls),
                           "kernel_us_total": total, "kernels": rows[:25]}
+        engine.slots.prefill = prefill_graphs
         out["prefill_as_graph"] = prefill_as_graph(engine, session, prompt, cupy)
     finally:
         engine.close()

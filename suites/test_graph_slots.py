@@ -121,6 +121,37 @@ def test_poisoned_replays_still_equal_the_oracle(cp, packages, package_name):
         engine.close()
 
 
+@pytest.mark.claim("graph_replay", "token_identity")
+@pytest.mark.parametrize("package_name", STATIC)
+def test_a_prompt_length_seen_twice_replays_its_prefill_with_the_eager_bits(cp, packages,
+                                                                            package_name):
+    """``prefill_graphs.py`` on the device: a length's first prefill eager, its second
+    captured, later ones replayed (outputs poisoned before each replay); every prefill's
+    logits are the graphs-off engine's bit for bit, and the decode that follows a replayed
+    prefill (it reads the graph's kv outputs) gives the same tokens."""
+    package = packages[package_name]
+    engine = make_engine(package, poison_outputs=True)
+    eager = make_engine(package, graphs=False)
+    try:
+        for prompt in package.spec.prompts:
+            engine.reset_graphs()
+            want = host(eager, DecodeSession(eager).forward(prompt, "prefill")["logits"])
+            tokens = greedy_decode(eager, prompt, NEW_TOKENS).tokens
+            replayed = []
+            for _ in range(3):
+                got = host(engine, DecodeSession(engine).forward(prompt, "prefill")["logits"])
+                replayed.append(engine.slots.replayed)
+                assert got.tobytes() == want.tobytes()
+                result = greedy_decode(engine, prompt, NEW_TOKENS)
+                replayed.append(result.ledger.slot("PREFILL").replays == 1)
+                assert result.tokens == tokens
+            assert replayed == [False, False, True, True, True, True]
+            assert engine.ledger.slot("PREFILL").fallbacks == 0
+    finally:
+        engine.close()
+        eager.close()
+
+
 def _after_capture(engine, prompt):
     """A session past its prefill and one decode step (PRIMARY captured); the next token."""
     session = DecodeSession(engine)

@@ -392,7 +392,7 @@ def test_outputs_stay_on_the_device_and_match_ort_cpu(packages):
             want = dict(zip(out, _cpu_session(package.component_path("target")).run(list(out), host)))
             for name, value in out.items():
                 assert residency_of(value) == "cuda:0", name
-                got = value.get()
+                got = value.get(stream=engine.stream)  # the engine queues on its own stream
                 assert got.shape == want[name].shape and got.dtype == want[name].dtype, name
                 tol = tolerance_for(got.dtype)
                 np.testing.assert_allclose(got, want[name], atol=tol.max_abs, rtol=tol.max_rel)

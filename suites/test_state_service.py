@@ -23,6 +23,7 @@ from engines.ledger import Ledger
 from engines.package.schema import StateCellSpec
 from engines.tensor_ops import HostTensorOps
 from engines.workflow.state import DecodeState
+from harness.forensics.arbiter import to_host
 
 MAX_CONTEXT = 12
 SPECS = {
@@ -33,18 +34,6 @@ SPECS = {
     "r": StateCellSpec(kind="recurrent", component="target", input="pr", output="or",
                        dtype="float32", shape=[1, 4]),
 }
-
-
-def to_host(value) -> np.ndarray:
-    """A state value on the host. A device value is read once the device is idle: the ops
-    order their work on a non-blocking stream, which a plain ``get`` on the default stream
-    does not wait for (under load on the GPU the read raced the cache's writes)."""
-    if isinstance(value, np.ndarray) or not hasattr(value, "get"):
-        return value
-    import cupy
-
-    cupy.cuda.Device().synchronize()
-    return value.get()
 
 
 def outcome(fn):

@@ -53,6 +53,7 @@ from engines.native.graph_slots import (CaptureError, CupyGraphDevice, GraphSlot
                                         forward_positions, graphs_default)
 from engines.native.kernel_launch import plain_launches
 from engines.native.plan import Plan
+from engines.native.prefill_graphs import PrefillGraphs
 from engines.native.step_memo import memo_enabled
 from engines.tensor_ops.cuda import CudaTensorOps
 
@@ -174,9 +175,10 @@ class NativeCudaEngine(Engine):
                     model = capacity[name].model
                 with self.backend.weight_loading(matmul_weight_shapes(model)):
                     self._plans[name] = plan_class(model, self.backend)
-        self.slots = GraphSlots(CupyGraphDevice(self.stream, device_id=self.device_id),
-                                lambda: self.ledger, enabled=self.graphs,
-                                poison_outputs=poison_outputs)
+        device = CupyGraphDevice(self.stream, device_id=self.device_id)
+        prefill = PrefillGraphs(device, lambda: self.ledger, poison_outputs=poison_outputs)
+        self.slots = GraphSlots(device, lambda: self.ledger, enabled=self.graphs,
+                                poison_outputs=poison_outputs, prefill=prefill)
         self.publish_memory()
 
     def make_tensor_ops(self):

@@ -1,4 +1,5 @@
 """CUDA graph slots: PRIMARY (M=1 decode) and VERIFY (M=W+1 verification), claim 6.
+(Prefills replay from graphs of their own, one per length: ``prefill_graphs.py``.)
 
 A slot is one CUDA-graph lifecycle on the engine's stream. The first forward of a
 *signature* (the component plus every feed's name, shape and dtype) runs eagerly (its
@@ -123,7 +124,7 @@ CaptureBody = Callable[[Mapping[str, Any]], tuple[Outputs, list[Any]]]
 class SlotState:
     """One slot's lifecycle, buffers, pool and graph (see the module doc)."""
 
-    def __init__(self, slot: GraphSlot, device: Any,
+    def __init__(self, slot: GraphSlot | str, device: Any,
                  counters: Callable[[], GraphSlotCounters], *, poison_outputs: bool = False):
         self.slot = slot
         self.device = device
@@ -290,24 +291,26 @@ class SlotState:
         return count, size
 
     def describe(self) -> dict[str, Any]:
-        return {"slot": self.slot.value, "status": self.status.value,
+        return {"slot": getattr(self.slot, "value", self.slot), "status": self.status.value,
                 "component": self.signature.component if self.signature else None,
                 "capture_attempts": self.capture_attempts, "failure": self.failure}
 
 
 class GraphSlots:
     """An engine's two slots on one device (its stream), and the routing of a forward:
-    ``decode`` to PRIMARY, ``verify`` to VERIFY, anything else (or graphs off, or a feed
-    the device cannot copy) eagerly."""
+    ``decode`` to PRIMARY, ``verify`` to VERIFY, ``prefill`` to ``prefill`` where one is
+    given (``PrefillGraphs``: a graph per prompt length seen twice), anything else (or
+    graphs off, or a feed the device cannot copy) eagerly."""
 
     def __init__(self, device: Any, ledger: Callable[[], Any], *, enabled: bool,
-                 poison_outputs: bool = False):
+                 poison_outputs: bool = False, prefill: Any = None):
         self.device = device
         self.enabled = bool(enabled)
         self.states = {slot: SlotState(slot, device,
                                        lambda name=slot.value: ledger().slot(name),
                                        poison_outputs=poison_outputs)
                        for slot in GraphSlot}
+        self.prefill = prefill
         # whether the last forward was a replay: its outputs are then a slot's own buffers,
         # the same objects every replay until the slot captures again or is reset
         self.replayed = False
@@ -321,6 +324,10 @@ class GraphSlots:
     def run(self, component: str, feeds: Mapping[str, Any], phase: str | None,
             eager: EagerRun, capture_body: CaptureBody, positions: int | None = None) -> Outputs:
         self.replayed = False
+        if phase == "prefill" and self.enabled and self.prefill is not None:
+            out, self.replayed = self.prefill.run(component, feeds, positions, eager,
+                                                  capture_body)
+            return out
         slot = slot_for_phase(phase, positions) if self.enabled else None
         if slot is None:
             return eager(feeds)
@@ -336,16 +343,25 @@ class GraphSlots:
         return out
 
     def reset(self, slot: GraphSlot | str | None = None) -> None:
-        """Reset one slot (or both); the other keeps its graph."""
+        """Reset one slot, or ``"PREFILL"`` (every prefill graph), or all of them; the
+        others keep their graphs."""
+        if self.prefill is not None and slot in (None, "PREFILL"):
+            self.prefill.reset()
+            if slot is not None:
+                return
         for state in ([self[slot]] if slot is not None else self.states.values()):
             state.reset()
 
     def close(self) -> None:
         for state in self.states.values():
             state.close()
+        if self.prefill is not None:
+            self.prefill.close()
 
     def live(self) -> tuple[int, int]:
         pairs = [state.live() for state in self.states.values()]
+        if self.prefill is not None:
+            pairs.append(self.prefill.live())
         return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
 
 

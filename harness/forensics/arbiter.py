@@ -33,11 +33,20 @@ FLOAT_ELEMS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16,
 
 
 def to_host(value: Any) -> np.ndarray:
-    """A host numpy copy of an engine value (CuPy arrays are fetched: forensics only)."""
+    """A host numpy copy of an engine value (CuPy arrays are fetched: forensics only).
+
+    A device array is read once its device is idle. A device engine queues its work on a
+    non-blocking stream of its own, which a plain ``get`` (a copy on the current stream) does
+    not wait for: read straight after ``run_component`` returned, the copy raced the forward's
+    last kernels and brought back whatever the buffer held before (on the H200, wrong logits
+    after a verification: docs/evidence/2026-12-04-h200-readback/)."""
     if isinstance(value, np.ndarray):
         return value
     get = getattr(value, "get", None)
     if callable(get) and not isinstance(value, (dict, list, tuple)):
+        idle = getattr(getattr(value, "device", None), "synchronize", None)
+        if callable(idle):
+            idle()
         return np.asarray(get())
     return np.asarray(value)
 
