@@ -13,6 +13,7 @@ host: a dry run of the script, not a figure.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -62,6 +63,29 @@ def device_ms(sync, session, tokens, phase: str, repeats: int = 50) -> float:
     sync()
     session.position = start
     return 1e3 * (time.perf_counter() - t0) / repeats
+
+
+def verify_launch_ab(engine, session, sync, width: int, turns: int = 3) -> dict:
+    """A VERIFY replay's device ms with plain launches (the engine's choice since run 14,
+    when dependent launches made a 5-row replay 10% slower) against dependent ones, at
+    W + 1 and 5 rows, in alternating turns (the slot captured afresh for each)."""
+    from engines.backends import native_cuda
+    from engines.native.graph_slots import GraphSlot
+
+    plain = native_cuda.plain_launches
+    found: dict = {}
+    try:
+        for _ in range(turns):
+            for launches, context in (("plain", plain), ("dependent", contextlib.nullcontext)):
+                native_cuda.plain_launches = context
+                for rows in sorted({5, width + 1}):
+                    engine.reset_slot(GraphSlot.VERIFY)
+                    found.setdefault(f"{launches} M={rows}", []).append(
+                        round(device_ms(sync, session, [5] * rows, "verify"), 4))
+    finally:
+        native_cuda.plain_launches = plain
+        engine.reset_slot(GraphSlot.VERIFY)
+    return found
 
 
 def main(width: int = 8, tokens: int = 128) -> dict:
@@ -154,6 +178,8 @@ def main(width: int = 8, tokens: int = 128) -> dict:
         session.forward(prompt, "prefill")
         out["device_ms_primary"] = device_ms(sync, session, [5], "decode")
         out["device_ms_verify"] = device_ms(sync, session, [5] * (width + 1), "verify")
+        if stream is not None:
+            out["verify_launches"] = verify_launch_ab(engine, session, sync, width)
     finally:
         engine.close()
     return out

@@ -5,7 +5,10 @@ The same plan and op kernels as ``native-host``; only the array backend differs
 elementwise work). Weights cross to the device once, while the plans are built; feeds
 arrive already adopted through ``tensor_ops.adopt``; results stay on the device. Nothing in
 ``run_component`` synchronises with the host, except dropping a captured graph when a new
-signature invalidates it (its buffers must not be freed under a queued replay).
+signature invalidates it (its buffers must not be freed under a queued replay). So a caller
+reads a result on ``engine.stream`` (``x.get(stream=engine.stream)``) or after
+``engine.synchronize()``: a plain ``get`` copies on the current stream, which does not wait
+for this one.
 
 Device memory: the plans' weights and every forward's allocations come from the engine's
 ``CountingAllocator`` (a private pool, live count and bytes exact), published into the
@@ -14,8 +17,9 @@ pools included). Tensor-op allocations made outside ``run_component`` use it onl
 ``engine.allocator.scope()``.
 
 CUDA graphs (claim 6): ``run_component(component, feeds, phase)`` runs a ``decode`` forward
-in the ``PRIMARY`` graph slot and a ``verify`` forward in ``VERIFY`` (``graph_slots.py``),
-any other phase eagerly. Graphs are on by default for packages whose kv cells are all
+in the ``PRIMARY`` graph slot, a ``verify`` forward in ``VERIFY`` (``graph_slots.py``), a
+``prefill`` in a graph of its prompt length once that length has been seen twice
+(``prefill_graphs.py``), any other phase eagerly. Graphs are on by default for packages whose kv cells are all
 ``static``; ``graphs=`` overrides. With graphs on, a component with ``append`` cells that
 the engine can plan with capacity buffers is planned so (``capacity_cache.py``: every
 forward then has one shape per phase, while the interpreter still sees cells that grow);
