@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engines.native.prefill_graphs import NAME, PrefillGraphs
+from engines.native.prefill_graphs import BUDGET_BYTES, NAME, PrefillGraphs, budget_for
 from suites.test_graph_slots_host import FakeAllocator, FakeDevice, Harness, toy, toy_feeds
 
 
@@ -140,3 +140,8 @@ def test_a_replay_that_writes_nothing_is_caught_by_the_eager_values():
     _prefill(h, [3, 4])
     with pytest.raises(AssertionError):
         _prefill(h, [5, 6])
+
+
+def test_the_byte_budget_is_four_gib_or_a_sixteenth_of_the_device():
+    assert budget_for(141 * 10**9) == BUDGET_BYTES == 4 << 30
+    assert budget_for(24 * 2**30) == 1536 * 2**20

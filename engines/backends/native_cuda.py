@@ -57,7 +57,7 @@ from engines.native.graph_slots import (CaptureError, CupyGraphDevice, GraphSlot
                                         forward_positions, graphs_default)
 from engines.native.kernel_launch import plain_launches
 from engines.native.plan import Plan
-from engines.native.prefill_graphs import PrefillGraphs
+from engines.native.prefill_graphs import PrefillGraphs, budget_for
 from engines.native.step_memo import memo_enabled
 from engines.tensor_ops.cuda import CudaTensorOps
 
@@ -180,7 +180,10 @@ class NativeCudaEngine(Engine):
                 with self.backend.weight_loading(matmul_weight_shapes(model)):
                     self._plans[name] = plan_class(model, self.backend)
         device = CupyGraphDevice(self.stream, device_id=self.device_id)
-        prefill = PrefillGraphs(device, lambda: self.ledger, poison_outputs=poison_outputs)
+        with self._device:
+            total = cupy.cuda.runtime.memGetInfo()[1]
+        prefill = PrefillGraphs(device, lambda: self.ledger, poison_outputs=poison_outputs,
+                                budget_bytes=budget_for(total))
         self.slots = GraphSlots(device, lambda: self.ledger, enabled=self.graphs,
                                 poison_outputs=poison_outputs, prefill=prefill)
         self.publish_memory()

@@ -15,8 +15,9 @@ fallback when a capture fails. What differs is when a graph is made and how many
   once would pay a capture, about an eager forward more, for nothing); the second runs
   eagerly and captures; every later one replays;
 - at most ``KEEP`` graphs stay, the least recently used dropped first, and fewer while
-  their pools together hold more than ``BUDGET_BYTES`` (a graph's static kv inputs and
-  outputs are each a whole cache: about 100 MB for SmolLM2 at 2,048 slots);
+  their pools together hold more than the budget (``budget_for``: 4 GiB, or a sixteenth of
+  the device; a graph's static kv inputs and outputs are each a whole cache: about 100 MB
+  for SmolLM2 at 2,048 slots);
 - a prefill of more than ``MAX_ROWS`` positions always runs eagerly: its kernels' time
   outgrows the host's, so there is little to win and a large pool to hold.
 
@@ -35,10 +36,18 @@ from engines.native.graph_slots import (CaptureBody, EagerRun, Outputs, Signatur
                                         SlotStatus)
 
 NAME = "PREFILL"
-KEEP = 32  # a bench cycles ten prompt lengths through two loops: fewer thrashed the memos
-BUDGET_BYTES = 4 << 30
+# a bench cycles ten prompt lengths through two loops (the step memos thrashed at eight
+# signatures a step: docs/PERFORMANCE.md, commit 08eb71e)
+KEEP = 32
+BUDGET_BYTES = 4 << 30  # and at most a sixteenth of the device's memory (``budget_for``)
 MAX_ROWS = 512
 _SEEN_KEPT = 256  # signatures seen once, remembered for their second sighting
+
+
+def budget_for(total_bytes: int) -> int:
+    """The pools' byte budget on a device of ``total_bytes``: ``BUDGET_BYTES``, or a
+    sixteenth of the device where that is less (a 24 GB card keeps 1.5 GB of graphs)."""
+    return min(BUDGET_BYTES, int(total_bytes) // 16)
 
 
 class PrefillGraphs:
@@ -105,6 +114,7 @@ class PrefillGraphs:
             self.dropped.append(state)
         self.graphs.clear()
         self._seen.clear()
+        self.dropped = [s for s in self.dropped if s.live()[0]]
 
     def close(self) -> None:
         for state in self.graphs.values():
