@@ -45,6 +45,10 @@ class Ledger:
     rejected: int = 0
     rollbacks: int = 0
     full_accepts: int = 0
+    # verifications whose first row came from the decode forward queued before them (its id
+    # then read only inside the accept), and forwards queued past eos and undone, never read
+    shifted_verifications: int = 0
+    discarded_forwards: int = 0
     live_allocations: int | None = None
     live_bytes: int | None = None
 

@@ -36,7 +36,9 @@ tokens/s over the greedy row's and whether its tokens are the greedy ones
 
 ``pipelined`` (``--pipelined``) runs every greedy decode with
 ``DecodeSession._greedy_pipelined`` (each next forward queued before the last id is read;
-the same tokens), recorded in the JSON's settings and the table's title.
+the same tokens) and lets a prompt-lookup decode shift its rounds
+(``engines.workflow.speculative``: its plain steps pipelined the same way); without it both
+run their classic loops. Recorded in the JSON's settings and the table's title.
 
 ``ignore_eos`` (``--ignore-eos``) keeps every decode, greedy or speculative (and the greedy
 warm-ups), going past eos, so each engine is timed on exactly ``max_new_tokens`` tokens; a
@@ -421,7 +423,7 @@ def timed_decode(engine: Engine, prompt: Sequence[int], max_new_tokens: int,
                                pipelined=pipelined)
     else:
         result = speculative_decode(engine, prompt, max_new_tokens, width,
-                                    ignore_eos=ignore_eos)
+                                    ignore_eos=ignore_eos, pipelined=pipelined)
     engine.synchronize()
     return result, time.perf_counter() - start
 

@@ -15,9 +15,15 @@ def expected_readback(result) -> tuple[int, str]:
         return 4 * len(result.tokens), "exactly 4 bytes (one int32 token id) per generated token"
     ledger = result.ledger
     if result.kind in MODEL_FREE_KINDS:  # drafts copied from ids the host holds
-        return ((4 * (1 + ledger.forwards["decode"]) + 8 * ledger.proposals),
+        # a decode forward whose row went into a shifted round, or that was queued past eos
+        # and undone, has no id of its own read
+        read = (1 + ledger.forwards["decode"] - ledger.shifted_verifications
+                - ledger.discarded_forwards)
+        return ((4 * read + 8 * ledger.proposals),
                 f"nothing per proposer step ({result.kind} drafts on the host), 8 per "
-                f"verification (accept count + bonus id), 4 per prefill or decode token")
+                f"verification (accept count + bonus id), 4 per prefill or decode token (a "
+                f"decode forward whose row a shifted verification judged, or undone past "
+                f"eos, has none)")
     return ((4 * (1 + ledger.forwards["decode"] + sum(result.widths_per_round))
              + 8 * ledger.proposals),
             "4 bytes per proposer step (draft id), 8 per verification (accept count + bonus "

@@ -45,11 +45,14 @@ def rows_of(rows):
     return {(r.engine, r.prompt_set, r.mode): r for r in rows}
 
 
-def test_speculative_rows_stand_beside_greedy_with_their_rounds(lookup):
+@pytest.mark.parametrize("pipelined", [False, True], ids=["classic", "pipelined"])
+def test_speculative_rows_stand_beside_greedy_with_their_rounds(lookup, pipelined):
+    """Without ``--pipelined`` the rows are the classic loop's; with it a prompt-lookup
+    decode shifts its rounds (``engines.workflow.speculative``), the rows counting those."""
     package, sets = lookup
     rows = rows_of(hb.bench(["native-host"], [package], mode="speculative",
                             prompt_sets=[sets["three"]], repeats=2, max_new_tokens=NEW,
-                            baseline="native-host", bandwidth=FAKE_BW))
+                            baseline="native-host", bandwidth=FAKE_BW, pipelined=pipelined))
     label = f"prompt-lookup/w{WIDTH}"
     assert set(rows) == {("native-host", "three", "greedy"), ("native-host", "three", label)}
     greedy, spec = rows["native-host", "three", "greedy"], rows["native-host", "three", label]
@@ -64,7 +67,9 @@ def test_speculative_rows_stand_beside_greedy_with_their_rounds(lookup):
     from engines.registry import get_engine_class
 
     engine = get_engine_class("native-host")(package)
-    again = [speculative_decode(engine, ids, NEW, WIDTH) for ids in spec.prompts.values()]
+    again = [speculative_decode(engine, ids, NEW, WIDTH, pipelined=pipelined)
+             for ids in spec.prompts.values()]
+    assert any(any(r.shifted_per_round) for r in again) is pipelined
     figures = round_figures(again)
     assert {k: getattr(spec, k) for k in figures} == figures
     accepted = sum(sum(r.acceptance_per_round) for r in again)

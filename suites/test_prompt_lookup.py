@@ -103,20 +103,24 @@ def lookup(tmp_path_factory):
             for name in FIXTURES}
 
 
-def check_rounds(result, package, width: int) -> None:
-    """The ledger and the rounds agree: no proposer forward, every verification W + 1 wide
-    unless the context had no room (or the tokens left allowed no round at all), and every
-    token is the prefill's, a round's (accepted drafts + bonus, the last cut at
-    max_new_tokens) or a plain step's."""
+def check_rounds(result, package, width: int, new_tokens: int = NEW_TOKENS) -> None:
+    """The ledger and the rounds agree: no proposer forward; a classic round W drafts over
+    W + 1 positions, a shifted one (its pending token fed by the decode forward before it)
+    W + 1 drafts over W + 1 positions, each narrower only where the context had no room;
+    every token is the prefill's, a round's (accepted drafts + bonus, the last cut at
+    max_new_tokens) or a plain step's read (a decode forward a shifted round judged, or one
+    undone past eos, reads none)."""
     led, acc, widths = result.ledger, result.acceptance_per_round, result.widths_per_round
+    shifted = result.shifted_per_round
     assert led.forwards["propose"] == 0 and led.proposals == len(acc) == len(widths)
-    assert led.forward_positions["verify"] == sum(w + 1 for w in widths)
-    for start, w in zip(result.start_per_round, widths):
-        assert w == width or start + width + 1 > package.spec.max_context, (start, w)
-    committed, tokens = 1 + led.forwards["decode"], len(result.tokens)
+    assert len(shifted) == len(widths) and led.shifted_verifications == sum(shifted)
+    assert led.forward_positions["verify"] == sum(w + (not s) for w, s in zip(widths, shifted))
+    for start, w, s in zip(result.start_per_round, widths, shifted):
+        assert w == width + s or start + width + 1 + s > package.spec.max_context, (start, w)
+    committed = 1 + led.forwards["decode"] - led.shifted_verifications - led.discarded_forwards
     for n in acc:
-        committed += min(n + 1, NEW_TOKENS - committed)
-    assert committed == tokens == NEW_TOKENS
+        committed += min(n + 1, new_tokens - committed)
+    assert committed == len(result.tokens) == new_tokens
     assert led.readback_total == 0 and led.host_staging == 0  # a host engine
 
 
@@ -171,15 +175,15 @@ def test_ort_cpu_decodes_the_same_with_prompt_lookup(lookup, engine_cache):
 @pytest.mark.claim("readback_budget")
 def test_a_round_reads_back_eight_bytes_and_the_proposer_nothing(lookup):
     """On a simulated device (host ops accounting crossings as a device does): 4 bytes for
-    the prefill's token and each plain step, 8 per verification, none for drafting; the
+    the prefill's token and each plain step read, 8 per verification, none for drafting; the
     budget harness.budgets states is that exactly."""
     engine = SimulatedDevice(lookup["tiny_llama_static"])
     result = speculative_decode(engine, engine.package.spec.prompts[1], NEW_TOKENS, WIDTH)
     led = result.ledger
     assert led.proposals > 0 and sum(result.widths_per_round) > led.proposals
-    assert dict(led.readback_bytes) == {
-        "token_id": 4 * (1 + led.forwards["decode"] + led.proposals),
-        "accept_count": 4 * led.proposals, "logits_audit": 0}
+    reads = 1 + led.forwards["decode"] - led.shifted_verifications - led.discarded_forwards
+    assert dict(led.readback_bytes) == {"token_id": 4 * (reads + led.proposals),
+                                        "accept_count": 4 * led.proposals, "logits_audit": 0}
     assert expected_readback(result)[0] == led.readback_total
     assert "nothing per proposer step" in expected_readback(result)[1]
 

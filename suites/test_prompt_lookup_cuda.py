@@ -3,7 +3,9 @@ fixture with a prompt-lookup section (``suites/lookup_support.py``).
 
 Marked ``gpu``: without CUDA these skip (a failure under ``--require-gpu``). The budgets,
 exact: nothing staged (the ledger and the transfer guard); 4 bytes for the prefill's token
-and each plain step, 8 per verification, none for a proposer that drafts on the host. Every
+and each plain step (none for one whose row a shifted round judged), 8 per verification,
+none for a proposer that drafts on the host. Shifted and classic loops give greedy's tokens.
+Every
 verification of a decode with room is W + 1 wide, so VERIFY captures once and every later
 verification of the same width replays, whatever the prompt: no recapture at a decode's end.
 """
@@ -43,19 +45,27 @@ def engine(cp, lookup):
 def test_prompt_lookup_on_the_device_equals_greedy_with_an_exact_budget(lookup, engine, width):
     from harness.transfer_guard import transfer_guard
 
+    shifted = 0
     for prompt in lookup.spec.prompts:
         greedy = greedy_decode(engine, prompt, NEW_TOKENS)
         assert greedy.tokens == oracle_decode(lookup, prompt, NEW_TOKENS).tokens
         with transfer_guard("disallow") as guard:
             result = speculative_decode(engine, prompt, NEW_TOKENS, width)
         assert result.tokens == greedy.tokens
+        classic = speculative_decode(engine, prompt, NEW_TOKENS, width, pipelined=False)
+        assert classic.tokens == greedy.tokens and not any(classic.shifted_per_round)
         led = result.ledger
         assert led.host_staging == 0 and guard.staging_count == 0, guard.staging_sites
-        want = {"token_id": 4 * (1 + led.forwards["decode"] + led.proposals),
+        # a decode forward whose row a shifted round judged has no id read of its own
+        assert led.shifted_verifications == sum(result.shifted_per_round)
+        shifted += led.shifted_verifications
+        want = {"token_id": 4 * (1 + led.forwards["decode"] - led.shifted_verifications
+                                 - led.discarded_forwards + led.proposals),
                 "accept_count": 4 * led.proposals, "logits_audit": 0}
         assert dict(led.readback_bytes) == want
         assert {p: guard.readback_bytes[p] for p in want} == want
         assert expected_readback(result)[0] == led.readback_total
+    assert shifted, "no round was shifted: the pipelined loop went untested"
 
 
 @pytest.mark.claim("graph_replay")

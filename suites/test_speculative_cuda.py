@@ -147,7 +147,8 @@ def test_accept_drafts_reads_back_exactly_8_bytes_and_copy_into_none():
 def test_the_one_launch_accept_agrees_with_the_host_s_on_ties_nan_and_the_fed_drafts(dtype):
     """``accept_rows`` (each row's argmax, then the count, in one launch) against the host
     ops on random rows with planted ties and NaN, drafts read from a tokens feed (pending
-    token first) and adopted; its ticket is back at 0 after every launch, so launches of
+    token first) and adopted, and a shifted round's (row 0 apart, the feed the drafts
+    alone); its ticket is back at 0 after every launch, so launches of
     different widths follow each other; one 8-byte read a verification."""
     import cupy
 
@@ -173,7 +174,12 @@ def test_the_one_launch_accept_agrees_with_the_host_s_on_ties_nan_and_the_fed_dr
                 fed = ops.adopt(np.array([[5] + drafts], np.int64))
                 assert ops.accept_drafts(on_device, drafts, fed=fed) == want, (width, keep)
                 assert ops.accept_drafts(on_device, drafts) == want
-                cases += 2
+                # shifted: row 0 from the forward that fed the pending token, the drafts
+                # alone in the verification's feed
+                head, rest = on_device[:1], ops.adopt(rows[1:].astype(dtype_of(dtype)))
+                drafts_fed = ops.adopt(np.array([drafts], np.int64))
+                assert ops.accept_drafts(rest, drafts, fed=drafts_fed, head=head) == want
+                cases += 3
         stream.synchronize()
     assert ops.ledger.readback_bytes == {"token_id": 4 * cases, "accept_count": 4 * cases,
                                          "logits_audit": 0}

@@ -131,7 +131,9 @@ class DeviceAccountingOps(HostTensorOps):
         token = HostTensorOps._argmax(self, logits2d, 1)[0]
         return token, np.full((1, 1), token, dtype=np.int64)
 
-    def _accept(self, logits2d, drafts, fed=None):
+    def _accept(self, logits2d, drafts, fed=None, head=None):
+        if head is not None:  # a shifted round: the feeding forward's row first
+            logits2d = np.concatenate([head, logits2d[:drafts.size]])
         best = HostTensorOps._argmax(self, logits2d, drafts.size + 1)
         n = 0
         while n < drafts.size and best[n] == int(drafts[n]):

@@ -328,7 +328,8 @@ class TensorOps(abc.ABC):
             self._copy_into(dst, src)
         return dst
 
-    def accept_drafts(self, logits2d: Any, drafts: Any, fed: Any = None) -> tuple[int, int]:
+    def accept_drafts(self, logits2d: Any, drafts: Any, fed: Any = None,
+                      head: Any = None) -> tuple[int, int]:
         """Verification on the residency of the logits: ``(accepted, bonus)``.
 
         ``logits2d`` holds the target's rows for the W+1 verified positions (at least
@@ -339,7 +340,11 @@ class TensorOps(abc.ABC):
 
         ``fed``: the verification's own int64 tokens feed where the ops live (the pending
         token, then ``drafts``), so a device reads the drafts there instead of adopting
-        them again; the caller vouches that it holds them."""
+        them again; the caller vouches that it holds them.
+
+        ``head`` (a shifted round): a ``[1, vocab]`` row of the same dtype, from the forward
+        that fed the pending token, that goes before ``logits2d``'s rows; ``logits2d`` then
+        needs ``len(drafts)`` rows and ``fed`` holds the drafts alone."""
         self.check_resident(logits2d, "logits2d")
         if logits2d.ndim != 2:
             raise InputError("accept_drafts needs a 2-D [rows, vocab] value", field="logits2d",
@@ -351,19 +356,31 @@ class TensorOps(abc.ABC):
                              value=tuple(logits2d.shape))
         ids = self.check_host_ids(drafts if isinstance(drafts, np.ndarray) else list(drafts),
                                   vocab)
-        if ids.size + 1 > rows:
-            raise InputError(f"{ids.size} drafts need {ids.size + 1} verified rows, the logits "
+        if head is not None:
+            self.check_resident(head, "head")
+            if tuple(head.shape) != (1, vocab) or head.dtype != logits2d.dtype:
+                raise InputError(f"head is {head.dtype.name} {tuple(head.shape)}; the rows are "
+                                 f"{logits2d.dtype.name} with {vocab} columns", field="head",
+                                 value=tuple(head.shape),
+                                 remedy="pass the feeding forward's last row as [1, vocab], "
+                                        "of the verification's dtype")
+        own = 0 if head is not None else 1  # the rows logits2d holds beyond one per draft
+        if ids.size + own > rows:
+            raise InputError(f"{ids.size} drafts need {ids.size + own} verified rows, the logits "
                              f"hold {rows}", field="drafts", value=int(ids.size),
-                             remedy="verify W drafts with a forward over W+1 positions")
+                             remedy="verify W drafts with a forward over W+1 positions (W "
+                                    "with a head row)")
         if fed is not None:
             self.check_resident(fed, "fed")
-            if fed.dtype != np.int64 or int(fed.size) != ids.size + 1:
+            if fed.dtype != np.int64 or int(fed.size) != ids.size + own:
+                what = "the drafts" if head is not None else "the pending token, then the drafts"
                 raise InputError(f"the tokens feed holds {int(fed.size)} {fed.dtype.name} "
-                                 f"values; {ids.size} drafts need {ids.size + 1} int64",
+                                 f"values; {ids.size} drafts need {ids.size + own} int64",
                                  field="fed", value=tuple(fed.shape),
-                                 remedy="pass the verification's tokens feed: the pending "
-                                        "token, then the drafts")
-        accepted, bonus = self._accept(logits2d, ids, fed)
+                                 remedy=f"pass the verification's tokens feed: {what}")
+        # ops written before shifted rounds take no head: asked only for one
+        accepted, bonus = (self._accept(logits2d, ids, fed) if head is None
+                           else self._accept(logits2d, ids, fed, head))
         if bonus < 0:
             raise NonFiniteLogits(f"row {accepted} is all NaN, so it has no argmax",
                              field="logits2d", value=f"row {accepted}",
@@ -465,9 +482,11 @@ class TensorOps(abc.ABC):
     def _copy_into(self, dst: Any, src: Any) -> None: ...
 
     @abc.abstractmethod
-    def _accept(self, logits2d: Any, drafts: np.ndarray, fed: Any = None) -> tuple[int, int]:
+    def _accept(self, logits2d: Any, drafts: np.ndarray, fed: Any = None,
+                head: Any = None) -> tuple[int, int]:
         """(accepted, bonus); bonus -1 when row ``accepted`` is all NaN. ``fed``: checked,
-        may be None (read the drafts from it or ignore it)."""
+        may be None (read the drafts from it or ignore it); ``head``: checked, the row
+        before ``logits2d``'s, or None."""
 
     @abc.abstractmethod
     def _stage(self, v: Any, site: str) -> np.ndarray: ...

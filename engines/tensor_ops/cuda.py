@@ -193,24 +193,29 @@ class CudaTensorOps(TensorOps):
                                           np.uint64(0) if feed is None else feed))
         return out
 
-    def _accept(self, logits2d: Any, drafts: np.ndarray, fed: Any = None) -> tuple[int, int]:
+    def _accept(self, logits2d: Any, drafts: np.ndarray, fed: Any = None,
+                head: Any = None) -> tuple[int, int]:
         """One launch (``lockstep_accept_rows``) and one 8-byte read: the count and the bonus
         id come back together into a pinned pair, each recorded under its own purpose. The
-        drafts are read where the verification's tokens feed ``fed`` holds them, else adopted."""
+        drafts are read where the verification's tokens feed ``fed`` holds them, else adopted.
+        With ``head`` the kernel's first block reads that row and the others ``logits2d``'s."""
         width = int(drafts.size)
         rows = width + 1
+        own = rows if head is None else width  # the rows read from logits2d
         fn = self._argmax_kernel(logits2d, 1)
         scratch = self._accept_scratch(rows)
         with self.on_stream():
-            x, row_stride, cols = self._kernel_rows(logits2d, rows)
-            if fed is not None:
-                dev_drafts = fed.reshape(-1)[1:]
+            first = np.uint64(0) if head is None else self._kernel_rows(head, 1)[0]
+            x, row_stride, cols = self._kernel_rows(logits2d if own else head, max(own, 1))
+            if fed is not None:  # the pending token first, unless a head row stands for it
+                dev_drafts = fed.reshape(-1)[own - width:]
             elif width:
                 dev_drafts = self._adopt(drafts)
             else:
                 dev_drafts = scratch["no_drafts"]
-            fn((rows,), (ARGMAX_BLOCK,), (x, row_stride, cols, dev_drafts, np.int32(width),
-                                          scratch["best"], scratch["done"], scratch["out"]))
+            fn((rows,), (ARGMAX_BLOCK,), (x, row_stride, cols, first, dev_drafts,
+                                          np.int32(width), scratch["best"], scratch["done"],
+                                          scratch["out"]))
             with sanctioned_readback("accept_count", "token_id"):
                 scratch["out"].get(stream=self.stream, out=scratch["host"], blocking=False)
             scratch["event"].record(self.stream)

@@ -62,7 +62,10 @@ class HostTensorOps(TensorOps):
     def _copy_into(self, dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src, casting="no")
 
-    def _accept(self, logits2d: np.ndarray, drafts: np.ndarray, fed=None) -> tuple[int, int]:
+    def _accept(self, logits2d: np.ndarray, drafts: np.ndarray, fed=None,
+                head=None) -> tuple[int, int]:
+        if head is not None:
+            logits2d = np.concatenate([head, logits2d[:drafts.size]])
         best = self._argmax(logits2d, drafts.size + 1)
         n = 0
         while n < drafts.size and best[n] == int(drafts[n]):

@@ -186,7 +186,7 @@ class DecodeSession:
         start = last = time.perf_counter()
         steps = []
         out = self.forward(ids, "prefill")
-        pending, feed = self._next_async(out["logits"])
+        pending, feed = self.next_token_async(out["logits"])
         while True:
             ahead = len(tokens) + 1 < max_new_tokens  # a forward follows unless this is eos
             if ahead:
@@ -200,12 +200,15 @@ class DecodeSession:
                 break
             if tokens[-1] == eos:
                 self.rollback(committed)  # the forward queued past eos, never read
+                self.ledger.discarded_forwards += 1
                 break
-            pending, feed = self._next_async(out["logits"])
+            pending, feed = self.next_token_async(out["logits"])
         wall = time.perf_counter() - start
         return DecodeResult(self.engine.name, ids, tokens, self.ledger, wall, steps, None)
 
-    def _next_async(self, logits):
+    def next_token_async(self, logits):
+        """The greedy choice at the last position of ``logits`` without waiting for it:
+        ``(pending, feed)`` (``TensorOps.next_token_async``; needs a device feed)."""
         last = self.ops.last_along_axis(logits, 1)
         return self.ops.next_token_async(last.reshape(1, last.shape[-1]))
 

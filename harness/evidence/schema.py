@@ -370,6 +370,8 @@ class LedgerRecord(_Strict):
     rejected: Count = 0
     rollbacks: Count = 0
     full_accepts: Count = 0
+    shifted_verifications: Count = 0
+    discarded_forwards: Count = 0
     live_allocations: Count | None = None
     live_bytes: Count | None = None
 

@@ -375,12 +375,12 @@ class _SimulatedDeviceOps(HostTensorOps):
         self.ledger.record_readback("token_id", 4)
         return token, np.full((1, 1), token, dtype=np.int64)
 
-    def _accept(self, logits2d, drafts, fed=None):
+    def _accept(self, logits2d, drafts, fed=None, head=None):
         # a device verification reads back the accept count and the bonus id only (8
         # bytes), not the W+1 argmax rows it compares on the device
         self._verifying = True
         try:
-            accepted, bonus = super()._accept(logits2d, drafts)
+            accepted, bonus = super()._accept(logits2d, drafts, head=head)
         finally:
             self._verifying = False
         self.ledger.record_readback("accept_count", 4)

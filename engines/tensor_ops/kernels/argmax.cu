@@ -103,13 +103,17 @@ __global__ void lockstep_argmax_rows(const typename D::value* __restrict__ x,
 // into best[r]; the block that finishes last (a ticket from *done, after a fence) counts the
 // prefix where they equal the drafts (out[0], the accepted n), writes the argmax of row n (the
 // bonus token, -1 for an all-NaN row) to out[1], and puts *done back to 0 for the next launch.
+// With head (a shifted round) row 0 is that row and row r > 0 is x's row r - 1; else row r
+// is x's row r.
 template <typename D>
 __global__ void lockstep_accept_rows(const typename D::value* __restrict__ x,
                                      long long row_stride, int cols,
+                                     const typename D::value* __restrict__ head,
                                      const long long* __restrict__ drafts, int width,
                                      int* best, unsigned int* done, int* __restrict__ out) {
     __shared__ bool last;
-    const int mine = lk_block_argmax<D>(x + (long long)blockIdx.x * row_stride, cols);
+    const long long r = head ? (long long)blockIdx.x - 1 : (long long)blockIdx.x;
+    const int mine = lk_block_argmax<D>(r < 0 ? head : x + r * row_stride, cols);
     if (threadIdx.x == 0) {
         best[blockIdx.x] = mine;
         __threadfence();
