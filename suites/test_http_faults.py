@@ -149,6 +149,7 @@ def test_a_started_server_is_judged_its_log_kept_with_the_evidence_and_stopped(
     assert [c.status for c in summary.cells] == ["identical"] * 3, summary.cells[0].reason
     prov = summary.cells[0].provenance
     assert prov["started_by"] == "lockstep" and prov["argv"][3:5] == ["--host", "127.0.0.1"]
+    assert "--no-repack" in prov["argv"]  # no AMX, no repacking: as the llama-cpp engine
     assert prov["log"].startswith("logs/")
     log = (evidence / prov["log"]).read_text()
     assert "fake llama-server: listening" in log and "# lockstep: stopped" in log

@@ -257,6 +257,10 @@ def test_it_says_which_build_and_scheme_ran(engine, smollm2):
     threads = llama_backend.resolve_threads(None)  # 2 unless LOCKSTEP_LLAMA_THREADS says
     assert record["options"]["n_threads"] == record["options"]["n_threads_batch"] == threads
     assert record["options"]["logits_all"] is True
+    # no extra buffer types: ggml's AMX product segfaults on some hosts, and each is another
+    # kernel (engines/backends/llama_plain_buffers.py)
+    assert engine.llama.model_params.use_extra_bufts is False
+    assert record["extra_buffer_types"].startswith("off")
     assert record["cpu_features"] and all(f"{f} = 1" in record["system_info"]
                                           for f in record["cpu_features"])
     (row,) = [r for r in engine_rows() if r["name"] == "llama-cpp"]

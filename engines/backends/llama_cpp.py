@@ -40,6 +40,7 @@ import numpy as np
 
 from engines.backends.checkpoint_source import (SIDECAR, find_checkpoint, read_source,
                                                 require_gguf_source)
+from engines.backends.llama_plain_buffers import plain_llama
 from engines.decode_result import DecodeResult
 from engines.engine import Availability, BlackBoxEngine
 from engines.errors import EngineUnavailable, ExecutionError, InputError
@@ -217,9 +218,7 @@ class LlamaCppEngine(BlackBoxEngine):
                                                "GGUF file")
         self.source = checkpoint or find_checkpoint(package.root, self.name)
         self.scheme = gguf_scheme(self.source.path)
-        from llama_cpp import Llama
-
-        self.llama = Llama(str(self.source.path), **self.options())
+        self.llama = plain_llama(str(self.source.path), **self.options())
         vocab = self.llama.n_vocab()
         if vocab != package.spec.vocab_size:
             raise ExecutionError(
@@ -256,6 +255,8 @@ class LlamaCppEngine(BlackBoxEngine):
                              "v": gguf.GGMLQuantizationType(int(params.type_v)).name},
                 "options": options, "sampler": "greedy (temp 0), repeat_penalty 1.0",
                 "logits": "float32, every evaluated position (logits_all)",
+                "extra_buffer_types": "off: weights in plain CPU buffers (no repacking, no "
+                                      "AMX; engines/backends/llama_plain_buffers.py)",
                 "checkpoint": self.source.to_dict()}
 
     def generate(self, prompt, max_new_tokens: int, audit: bool = False,

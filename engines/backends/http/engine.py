@@ -31,6 +31,7 @@ from engines.backends.http.flavours import FLAVOURS, Flavour, Identity, detect
 from engines.backends.http.server_build import HOW, find_server, require_server
 from engines.backends.http.server_process import ServerProcess
 from engines.backends.llama_cpp import gguf_scheme, resolve_threads
+from engines.backends.llama_plain_buffers import SERVER_FLAG
 from engines.decode_result import DecodeResult
 from engines.engine import Availability, BlackBoxEngine
 from engines.errors import EngineUnavailable, InputError
@@ -149,7 +150,7 @@ class HttpEngine(BlackBoxEngine):
         argv = [str(self.build.binary), "-m", str(self.source.path), "--host", "127.0.0.1",
                 "--port", "{port}", "-c", str(spec.max_context * slots), "-np", str(slots),
                 "-t", threads, "-tb", threads, "-b", "512", "-ub", "512", "-fa", "off",
-                "--cache-ram", "0", "--no-webui"]
+                "--cache-ram", "0", "--no-webui", SERVER_FLAG]  # no AMX, no repacking
         self.server = ServerProcess("llama-server", argv)
         self.server.start(setting(STARTUP_ENV))
         return self.server.url

@@ -1,0 +1,87 @@
+"""What each speculative loop runs on SmolLM2's prompt sets, counted on the CPU.
+
+``engines.workflow.speculative`` has two loops for a prompt-lookup decode: the classic one
+(``pipelined=False``: each plain step reads its id before the next forward is launched) and the
+shifted one (the default: plain steps pipelined, the round after one judged partly by the
+forward queued before it). Both must give the same tokens; they differ in what the target
+runs. This decodes every prompt of each set both ways on ``ort-cpu`` (SmolLM2 float32 with its
+prompt-lookup section, eos stopping as in the bench and the parity runs), checks the streams
+against each other and greedy's, and counts per loop: the target's forwards by kind, the plain
+steps whose forward was launched before the host had the id (pipelined), shifted and classic
+rounds, accepted drafts. CPU wall times are not what a GPU would see; the counts are.
+
+Usage: .venv/bin/python scripts/spec_loop_counts.py [--width 7] [--tokens 128] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engines.package import load_package  # noqa: E402
+from engines.registry import get_engine_class  # noqa: E402
+from engines.workflow import greedy_decode  # noqa: E402
+from engines.workflow.speculative import speculative_decode  # noqa: E402
+from harness.convert.smollm2 import smollm2_lookup_package  # noqa: E402
+from harness.prompts import prompt_set_file, read_prompts_file, resolve  # noqa: E402
+
+
+def counts(results) -> dict:
+    """Summed over one set's decodes."""
+    led = [r.ledger for r in results]
+    decode = sum(x.forwards["decode"] for x in led)
+    shifted = sum(x.shifted_verifications for x in led)
+    return {"tokens": sum(len(r.tokens) for r in results),
+            "verify": sum(x.forwards["verify"] for x in led),
+            "decode": decode, "shifted_rounds": shifted,
+            "classic_rounds": sum(x.proposals for x in led) - shifted,
+            "plain_reads": decode - shifted - sum(x.discarded_forwards for x in led),
+            "discarded": sum(x.discarded_forwards for x in led),
+            "accepted": sum(x.accepted for x in led),
+            "drafted": sum(sum(r.widths_per_round) for r in results),
+            "cpu_wall_s": round(sum(r.wall_s for r in results), 3)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--width", type=int, default=7)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--sets", default="grounded,free")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    package = load_package(smollm2_lookup_package())
+    engine = get_engine_class("ort-cpu")(package)
+    import numpy
+    import onnxruntime
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    report = {"commit": commit or "unknown", "python": platform.python_version(),
+              "onnxruntime": onnxruntime.__version__, "numpy": numpy.__version__,
+              "package": package.spec.name, "engine": "ort-cpu", "width": args.width,
+              "max_new_tokens": args.tokens, "sets": {}}
+    for name in args.sets.split(","):
+        greedy, loops = [], {"classic": [], "shifted": []}
+        for source in read_prompts_file(prompt_set_file(name)):
+            ids = list(resolve(source, package, args.tokens).ids)
+            greedy.append(greedy_decode(engine, ids, args.tokens).tokens)
+            for loop, pipelined in (("classic", False), ("shifted", True)):
+                loops[loop].append(speculative_decode(engine, ids, args.tokens, args.width,
+                                                      pipelined=pipelined))
+        same = all(c.tokens == s.tokens == g for c, s, g in
+                   zip(loops["classic"], loops["shifted"], greedy))
+        report["sets"][name] = {"same_tokens": same,
+                                **{loop: counts(r) for loop, r in loops.items()}}
+        print(name, json.dumps(report["sets"][name]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0 if all(s["same_tokens"] for s in report["sets"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
