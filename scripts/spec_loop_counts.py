@@ -2,13 +2,14 @@
 
 ``engines.workflow.speculative`` has two loops for a prompt-lookup decode: the classic one
 (``pipelined=False``: each plain step reads its id before the next forward is launched) and the
-shifted one (the default: plain steps pipelined, the round after one judged partly by the
-forward queued before it). Both must give the same tokens; they differ in what the target
-runs. This decodes every prompt of each set both ways on ``ort-cpu`` (SmolLM2 float32 with its
+shifted one (the default on a device: plain steps pipelined, the round after one judged partly
+by the forward queued before it). Both must give the same tokens; they differ in what the target
+runs. This decodes every prompt of each set both ways on ``ort-cpu`` (its ids counted as read
+asynchronously, as a device's, so the shifted loop runs there; SmolLM2 float32 with its
 prompt-lookup section, eos stopping as in the bench and the parity runs), checks the streams
-against each other and greedy's, and counts per loop: the target's forwards by kind, the plain
-steps whose forward was launched before the host had the id (pipelined), shifted and classic
-rounds, accepted drafts. CPU wall times are not what a GPU would see; the counts are.
+against each other and greedy's, and counts per loop: the target's forwards by kind (plain
+reads, head forwards of shifted rounds, forwards undone past eos), shifted and classic rounds,
+accepted drafts. CPU wall times are not what a GPU would see; the counts are.
 
 Usage: .venv/bin/python scripts/spec_loop_counts.py [--width 7] [--tokens 128] [--json OUT]
 """
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engines.package import load_package  # noqa: E402
 from engines.registry import get_engine_class  # noqa: E402
+from engines.tensor_ops.host import HostTensorOps  # noqa: E402
 from engines.workflow import greedy_decode  # noqa: E402
 from engines.workflow.speculative import speculative_decode  # noqa: E402
 from harness.convert.smollm2 import smollm2_lookup_package  # noqa: E402
@@ -54,6 +56,9 @@ def main() -> int:
     ap.add_argument("--sets", default="grounded,free")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    # ort-cpu's host ops read ids at once, so a decode there keeps the classic loop; counted
+    # as a device reads them, the shifted loop runs (the same tokens are asserted below)
+    HostTensorOps.asynchronous_ids = True
     package = load_package(smollm2_lookup_package())
     engine = get_engine_class("ort-cpu")(package)
     import numpy

@@ -46,9 +46,14 @@ def rows_of(rows):
 
 
 @pytest.mark.parametrize("pipelined", [False, True], ids=["classic", "pipelined"])
-def test_speculative_rows_stand_beside_greedy_with_their_rounds(lookup, pipelined):
+def test_speculative_rows_stand_beside_greedy_with_their_rounds(lookup, pipelined,
+                                                                monkeypatch):
     """Without ``--pipelined`` the rows are the classic loop's; with it a prompt-lookup
-    decode shifts its rounds (``engines.workflow.speculative``), the rows counting those."""
+    decode on a device shifts its rounds (``engines.workflow.speculative``; here host ops
+    read ids as a device does), the rows counting those."""
+    from engines.tensor_ops.host import HostTensorOps
+
+    monkeypatch.setattr(HostTensorOps, "asynchronous_ids", True)
     package, sets = lookup
     rows = rows_of(hb.bench(["native-host"], [package], mode="speculative",
                             prompt_sets=[sets["three"]], repeats=2, max_new_tokens=NEW,

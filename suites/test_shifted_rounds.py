@@ -2,7 +2,9 @@
 plain steps as greedy's pipelined loop does, and the forward queued before a round judges the
 round's first draft, so it is never wasted.
 
-Claims here, on native-host (batch-invariant: exact) and on a simulated device: the streams
+Shifting pays only where ids come back asynchronously (a device): a host engine keeps the
+classic loop, and the tests below run native-host's ops as a device's (``as_on_a_device``) or
+a simulated device. Claims here, on native-host (batch-invariant: exact): the streams
 are the classic loop's, greedy's and the oracle's at every width, with shifted rounds,
 classic rounds and plain steps all seen; a shifted round verifies W + 1 drafts over W + 1
 positions (the classic round's shape); the readback is exact and its formula the one
@@ -53,10 +55,27 @@ def plain_reads(result) -> list[int]:
     return [i for i in range(1, len(result.tokens)) if i not in from_rounds]
 
 
+@pytest.fixture
+def as_on_a_device(monkeypatch):
+    """Host ops whose ids count as read back asynchronously: the loops a device runs."""
+    monkeypatch.setattr(HostTensorOps, "asynchronous_ids", True)
+
+
+def test_a_host_engine_keeps_the_classic_loop(lookup, engine_cache):
+    """On the host an id is read before anything else runs: shifting would only add head
+    forwards, so the default loop is the classic one there."""
+    package = lookup["tiny_llama_static"]
+    engine = engine_cache("native-host", package)
+    assert not engine.tensor_ops.asynchronous_ids
+    for prompt in package.spec.prompts:
+        result = speculative_decode(engine, prompt, NEW_TOKENS, WIDTH)
+        assert result.ledger.proposals and not any(result.shifted_per_round)
+
+
 @pytest.mark.claim("spec_equals_greedy", "token_identity")
 @pytest.mark.parametrize("package_name", FIXTURES)
 def test_shifted_rounds_give_the_classic_loop_s_greedy_s_and_the_oracle_s_tokens(
-        lookup, engine_cache, package_name):
+        lookup, engine_cache, as_on_a_device, package_name):
     package = lookup[package_name]
     engine = engine_cache("native-host", package)
     seen = {"shifted": 0, "classic": 0, "plain": 0, "rejected": 0, "restores": 0}
@@ -104,10 +123,9 @@ def test_a_forward_queued_past_eos_is_undone_and_never_read(lookup, engine_cache
     forward on it, undoes it (``discarded_forwards``), stops as greedy does, and the budget
     counts no id for it."""
     base = lookup["tiny_llama_static"]
-    engine = engine_cache("native-host", base)
     prompt, eos = None, None
     for candidate in base.spec.prompts:
-        free = speculative_decode(engine, candidate, NEW_TOKENS, WIDTH)
+        free = speculative_decode(SimulatedDevice(base), candidate, NEW_TOKENS, WIDTH)
         fresh = [i for i in plain_reads(free) if free.tokens[i] not in free.tokens[:i]]
         if fresh:
             prompt, eos = list(candidate), free.tokens[fresh[0]]
@@ -157,6 +175,8 @@ def test_an_accept_refuses_a_head_it_cannot_use(head, rows, fed, field):
 # -- planted: broken in exactly one way, and a control ---------------------------------------
 
 class _HeadDropped(HostTensorOps):
+    asynchronous_ids = True  # the loops a device runs
+
     def _accept(self, logits2d, drafts, fed=None, head=None):
         if head is not None:  # the bug: the verification's first row judges d1
             return super()._accept(np.concatenate([logits2d[:1], logits2d]), drafts)
@@ -172,6 +192,8 @@ class HeadDropped(pe.Planted):
 
 
 class _HeadCopied(HostTensorOps):
+    asynchronous_ids = True
+
     def _accept(self, logits2d, drafts, fed=None, head=None):
         if head is not None:  # harmless: the same row, copied first
             head = np.array(head, copy=True)

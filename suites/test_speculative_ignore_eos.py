@@ -120,7 +120,10 @@ def test_a_round_that_accepts_eos_goes_on(eos_cases, engine_cache, package_name)
 class DeviceAccountingOps(HostTensorOps):
     """Host ops that account crossings as ``CudaTensorOps`` does: 4 bytes a token id, and
     per verification 4 bytes ``accept_count`` and 4 bytes ``token_id``, nothing more (so a
-    verification's row argmaxes, which stay on a device, are not counted)."""
+    verification's row argmaxes, which stay on a device, are not counted); a prompt-lookup
+    decode shifts its rounds, as on a device (``asynchronous_ids``)."""
+
+    asynchronous_ids = True
 
     def _argmax(self, logits2d, rows):
         self.ledger.record_readback("token_id", 4 * rows)

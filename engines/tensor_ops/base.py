@@ -90,6 +90,9 @@ class TensorOps(abc.ABC):
     # whether next_token_feed / advance_positions are implemented (the greedy loop then
     # feeds the next step from where the ops live, with no host input but the decision)
     supports_device_feed: bool = False
+    # whether next_token_async returns before the id is read back (a device's copy in
+    # flight): only then does queuing work ahead of the read pay (shifted speculative rounds)
+    asynchronous_ids: bool = False
 
     def __init__(self, ledger: Ledger):
         if not isinstance(ledger, Ledger):

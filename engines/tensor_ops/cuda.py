@@ -71,6 +71,7 @@ class CudaTensorOps(TensorOps):
     """CuPy implementation of ``TensorOps`` on ``device_id``, ordered on ``stream``."""
 
     supports_device_feed = True
+    asynchronous_ids = True  # the id's copy is queued behind its argmax (DeviceToken)
 
     def __init__(self, ledger: Ledger, stream: Any, device_id: int = 0):
         super().__init__(ledger)

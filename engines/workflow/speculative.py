@@ -28,14 +28,16 @@ full width where the context has room, and its last round commits only the token
 verifications then keep one shape (one VERIFY graph on native-cuda, never recaptured).
 
 **Shifted rounds** (the default where a prompt-lookup decode runs on tensor ops with a device
-feed; ``pipelined=False`` keeps the loop above). Plain steps are pipelined as greedy's are:
-the decode forward over the id being read is queued before the host waits for it. When the
-proposer then drafts, that queued forward has already fed t and its logits row decides d1:
-the target runs [d1..dW+1] at L+1..L+W+1 and ``accept_drafts(..., head=row)`` judges W + 1
-drafts with W + 2 rows, still 8 bytes; the verification keeps the classic W + 1 positions, so
-one VERIFY shape serves both kinds of round. A round after a round is classic (its bonus is
-not fed yet). Such a decode reads 4 bytes per decode forward less those whose row went into
-a round (``Ledger.shifted_verifications``) or that were queued past eos and undone
+feed whose ids come back asynchronously, as on a GPU; ``pipelined=False`` keeps the loop above,
+as host engines do: on the host nothing runs while an id is read, so they would only add
+forwards). Plain steps are pipelined as greedy's are: the decode forward over the id being
+read is queued before the host waits for it. When the proposer then drafts, that queued
+forward has already fed t and its logits row decides d1: the target runs [d1..dW+1] at
+L+1..L+W+1 and ``accept_drafts(..., head=row)`` judges W + 1 drafts with W + 2 rows, still 8
+bytes; the verification keeps the classic W + 1 positions, so one VERIFY shape serves both
+kinds of round. A round after a round is classic (its bonus is not fed yet). Such a decode
+reads 4 bytes per decode forward less those whose row went into a round
+(``Ledger.shifted_verifications``) or that were queued past eos and undone
 (``Ledger.discarded_forwards``).
 
 ``ignore_eos`` (for timing only: ``lockstep bench --mode speculative --ignore-eos``) is
@@ -208,9 +210,10 @@ class SpeculativeSession:
     def shifts(self) -> bool:
         """Whether ``pipelined`` decodes shift their verifications (``_decode_shifted``): a
         proposer that drafts for free from the host's tokens (prompt-lookup), and tensor ops
-        with a device feed."""
-        return (self.proposer.fixed_width and self.sp.kind in MODEL_FREE_KINDS
-                and self.ops.supports_device_feed)
+        with a device feed whose ids come back asynchronously (``asynchronous_ids``: on the
+        host nothing runs while an id is read, so the head forwards would only cost)."""
+        return bool(self.proposer.fixed_width and self.sp.kind in MODEL_FREE_KINDS
+                    and self.ops.supports_device_feed and self.ops.asynchronous_ids)
 
     def _round(self, ids: list[int], tokens: list[int], max_new_tokens: int, eos,
                drafts: list[int], rounds: "_Rounds", audited=None, queued=None) -> None:
@@ -368,8 +371,9 @@ def speculative_decode(engine, prompt: Sequence[int], max_new_tokens: int, width
     every target forward that decided tokens (``SpeculativeResult.audited``, purpose
     ``logits_audit``): on a device only in a labelled audit decode, never a budgeted one.
     ``pipelined`` (the default) shifts a prompt-lookup decode's rounds where the engine's
-    tensor ops keep a device feed (``SpeculativeSession.shifts``); False keeps the classic
-    loop (``lockstep bench`` without ``--pipelined``, as its greedy rows)."""
+    tensor ops keep a device feed and read ids asynchronously (``SpeculativeSession.shifts``);
+    False keeps the classic loop (``lockstep bench`` without ``--pipelined``, as its greedy
+    rows)."""
     if not engine.speculative:
         raise InputError(f"engine {engine.name!r} declares no speculative decoding",
                          field="engine", value=engine.name,

@@ -360,7 +360,10 @@ class GreedyOnlyPosition(Planted):
 
 
 class _SimulatedDeviceOps(HostTensorOps):
-    """Host ops that account token ids the way a device does: 4 bytes read back each."""
+    """Host ops that account token ids the way a device does: 4 bytes read back each; and
+    run the loops a device runs (``asynchronous_ids``: prompt lookup shifts its rounds)."""
+
+    asynchronous_ids = True
 
     _verifying = False  # inside _accept: its argmax rows stay on the "device"
 
