@@ -36,7 +36,7 @@ tokens/s over the greedy row's and whether its tokens are the greedy ones
 
 ``pipelined`` (``--pipelined``) runs every greedy decode with
 ``DecodeSession._greedy_pipelined`` (each next forward queued before the last id is read;
-the same tokens) and lets a prompt-lookup decode shift its rounds
+the same tokens) and lets a prompt-lookup decode on a device shift its rounds
 (``engines.workflow.speculative``: its plain steps pipelined the same way); without it both
 run their classic loops. Recorded in the JSON's settings and the table's title.
 

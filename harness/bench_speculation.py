@@ -3,8 +3,10 @@
 In ``lockstep bench --mode speculative`` every engine is timed greedily and speculatively on
 the same package and prompts, in turns (``harness.bench``). The speculative row then says:
 
-* **rounds**, **plain steps**: verifications, and forwards of one position (a proposer that
-  found nothing to draft, or the last token), over one pass of the prompts;
+* **rounds**, **plain steps**: verifications, and forwards of one position whose id was read
+  (a proposer that found nothing to draft, or the last token; not a shifted round's head
+  forward nor one undone past eos, which ``tokens / forward`` still counts), over one pass of
+  the prompts;
 * **accept rate**: drafts the verifier accepted over drafts proposed;
 * **accepted / round**: the mean accepted drafts a round;
 * **tokens / forward**: the tokens after each prompt's first over the target's forwards
@@ -30,7 +32,8 @@ def round_figures(results: Sequence[Any]) -> dict[str, Any]:
                    + r.ledger.forwards["readvance"] for r in results)
     after_first = sum(max(len(r.tokens) - 1, 0) for r in results)
     return {"rounds": rounds,
-            "plain_steps": sum(r.ledger.forwards["decode"] for r in results),
+            "plain_steps": sum(r.ledger.forwards["decode"] - r.ledger.shifted_verifications
+                               - r.ledger.discarded_forwards for r in results),
             "accept_rate": accepted / drafted if drafted else None,
             "accepted_per_round": accepted / rounds if rounds else None,
             "tokens_per_forward": after_first / forwards if forwards else None}

@@ -149,9 +149,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="greedy decodes queue each next forward before the last token id is "
                         "read back (the same tokens; where an engine's tensor ops keep a "
                         "device feed), to time the host work hidden behind the device's; in "
-                        "speculative mode a prompt-lookup decode's plain steps too, its "
-                        "rounds shifted onto the forward queued before them (a round reads "
-                        "its accept count before the next)")
+                        "speculative mode, on a device, a prompt-lookup decode's plain steps "
+                        "too, its rounds shifted onto the forward queued before them (a round "
+                        "reads its accept count before the next)")
     p.add_argument("--interleave", action="store_true",
                    help="load every package's engines at once and time them all in one "
                         "rotation, so ratios across packages (dtypes, caches) are measured "
