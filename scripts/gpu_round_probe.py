@@ -6,7 +6,9 @@ that repeats itself so the proposer finds matches. Each piece of a round is wrap
 ``perf_counter_ns`` accumulator (no profiler); the verification's remaining device time is
 measured by synchronising the stream before the accept (``wait``), so the accept's own figure
 is its kernels and readback alone; the prefill is left out. The device time of one VERIFY (M = W + 1) and one PRIMARY
-(M = 1) replay is timed apart, back to back with nothing else queued. Printed, and written
+(M = 1) replay is timed apart, back to back with nothing else queued; the classic and the
+shifted speculative loops are timed side by side first (``spec_ms_per_token_by_loop``,
+medians of 3 alternating turns). Printed, and written
 as JSON to ``$OUT/round_probe.json``. Usage (repo root, GPU image): python
 scripts/gpu_round_probe.py [WIDTH] [TOKENS]; ENGINE=native-host (and LAYERS=2) runs it on the
 host: a dry run of the script, not a figure.
@@ -117,6 +119,18 @@ def main(width: int = 8, tokens: int = 128) -> dict:
         greedy = greedy_decode(engine, prompt, tokens, ignore_eos=True, pipelined=True)
         out["greedy_ms_per_token"] = 1e3 * (time.perf_counter() - t0) / tokens
         out["greedy_step_ms_median"] = 1e3 * statistics.median(greedy.step_s[1:])
+        # the two speculative loops side by side, alternating: classic and shifted rounds
+        loops: dict[str, list[float]] = {"classic": [], "shifted": []}
+        for _ in range(3):
+            for loop, pipelined in (("classic", False), ("shifted", True)):
+                t0 = time.perf_counter()
+                run = spec_mod.speculative_decode(engine, prompt, tokens, width,
+                                                  ignore_eos=True, pipelined=pipelined)
+                sync()
+                loops[loop].append(1e3 * (time.perf_counter() - t0) / tokens)
+                out[f"{loop}_same_tokens"] = run.tokens == greedy.tokens
+                out[f"{loop}_shifted_rounds"] = sum(run.shifted_per_round)
+        out["spec_ms_per_token_by_loop"] = {k: statistics.median(v) for k, v in loops.items()}
 
         ops = type(engine.tensor_ops)  # made again for every decode (reset_ledger)
         timed(DecodeSession, "forward")
