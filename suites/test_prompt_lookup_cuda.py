@@ -5,9 +5,9 @@ Marked ``gpu``: without CUDA these skip (a failure under ``--require-gpu``). The
 exact: nothing staged (the ledger and the transfer guard); 4 bytes for the prefill's token
 and each plain step (none for one whose row a shifted round judged), 8 per verification,
 none for a proposer that drafts on the host. Shifted and classic loops give greedy's tokens.
-Every
-verification of a decode with room is W + 1 wide, so VERIFY captures once and every later
-verification of the same width replays, whatever the prompt: no recapture at a decode's end.
+Every verification of a decode with room is W + 1 wide, so VERIFY captures once and every
+later verification of the same width replays, whatever the prompt: no recapture at a
+decode's end.
 """
 from __future__ import annotations
 
