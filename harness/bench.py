@@ -140,6 +140,7 @@ class BenchRow:
     # speculative rows (harness.bench_speculation): one pass's rounds, and against greedy
     rounds: int | None = None
     plain_steps: int | None = None
+    shifted_rounds: int | None = None  # rounds judged partly by the forward queued before
     accept_rate: float | None = None
     accepted_per_round: float | None = None
     tokens_per_forward: float | None = None

@@ -7,6 +7,8 @@ the same package and prompts, in turns (``harness.bench``). The speculative row 
   (a proposer that found nothing to draft, or the last token; not a shifted round's head
   forward nor one undone past eos, which ``tokens / forward`` still counts), over one pass of
   the prompts;
+* **shifted rounds**: those whose first draft the decode forward queued before them judged
+  (``engines.workflow.speculative``; on a device with ``--pipelined``);
 * **accept rate**: drafts the verifier accepted over drafts proposed;
 * **accepted / round**: the mean accepted drafts a round;
 * **tokens / forward**: the tokens after each prompt's first over the target's forwards
@@ -32,6 +34,7 @@ def round_figures(results: Sequence[Any]) -> dict[str, Any]:
                    + r.ledger.forwards["readvance"] for r in results)
     after_first = sum(max(len(r.tokens) - 1, 0) for r in results)
     return {"rounds": rounds,
+            "shifted_rounds": sum(sum(r.shifted_per_round) for r in results),
             "plain_steps": sum(r.ledger.forwards["decode"] - r.ledger.shifted_verifications
                                - r.ledger.discarded_forwards for r in results),
             "accept_rate": accepted / drafted if drafted else None,
