@@ -1,0 +1,115 @@
+"""``CudaTensorOps``' accept, its Python side checked without a GPU: the kernel
+(``lockstep_accept_rows``, ``engines/tensor_ops/kernels/argmax.cu``) is replaced by a numpy
+model of what it computes from the arguments it is given, so what is tested is what the
+Python passes it: the rows, the head row (a shifted round) or none, and where the drafts start
+in the verification's tokens feed (after the pending token, or at once with a head). The
+kernel itself runs in the GPU suite (``suites/test_speculative_cuda.py``)."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+from engines.ledger import Ledger
+from engines.tensor_ops.base import TensorOps
+from engines.tensor_ops.cuda import CudaTensorOps
+from engines.tensor_ops.host import HostTensorOps
+
+
+class _Readable(np.ndarray):
+    """A host array read the way the ops read a device one (``get(stream, out, blocking)``)."""
+
+    def get(self, stream=None, out=None, blocking=True):
+        out[...] = self
+        return out
+
+
+class _Event:
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+def _model_of_accept_rows(grid, block, args):
+    """What the kernel computes: block b takes the argmax of row b (with a head, row 0 is the
+    head and row b > 0 is x's row b - 1); the accepted prefix against ``drafts``, and the
+    argmax of the first row past it."""
+    x, row_stride, cols, head, drafts, width, best, done, out = args
+    flat, cols, width = x.reshape(-1), int(cols), int(width)
+    has_head = not (isinstance(head, np.integer) and int(head) == 0)
+    for b in range(grid[0]):
+        r = b - 1 if has_head else b
+        row = head.reshape(-1)[:cols] if r < 0 else flat[r * int(row_stride):][:cols]
+        best[b] = -1 if np.isnan(row).all() else int(np.nanargmax(row))
+    n = 0
+    while n < width and int(best[n]) == int(drafts[n]):
+        n += 1
+    out[0], out[1] = n, best[n]
+
+
+class _ModelledCudaOps(CudaTensorOps):
+    """CudaTensorOps on host arrays, its accept kernel modelled (see the module doc)."""
+
+    def __init__(self):
+        TensorOps.__init__(self, Ledger())
+        self.residency, self.stream, self._accept_buffers = "host", None, None
+
+    @contextlib.contextmanager
+    def on_stream(self):
+        yield
+
+    def _argmax_kernel(self, logits2d, instance):
+        assert instance == 1  # the accept's instance
+        return _model_of_accept_rows
+
+    def _adopt(self, host_array):
+        return np.ascontiguousarray(host_array)
+
+    def _accept_scratch(self, rows):
+        return {"best": np.empty((max(rows, 16),), np.int32),
+                "done": np.zeros((1,), np.uint32),
+                "out": np.empty((2,), np.int32).view(_Readable),
+                "no_drafts": np.zeros((1,), np.int64), "host": np.empty((2,), np.int32),
+                "event": _Event()}
+
+
+@pytest.mark.claim("token_identity")
+@pytest.mark.parametrize("width", [1, 3, 7])
+def test_the_accept_is_handed_its_rows_head_and_drafts_where_they_are(width):
+    ops, host = _ModelledCudaOps(), HostTensorOps(Ledger())
+    rng = np.random.default_rng(width)
+    for _ in range(12):
+        rows = rng.integers(-4, 5, size=(width + 1, 64)).astype(np.float32)
+        rows[rng.random(rows.shape) < 0.05] = np.nan
+        best = host.argmax_rows(rows, width + 1)
+        keep = int(rng.integers(0, width + 1))
+        drafts = [int(b) for b in best[:keep]] + [int((b + 1) % 64) for b in best[keep:width]]
+        want = host.accept_drafts(rows, drafts)
+        assert want[0] == keep
+        # classic: the feed holds the pending token first, the drafts after it
+        assert ops.accept_drafts(rows, drafts, fed=np.array([[9] + drafts])) == want
+        assert ops.accept_drafts(rows, drafts) == want  # drafts adopted
+        # shifted: the head row apart, the feed the drafts alone
+        head, rest = rows[:1].copy(), rows[1:].copy()
+        assert ops.accept_drafts(rest, drafts, fed=np.array([drafts]), head=head) == want
+    assert ops.ledger.readback_bytes["accept_count"] == 4 * 3 * 12
+
+
+def test_the_model_catches_drafts_read_from_the_wrong_place(monkeypatch):
+    """Planted: the drafts read one place late in a shifted round's feed (as if the pending
+    token were still first) give another accept, so the test above can fail."""
+    ops = _ModelledCudaOps()
+    rows = np.eye(4, 8, dtype=np.float32)  # row i's argmax is i
+    drafts = [0, 1, 2]  # all accepted: rows 0..2 agree, the bonus is row 3's argmax
+    assert ops.accept_drafts(rows[1:], drafts, fed=np.array([drafts]), head=rows[:1]) == (3, 3)
+    real = CudaTensorOps._accept
+
+    def one_late(self, logits2d, drafts, fed=None, head=None):
+        fed = np.concatenate([fed.reshape(-1), [0]])[1:] if head is not None else fed
+        return real(self, logits2d, drafts, fed, head)
+
+    monkeypatch.setattr(CudaTensorOps, "_accept", one_late)
+    assert ops.accept_drafts(rows[1:], drafts, fed=np.array([drafts]), head=rows[:1]) != (3, 3)
