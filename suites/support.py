@@ -58,3 +58,20 @@ def device_greedy_matches_oracle(engine, package, prompt, new_tokens: int,
     assert guard.readback_count["token_id"] == ledger.readback_count["token_id"] == len(result.tokens)
     assert ledger.readback_bytes["accept_count"] == 0
     return result
+
+
+def accept_case(rng, width: int, cols: int):
+    """A verification to accept: ``width + 1`` float32 rows of ``cols`` (small integers, so
+    ties, and NaN planted), and ``width`` drafts equal to the rows' argmaxes up to a random
+    point and wrong after it: ``(rows, drafts, agreed)``."""
+    import numpy as np
+
+    from engines.ledger import Ledger
+    from engines.tensor_ops.host import HostTensorOps
+
+    rows = rng.integers(-4, 5, size=(width + 1, cols)).astype(np.float32)
+    rows[rng.random(rows.shape) < 0.05] = np.nan
+    best = HostTensorOps(Ledger()).argmax_rows(rows, width + 1)
+    agreed = int(rng.integers(0, width + 1))
+    drafts = [int(b) for b in best[:agreed]] + [int((b + 1) % cols) for b in best[agreed:width]]
+    return rows, drafts, agreed

@@ -15,6 +15,7 @@ from engines.ledger import Ledger
 from engines.tensor_ops.base import TensorOps
 from engines.tensor_ops.cuda import CudaTensorOps
 from engines.tensor_ops.host import HostTensorOps
+from suites.support import accept_case
 
 
 class _Readable(np.ndarray):
@@ -82,13 +83,9 @@ def test_the_accept_is_handed_its_rows_head_and_drafts_where_they_are(width):
     ops, host = _ModelledCudaOps(), HostTensorOps(Ledger())
     rng = np.random.default_rng(width)
     for _ in range(12):
-        rows = rng.integers(-4, 5, size=(width + 1, 64)).astype(np.float32)
-        rows[rng.random(rows.shape) < 0.05] = np.nan
-        best = host.argmax_rows(rows, width + 1)
-        keep = int(rng.integers(0, width + 1))
-        drafts = [int(b) for b in best[:keep]] + [int((b + 1) % 64) for b in best[keep:width]]
+        rows, drafts, agreed = accept_case(rng, width, 64)
         want = host.accept_drafts(rows, drafts)
-        assert want[0] == keep
+        assert want[0] == agreed
         # classic: the feed holds the pending token first, the drafts after it
         assert ops.accept_drafts(rows, drafts, fed=np.array([[9] + drafts])) == want
         assert ops.accept_drafts(rows, drafts) == want  # drafts adopted

@@ -29,6 +29,7 @@ from harness.packages import resolve_package
 from harness.runner import run_matrix
 from suites.lookup_support import with_prompt_lookup
 from suites.planted import engines as pe
+from suites.support import accept_case
 from suites.test_prompt_lookup import check_rounds
 from suites.test_speculative_ignore_eos import SimulatedDevice, with_eos
 
@@ -147,13 +148,9 @@ def test_the_accept_with_a_head_row_is_the_accept_over_the_rows_joined():
     rng = np.random.default_rng(3)
     for width in (1, 2, 5, 7):
         for _ in range(8):
-            rows = rng.integers(-3, 4, size=(width + 1, 40)).astype(np.float32)
-            rows[rng.random(rows.shape) < 0.05] = np.nan
-            best = ops.argmax_rows(rows, width + 1)
-            keep = int(rng.integers(0, width + 1))
-            drafts = [int(b) for b in best[:keep]] + [int((b + 1) % 40) for b in best[keep:width]]
+            rows, drafts, agreed = accept_case(rng, width, 40)
             want = ops.accept_drafts(rows, drafts)
-            assert want[0] == keep
+            assert want[0] == agreed
             fed = np.array([drafts], np.int64)
             assert ops.accept_drafts(rows[1:], drafts, fed=fed, head=rows[:1]) == want
 
