@@ -275,7 +275,7 @@ def test_runner_flags_a_speculative_stream_that_leaves_greedy(monkeypatch):
     from engines.tensor_ops.host import HostTensorOps
     from harness import runner
 
-    def accept_all(self, logits2d, drafts, fed=None):
+    def accept_all(self, logits2d, drafts, fed=None, head=None):
         return len(drafts), self._argmax(logits2d, len(drafts) + 1)[len(drafts)]
 
     monkeypatch.setattr(HostTensorOps, "_accept", accept_all)

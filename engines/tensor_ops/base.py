@@ -381,9 +381,7 @@ class TensorOps(abc.ABC):
                                  f"values; {ids.size} drafts need {ids.size + own} int64",
                                  field="fed", value=tuple(fed.shape),
                                  remedy=f"pass the verification's tokens feed: {what}")
-        # ops written before shifted rounds take no head: asked only for one
-        accepted, bonus = (self._accept(logits2d, ids, fed) if head is None
-                           else self._accept(logits2d, ids, fed, head))
+        accepted, bonus = self._accept(logits2d, ids, fed, head)
         if bonus < 0:
             raise NonFiniteLogits(f"row {accepted} is all NaN, so it has no argmax",
                              field="logits2d", value=f"row {accepted}",

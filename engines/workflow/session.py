@@ -186,31 +186,34 @@ class DecodeSession:
         start = last = time.perf_counter()
         steps = []
         out = self.forward(ids, "prefill")
-        pending, feed = self.next_token_async(out["logits"])
-        while True:
-            ahead = len(tokens) + 1 < max_new_tokens  # a forward follows unless this is eos
-            if ahead:
-                committed = self.position
-                out = self.forward_fed(feed, "decode")
-            tokens.append(pending.result())
+        while out is not None:
+            out = self.step_ahead(out["logits"], tokens, max_new_tokens, eos)
             now = time.perf_counter()
             steps.append(now - last)
             last = now
-            if not ahead:
-                break
-            if tokens[-1] == eos:
-                self.rollback(committed)  # the forward queued past eos, never read
-                self.ledger.discarded_forwards += 1
-                break
-            pending, feed = self.next_token_async(out["logits"])
         wall = time.perf_counter() - start
         return DecodeResult(self.engine.name, ids, tokens, self.ledger, wall, steps, None)
 
-    def next_token_async(self, logits):
-        """The greedy choice at the last position of ``logits`` without waiting for it:
-        ``(pending, feed)`` (``TensorOps.next_token_async``; needs a device feed)."""
+    def step_ahead(self, logits, tokens: list[int], max_new_tokens: int, eos) -> Any:
+        """One pipelined greedy step: the id ``logits`` decide at their last position joins
+        ``tokens``, the decode forward over it queued on its device feed before the host waits
+        for it (``TensorOps.next_token_async``). Returns that forward's outputs (by role), or
+        None where the decode ends at this token: ``max_new_tokens`` reached (nothing was
+        queued) or eos (the forward queued past it undone, never read: ``discarded_forwards``)."""
         last = self.ops.last_along_axis(logits, 1)
-        return self.ops.next_token_async(last.reshape(1, last.shape[-1]))
+        pending, feed = self.ops.next_token_async(last.reshape(1, last.shape[-1]))
+        ahead = len(tokens) + 1 < max_new_tokens  # a forward follows unless this is eos
+        if ahead:
+            committed = self.position
+            out = self.forward_fed(feed, "decode")
+        tokens.append(pending.result())
+        if not ahead:
+            return None
+        if tokens[-1] == eos:
+            self.rollback(committed)
+            self.ledger.discarded_forwards += 1
+            return None
+        return out
 
 
 def greedy_decode(engine, prompt: Sequence[int], max_new_tokens: int,

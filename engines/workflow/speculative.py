@@ -181,14 +181,11 @@ class SpeculativeSession:
         tokens.append(argmax_last_row(ops, out[logits_role]))
         self.seed = (out, len(ids) - 1)  # target outputs holding the last committed row
         steps.append(time.perf_counter() - start)
-        fixed = self.proposer.fixed_width
         while len(tokens) < max_new_tokens and tokens[-1] != eos:
             t0 = time.perf_counter()
-            w = min(width, max_new_tokens - len(tokens) - 1)
+            w = self._classic_width(width, max_new_tokens - len(tokens))
             pending = tokens[-1]
             base = self.target.position  # L: positions committed into the target's cells
-            if fixed and w and base + width + 1 <= self.spec.max_context:
-                w = width  # drafting is free: the last round is cut after verification
             drafts: list[int] = []
             if w:
                 if isinstance(self.proposer, CarryProposer):
@@ -206,6 +203,16 @@ class SpeculativeSession:
             self._round(ids, tokens, max_new_tokens, eos, drafts, rounds, audited)
             steps.append(time.perf_counter() - t0)
         return self._result(ids, tokens, width, rounds, start, steps, audited)
+
+    def _classic_width(self, width: int, left: int) -> int:
+        """The drafts a classic round asks for with ``left`` tokens to go: as many as leave
+        its bonus room; a proposer that drafts for free keeps ``width`` where the context has
+        room (the last round is cut after verification: one VERIFY shape)."""
+        w = min(width, left - 1)
+        if (self.proposer.fixed_width and w
+                and self.target.position + width + 1 <= self.spec.max_context):
+            return width
+        return w
 
     def shifts(self) -> bool:
         """Whether ``pipelined`` decodes shift their verifications (``_decode_shifted``): a
@@ -287,24 +294,14 @@ class SpeculativeSession:
         # ``queued``: the outputs of the forward that fed tokens[-1] (its logits unread), or
         # None where tokens[-1] is not fed yet (after a round); ``logits``: what decides the
         # next plain step's id
-        queued = None
         logits = out["logits"]
         while True:
             # the plain step: read the id ``logits`` decide, with the next forward queued first
-            pending, feed = target.next_token_async(logits)
-            ahead = len(tokens) + 1 < max_new_tokens
-            if ahead:
-                committed = target.position
-                queued = target.forward_fed(feed, "decode")
-            tokens.append(pending.result())
+            queued = target.step_ahead(logits, tokens, max_new_tokens, eos)
             now = time.perf_counter()
             steps.append(now - last)
             last = now
-            if not ahead:
-                break
-            if tokens[-1] == eos:
-                target.rollback(committed)  # the forward queued past eos, never read
-                self.ledger.discarded_forwards += 1
+            if queued is None:
                 break
             while True:  # rounds, while the proposer drafts
                 left = max_new_tokens - len(tokens)
@@ -316,9 +313,7 @@ class SpeculativeSession:
                         self._audit(audited, logits, tokens, (), "decode")
                         break
                 else:  # after a round: [pending] + W drafts, or a plain forward over it
-                    w = min(width, left - 1)
-                    if w and target.position + width + 1 <= ctx:
-                        w = width  # as the classic loop: cut after verification
+                    w = self._classic_width(width, left)
                     drafts = self.proposer.propose(ids + tokens, w) if w else []
                     if not drafts:
                         logits = target.forward(tokens[-1:], "decode")["logits"]
