@@ -3,7 +3,9 @@
 model of what it computes from the arguments it is given, so what is tested is what the
 Python passes it: the rows, the head row (a shifted round) or none, and where the drafts start
 in the verification's tokens feed (after the pending token, or at once with a head). The
-kernel itself runs in the GPU suite (``suites/test_speculative_cuda.py``)."""
+kernel itself runs in the GPU suite (``suites/test_speculative_cuda.py``) and, here, on the
+CPU emulator (``engines/native/emulation``): the same checks with the real kernel in place of
+the model, in float32, float16 and bfloat16."""
 from __future__ import annotations
 
 import contextlib
@@ -11,9 +13,11 @@ import contextlib
 import numpy as np
 import pytest
 
+from engines.dtypes import dtype_of
 from engines.ledger import Ledger
+from engines.native.emulation.cpu_module import CpuModule
 from engines.tensor_ops.base import TensorOps
-from engines.tensor_ops.cuda import CudaTensorOps
+from engines.tensor_ops.cuda import ARGMAX_MODULES, CudaTensorOps
 from engines.tensor_ops.host import HostTensorOps
 from suites.support import accept_case
 
@@ -77,13 +81,26 @@ class _ModelledCudaOps(CudaTensorOps):
                 "event": _Event()}
 
 
+class _EmulatedKernelOps(_ModelledCudaOps):
+    """The same ops with ``lockstep_accept_rows`` itself, run on the CPU emulator."""
+
+    def _argmax_kernel(self, logits2d, instance):
+        assert instance == 1
+        module = ARGMAX_MODULES[np.dtype(logits2d.dtype).name]
+        return CpuModule(module, [module.instances[1]]).functions()[module.instances[1]]
+
+
 @pytest.mark.claim("token_identity")
 @pytest.mark.parametrize("width", [1, 3, 7])
-def test_the_accept_is_handed_its_rows_head_and_drafts_where_they_are(width):
-    ops, host = _ModelledCudaOps(), HostTensorOps(Ledger())
+@pytest.mark.parametrize("kernel,dtype", [("model", "float32"), ("emulated", "float32"),
+                                          ("emulated", "float16"), ("emulated", "bfloat16")])
+def test_the_accept_is_handed_its_rows_head_and_drafts_where_they_are(width, kernel, dtype):
+    ops = _ModelledCudaOps() if kernel == "model" else _EmulatedKernelOps()
+    host = HostTensorOps(Ledger())
     rng = np.random.default_rng(width)
     for _ in range(12):
         rows, drafts, agreed = accept_case(rng, width, 64)
+        rows = rows.astype(dtype_of(dtype))
         want = host.accept_drafts(rows, drafts)
         assert want[0] == agreed
         # classic: the feed holds the pending token first, the drafts after it

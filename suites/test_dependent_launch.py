@@ -155,7 +155,8 @@ def test_a_dependent_launcher_sends_every_packed_launch_through_the_entry(depend
 
 # -- every kernel launched dependent waits before it touches memory --------------------------
 
-_BEFORE_WAIT = re.compile(r"^\s*(extern __shared__|__shared__|constexpr |\w+\* xs = "
+_BEFORE_WAIT = re.compile(r"^\s*(extern __shared__|__shared__|LK_DYNAMIC_SHARED\(|constexpr |"
+                          r"\w+\* xs = "
                           r"reinterpret_cast<[^>]+>\(lk_\w+_smem\);|"
                           r"(if \([\w &=!]+\) )?lk_(gemv3?|glu)_prefetch(<\w+>)?\()")
 PLANTED = Path(__file__).resolve().parent / "kernels" / "planted_waits.cu"

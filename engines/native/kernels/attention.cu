@@ -189,7 +189,7 @@ __global__ void attention_rows(
         const long long* __restrict__ pos, TQ* __restrict__ out, long long H, long long M,
         long long T, long long D, long long group, long long qh, long long qm, long long qd,
         int has_scale, float scale, int R) {
-    extern __shared__ __align__(16) float lk_rows_smem[];
+    LK_DYNAMIC_SHARED(float, lk_rows_smem);
     __shared__ float part[LK_ATT_BLOCK * (16 / sizeof(TQ))];  // groups x D partial sums
     __shared__ float smem[33];
     __shared__ long long Ls[LK_ATT_ROWS];

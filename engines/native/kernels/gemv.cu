@@ -198,7 +198,7 @@ __device__ __forceinline__ void lk_gemv_tile_block(const T* __restrict__ x, cons
 template <typename T>
 __global__ void gemv_tile(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
                           long long M, long long K, long long N, int team, int tile_rows) {
-    extern __shared__ __align__(16) unsigned char lk_tile_smem[];
+    LK_DYNAMIC_SHARED(unsigned char, lk_tile_smem);
     __shared__ float part[LK_GEMV_ROWS * LK_TILE_COLS * LK_TILE_WARPS];
     lk_grid_wait();
     lk_gemv_tile_block<T>(x, w, out, M, K, N, team, tile_rows, blockIdx.x,
@@ -210,7 +210,7 @@ __global__ void gemv_tile(const T* __restrict__ x, const T* __restrict__ w, T* _
 // would, the next blocks1 weight 1, the rest weight 2, each with its own team.
 template <typename T>
 __global__ void gemv_tile3(LK_GEMV3_PARAMS(T), int tile_rows) {
-    extern __shared__ __align__(16) unsigned char lk_tile_smem[];
+    LK_DYNAMIC_SHARED(unsigned char, lk_tile_smem);
     __shared__ float part[LK_GEMV_ROWS * LK_TILE_COLS * LK_TILE_WARPS];
     lk_grid_wait();
     const long long blk = blockIdx.x;

@@ -125,7 +125,7 @@ __device__ __forceinline__ void lk_gemv_prefetch(const T* __restrict__ w, long l
     const int tt = (warp % team) * 32 + (threadIdx.x & 31);
     const T* wr = w + n * K;
     for (long long c = tt; c < K / V; c += 32 * team) {
-        asm volatile("prefetch.global.L2 [%0];" :: "l"(wr + c * V));
+        lk_prefetch_l2(wr + c * V);
     }
 }
 

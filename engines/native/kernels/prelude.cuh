@@ -13,10 +13,14 @@ __device__ __forceinline__ double lk_load(const double* p, long long i) { return
 __device__ __forceinline__ long long lk_load(const int* p, long long i) { return (long long)p[i]; }
 __device__ __forceinline__ long long lk_load(const long long* p, long long i) { return p[i]; }
 __device__ __forceinline__ float lk_load(const lk_half* p, long long i) {
+#ifdef LK_CPU_EMULATION
+    return lk_cpu_half_to_float(p[i]);
+#else
     float f;
     const lk_half h = p[i];
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#endif
 }
 __device__ __forceinline__ float lk_bf16_to_float(unsigned short b) {
     return __uint_as_float(((unsigned int)b) << 16);
@@ -30,9 +34,13 @@ __device__ __forceinline__ void lk_store(double* p, long long i, double v) { p[i
 __device__ __forceinline__ void lk_store(int* p, long long i, long long v) { p[i] = (int)v; }
 __device__ __forceinline__ void lk_store(long long* p, long long i, long long v) { p[i] = v; }
 __device__ __forceinline__ void lk_store(lk_half* p, long long i, float v) {
+#ifdef LK_CPU_EMULATION
+    p[i] = lk_cpu_float_to_half(v);
+#else
     lk_half h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
     p[i] = h;
+#endif
 }
 // float -> bfloat16, round to nearest even; a NaN stays a NaN (quiet, sign kept), as
 // ml_dtypes converts it; overflow rounds to infinity. From sm_80 the hardware conversion
@@ -53,6 +61,18 @@ __device__ __forceinline__ unsigned short lk_float_to_bf16(float v) {
 }
 __device__ __forceinline__ void lk_store(lk_bf16* p, long long i, float v) {
     p[i].bits = lk_float_to_bf16(v);
+}
+
+// Dynamic shared memory of the launch, as an array of T (the CPU emulator's is one buffer).
+#ifndef LK_CPU_EMULATION
+#define LK_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
+#endif
+
+// Ask L2 for the 16 bytes at p: a hint, nothing is computed (nothing on a CPU).
+__device__ __forceinline__ void lk_prefetch_l2(const void* p) {
+#ifndef LK_CPU_EMULATION
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+#endif
 }
 
 // The type a storage type's values are computed in: what lk_load returns (float for the

@@ -27,7 +27,7 @@ __global__ void norm_gemv(
         TO* __restrict__ out0, TO* __restrict__ out1, TO* __restrict__ out2, long long M,
         long long K, long long N0, long long N1, long long N2, int team0, int team1,
         int team2, long long blocks0, long long blocks1) {
-    extern __shared__ __align__(16) unsigned char lk_prologue_smem[];
+    LK_DYNAMIC_SHARED(unsigned char, lk_prologue_smem);
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
     TO* xs = reinterpret_cast<TO*>(lk_prologue_smem);
     lk_gemv3_prefetch<TO>(w0, w1, w2, K, N0, N1, N2, team0, team1, team2, blocks0, blocks1);
@@ -59,7 +59,7 @@ __device__ __forceinline__ void lk_glu_prefetch(
     const TO* wr = ((threadIdx.x >> 5) < LK_GEMV_WARPS / 2 ? wg : wu) + n * K;
     const int tt = ((threadIdx.x >> 5) % team) * 32 + (threadIdx.x & 31);
     for (long long c = tt; c < K / V; c += 32 * team) {
-        asm volatile("prefetch.global.L2 [%0];" :: "l"(wr + c * V));
+        lk_prefetch_l2(wr + c * V);
     }
 }
 
@@ -81,7 +81,7 @@ __global__ void norm_glu(
         const TI* __restrict__ gain, TI* __restrict__ sum_out, float eps,
         const TO* __restrict__ wg, const TO* __restrict__ wu, TO* __restrict__ out,
         long long M, long long K, long long N, int team) {
-    extern __shared__ __align__(16) unsigned char lk_prologue_smem[];
+    LK_DYNAMIC_SHARED(unsigned char, lk_prologue_smem);
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
     __shared__ TO staged[LK_PROLOGUE_ROWS * LK_GEMV_WARPS];
     constexpr int HALF = LK_GEMV_WARPS / 2;
@@ -120,7 +120,7 @@ template <typename TG, typename TC, typename TO>
 __global__ void swiglu_gemv(
         const TG* __restrict__ gate, const TG* __restrict__ up, const TO* __restrict__ w,
         TO* __restrict__ out, long long M, long long K, long long N, int team, int gvec) {
-    extern __shared__ __align__(16) unsigned char lk_prologue_smem[];
+    LK_DYNAMIC_SHARED(unsigned char, lk_prologue_smem);
     __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
     constexpr int VG = 16 / sizeof(TG);
     TO* xs = reinterpret_cast<TO*>(lk_prologue_smem);

@@ -1,0 +1,97 @@
+"""native-cuda's launchers over the CPU emulator: the kernel families (``FusedKernels``,
+``CudaKernels``) with numpy arrays for device memory, so a test calls the very launcher a
+forward calls (its checks, its grid, its arguments) and the very kernel, without a GPU.
+
+``EmulatedArray`` is a numpy array that answers ``.data.ptr`` as a CuPy array does (the
+launchers test alignment with it); ``emulated(Family)`` is the family with its modules
+compiled by ``cpu_module`` and its launches run there, in ascending or descending order of
+threads and blocks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engines.errors import ResidencyError
+from engines.native.emulation.cpu_module import CpuModule
+
+
+@dataclass(frozen=True)
+class _Memory:
+    ptr: int
+    device_id: int = 0
+
+
+class EmulatedArray(np.ndarray):
+    """A numpy array standing for device memory on the emulator."""
+
+    @property
+    def data(self):  # CuPy's MemoryPointer, as far as the launchers read it
+        return _Memory(self.ctypes.data)
+
+
+def to_device(array) -> EmulatedArray:
+    """A C-contiguous copy of ``array`` in the emulator's memory."""
+    return np.array(array, order="C", copy=True).view(EmulatedArray)
+
+
+def to_host(array) -> np.ndarray:
+    return np.asarray(array).view(np.ndarray).copy()
+
+
+class _NumpyAsCupy:
+    """What a launcher asks of ``self._cupy`` (broadcasting), answered with numpy."""
+    ndarray = EmulatedArray
+
+    @staticmethod
+    def broadcast_to(array, shape):
+        return np.broadcast_to(array, shape, subok=True)
+
+
+class _Launcher:
+    """``KernelLauncher.launch``'s signature: the emulator has no stream."""
+
+    @staticmethod
+    def launch(function, grid, block, args, stream, shared_mem: int = 0) -> None:
+        function(grid, block, args, shared_mem=shared_mem)
+
+
+class _Emulated:
+    """Placed before a kernel family: its modules compiled for the CPU, its arrays numpy."""
+
+    def __init__(self, device_id: int = 0, *, descending: bool = False):
+        self._cupy = _NumpyAsCupy
+        self.device_id = 0
+        self.descending = descending
+        self._functions = {}
+        for module in self.modules():
+            self._functions.update(CpuModule(module).functions(descending=descending))
+        self._launcher = _Launcher
+
+    def _on_device(self, array, what: str) -> None:
+        if not isinstance(array, EmulatedArray):
+            raise ResidencyError(f"{what} is a {type(array).__name__}, not an array of the "
+                                 f"CPU emulator", field=what, value=type(array).__name__,
+                                 remedy="pass emulation.host_device.to_device(...) of it")
+
+    _check = _on_device
+
+    def _contiguous(self, array, stream):
+        return array if array.flags.c_contiguous else to_device(array)
+
+    def _empty(self, shape, dtype, stream):
+        # filled with a pattern, not zeros: a kernel that skips an element leaves garbage
+        return _garbage(shape, dtype)
+
+
+def _garbage(shape, dtype) -> EmulatedArray:
+    dtype = np.dtype(dtype)
+    raw = np.full(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 0x7B, np.uint8)
+    return raw.view(dtype).reshape(shape).view(EmulatedArray)
+
+
+def emulated(family: type, *, descending: bool = False):
+    """An instance of ``family`` (a ``KernelFamily`` subclass) running on the CPU emulator."""
+    cls = type(f"Emulated{family.__name__}", (_Emulated, family), {})
+    return cls(descending=descending)

@@ -1,0 +1,326 @@
+"""native-cuda's kernels without a GPU: the very ``.cu`` source and launchers on the CPU
+emulator (``engines/native/emulation``), so CI checks what the GPU suites check of them.
+
+Claims held here, bit for bit on the emulator: a GEMV with a norm prologue is the norm then
+the GEMV; ``norm_glu`` is ``norm_gemv`` over gate and up then SwiGLU; the rotation, cache
+write and attention in one launch are the two launches; row i of an M-row launch is the
+one-row launch (batch invariance); the result does not depend on the order threads and
+blocks run in. Against a float64 numpy reference, the tolerance table's bound for the dtype.
+Planted: a barrier removed, a row-dependent accumulation, a barrier in a branch, each
+caught; the shim's float16 and bfloat16 conversions are numpy's and ml_dtypes'.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from engines.cuda_module import CudaModule
+from engines.errors import ExecutionError
+from engines.native.cuda_kernels import CudaKernels
+from engines.native.emulation.cpu_module import CpuModule
+from engines.native.emulation.host_device import emulated, to_device, to_host
+from engines.native.fused_kernels import FusedKernels
+from engines.native.kernel_source import KERNELS
+from engines.native.launch.gemv import GemvKernels
+from engines.native.launch.prologue_gemv import PrologueGemvKernels
+from engines.tolerances import TABLE
+
+DTYPES = ("float32", "float16", "bfloat16")
+K = 64  # a row: four 16-byte runs of float32, two of float16
+EPS = 1e-5
+
+
+def _np(name: str) -> np.dtype:
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+@pytest.fixture(scope="module")
+def fused():
+    return emulated(FusedKernels)
+
+
+@pytest.fixture(scope="module")
+def fused_descending():
+    return emulated(FusedKernels, descending=True)
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return emulated(CudaKernels)
+
+
+def _rand(rng, shape, dtype, scale=1.0):
+    return to_device((scale * rng.standard_normal(shape)).astype(_np(dtype)))
+
+
+def _norm_case(dtype: str, rows: int, seed: int = 0, widths=(96, 32, 32)):
+    rng = np.random.default_rng(seed)
+    residual = _rand(rng, (1, rows, K), dtype)
+    delta = _rand(rng, (1, rows, K), dtype)
+    gain = to_device((1 + 0.1 * rng.standard_normal(K)).astype(_np(dtype)))
+    weights = [_rand(rng, (n, K), dtype, 0.1) for n in widths]
+    return residual, delta, gain, weights
+
+
+def _same(a, b) -> bool:
+    a, b = to_host(a), to_host(b)
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _rows(value, rows: int) -> np.ndarray:
+    return to_host(value).reshape(rows, -1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("add", [True, False], ids=["add", "plain"])
+def test_norm_gemv_is_the_norm_then_the_gemv(fused, dense, dtype, add):
+    residual, delta, gain, weights = _norm_case(dtype, 5)
+    out = np.dtype(_np(dtype))
+    got = fused.norm_gemv(residual, delta if add else None, gain, EPS, out, weights,
+                          stream=None)
+    if add:
+        total, normed = fused.add_rms_norm(residual, delta, gain, EPS, out, stream=None)
+        two = (total,)
+    else:
+        normed = fused.rms_norm(residual, gain, EPS, out, stream=None)
+        two = ()
+    two += tuple(dense.gemv_many(normed.reshape(5, K), weights, stream=None))
+    assert len(got) == len(two)
+    assert all(_same(a.reshape(-1), b.reshape(-1)) for a, b in zip(got, two))
+    # and the arithmetic is a norm and a product, within the table's bound for the dtype
+    x = to_host(residual).astype(np.float64).reshape(5, K)
+    if add:
+        x = x + to_host(delta).astype(np.float64).reshape(5, K)
+    y = x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS) * to_host(gain).astype(np.float64)
+    tol = TABLE[dtype]
+    for w, product in zip(weights, got[1 if add else 0:]):
+        ref = y @ to_host(w).astype(np.float64).T
+        np.testing.assert_allclose(_rows(product, 5).astype(np.float64), ref,
+                                   atol=tol.max_abs * 10, rtol=tol.max_rel * 10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_glu_is_norm_gemv_then_swiglu(fused, dtype):
+    residual, delta, gain, weights = _norm_case(dtype, 3, seed=1, widths=(48, 48))
+    out = np.dtype(_np(dtype))
+    compute = out  # a uniform graph's SwiGLU computes in its dtype
+    got = fused.norm_glu(residual, delta, gain, EPS, out, weights, compute, out, stream=None)
+    assert got is not None
+    total, gate, up = fused.norm_gemv(residual, delta, gain, EPS, out, weights, stream=None)
+    glu = fused.swiglu(gate, up, compute, out, stream=None)
+    assert _same(got[0], total) and _same(got[1].reshape(-1), glu.reshape(-1))
+
+
+def _launchers(fused, dense):
+    """name -> (launch over rows, the rows' count): each launcher a forward uses for decode
+    and verification rows, and a GEMV over prefill-sized rows (its tile path)."""
+    def norm_gemv(case):
+        residual, delta, gain, weights = case
+        return fused.norm_gemv(residual, delta, gain, EPS, residual.dtype, weights,
+                               stream=None)
+
+    def norm_glu(case):
+        residual, delta, gain, weights = case
+        return fused.norm_glu(residual, delta, gain, EPS, residual.dtype, weights[:2],
+                              residual.dtype, residual.dtype, stream=None)
+
+    def gemv(case):
+        residual, _, _, weights = case
+        return (dense.gemv_rows(residual.reshape(-1, K), weights[0], stream=None),)
+
+    return {"norm_gemv": (norm_gemv, (96, 32, 32)), "norm_glu": (norm_glu, (48, 48)),
+            "gemv": (gemv, (96,))}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("which,rows", [("norm_gemv", 5), ("norm_glu", 8), ("gemv", 3),
+                                        ("gemv", 20)])
+def test_row_i_is_the_one_row_launch(fused, dense, dtype, which, rows):
+    launch, widths = _launchers(fused, dense)[which]
+    residual, delta, gain, weights = _norm_case(dtype, rows, seed=2, widths=widths)
+    many = launch((residual, delta, gain, weights))
+    for i in range(rows):
+        one = launch((to_device(to_host(residual)[:, i:i + 1]),
+                      to_device(to_host(delta)[:, i:i + 1]), gain, weights))
+        for a, b in zip(many, one):
+            assert _rows(a, rows)[i].tobytes() == to_host(b).tobytes(), (which, i)
+
+
+def _attention_case(dtype: str, rows: int, start: int, seed: int = 3):
+    """SmolLM2's heads scaled down: 6 query heads over 2 KV heads of 64 channels, a static
+    cache of 32 slots whose first ``start`` hold earlier positions."""
+    rng = np.random.default_rng(seed)
+    hq, hk, d, slots = 6, 2, 64, 32
+    xq = _rand(rng, (1, hq, rows, d), dtype)
+    xk = _rand(rng, (1, hk, rows, d), dtype)
+    new_v = _rand(rng, (1, hk, rows, d), dtype)
+    angles = np.arange(start, start + rows)[:, None] * (1e-2 * np.arange(d)[None] + 0.1)
+    cos = to_device(np.cos(angles).astype(np.float32)[None, None])
+    sin = to_device(np.sin(angles).astype(np.float32)[None, None])
+    old_k = _rand(rng, (1, hk, slots, d), dtype)
+    old_v = _rand(rng, (1, hk, slots, d), dtype)
+    positions = to_device(np.arange(start, start + rows, dtype=np.int64)[None])
+    return xq, xk, cos, sin, old_k, old_v, new_v, positions
+
+
+def _rotary_kv_attention(fused, case, dtype):
+    xq, xk, cos, sin, old_k, old_v, new_v, positions = case
+    return fused.rotary_kv_attention(xq, xk, cos, sin, "halves", np.dtype(np.float32), None,
+                                     None, _np(dtype), old_k, old_v, new_v, positions, 2, 3,
+                                     0.125, np.dtype(np.float32), stream=None)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_rotary_kv_attention_is_the_two_launches(fused, dtype):
+    case = _attention_case(dtype, 4, 9)
+    xq, xk, cos, sin, old_k, old_v, new_v, positions = case
+    got = _rotary_kv_attention(fused, case, dtype)
+    assert got is not None
+    q, cache_k, cache_v = fused.rotary_kv(xq, xk, cos, sin, "halves", np.dtype(np.float32),
+                                          None, None, _np(dtype), old_k, old_v, new_v,
+                                          positions, stream=None)
+    att = fused.attention(q, cache_k, cache_v, positions, 2, 3, 0.125, np.dtype(np.float32),
+                          stream=None)
+    assert _same(got[0], cache_k) and _same(got[1], cache_v)
+    assert _same(got[2].reshape(-1), att.reshape(-1))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_verification_row_is_the_decode_at_its_position(fused, dtype):
+    rows, start = 5, 11
+    case = _attention_case(dtype, rows, start, seed=4)
+    xq, xk, cos, sin, old_k, old_v, new_v, positions = case
+    cache_k, cache_v, many = _rotary_kv_attention(fused, case, dtype)
+    for m in range(rows):
+        one = _rotary_kv_attention(fused, tuple(to_device(to_host(a)[:, :, m:m + 1])
+                                                for a in (xq, xk, cos, sin))
+                                   + (cache_k, cache_v,
+                                      to_device(to_host(new_v)[:, :, m:m + 1]),
+                                      to_device(to_host(positions)[:, m:m + 1])), dtype)
+        assert _rows(many, rows)[m].tobytes() == to_host(one[2]).tobytes(), m
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_no_result_depends_on_the_order_threads_run_in(fused, fused_descending, dtype):
+    residual, delta, gain, weights = _norm_case(dtype, 6, seed=5)
+    out = residual.dtype
+    for kernels in (fused, fused_descending):
+        got = kernels.norm_gemv(residual, delta, gain, EPS, out, weights, stream=None)
+        glu = kernels.norm_glu(residual, delta, gain, EPS, out, weights[1:], out, out,
+                               stream=None)
+        att = _rotary_kv_attention(kernels, _attention_case(dtype, 3, 7), dtype)
+        if kernels is fused:
+            first = [to_host(v).tobytes() for v in (*got, *glu, *att)]
+    assert [to_host(v).tobytes() for v in (*got, *glu, *att)] == first
+
+
+# -- planted ---------------------------------------------------------------------------------
+
+def _planted(tmp_path, family, file: str, old: str, new: str):
+    """``family`` whose ``file`` has ``old`` replaced by ``new`` (once, and it must be there)."""
+    folder = tmp_path / "kernels"
+    shutil.copytree(KERNELS, folder)
+    text = (folder / file).read_text()
+    assert text.count(old) == 1, f"the planted text is not in {file} once"
+    (folder / file).write_text(text.replace(old, new))
+    module = dataclasses.replace(family.MODULE, folder=folder)
+    return type(f"Planted{family.__name__}", (family,), {"MODULE": module})
+
+
+def test_a_missing_barrier_is_caught(tmp_path):
+    # norm_gemv's GEMV reads the rows its prologue staged without waiting for every warp
+    planted = _planted(tmp_path, PrologueGemvKernels, "prologue_gemv.cu",
+                       "lk_norm_prologue<TI, TD, TO>(res, delta, gain, sum_out, xs, M, K, eps);\n"
+                       "    __syncthreads();",
+                       "lk_norm_prologue<TI, TD, TO>(res, delta, gain, sum_out, xs, M, K, eps);")
+    residual, delta, gain, weights = _norm_case("float16", 6, seed=6)
+    honest = emulated(PrologueGemvKernels).norm_gemv(residual, delta, gain, EPS,
+                                                     residual.dtype, weights, stream=None)
+    differs = []
+    for descending in (False, True):
+        got = emulated(planted, descending=descending).norm_gemv(
+            residual, delta, gain, EPS, residual.dtype, weights, stream=None)
+        differs.append(not all(_same(a, b) for a, b in zip(got, honest)))
+    assert any(differs)
+
+
+def test_a_row_dependent_accumulation_is_caught(tmp_path):
+    # rows after the first add their products unfused: row 0 is the one-row launch, no other
+    planted = _planted(tmp_path, GemvKernels, "gemv_vec.cuh",
+                       "for (int v = 0; v < V; ++v) acc[i] = __fmaf_rn(xf[v], wf[v], acc[i]);",
+                       "for (int v = 0; v < V; ++v) acc[i] = i ? acc[i] + xf[v] * wf[v] "
+                       ": __fmaf_rn(xf[v], wf[v], acc[i]);")
+    kernels = emulated(planted)
+    residual, _, _, weights = _norm_case("float32", 4, seed=7)
+    many = _rows(kernels.gemv_rows(residual.reshape(-1, K), weights[0], stream=None), 4)
+    ones = [to_host(kernels.gemv_rows(to_device(to_host(residual)[:, i:i + 1]).reshape(-1, K),
+                                      weights[0], stream=None)).reshape(-1)
+            for i in range(4)]
+    assert many[0].tobytes() == ones[0].tobytes()
+    assert any(many[i].tobytes() != ones[i].tobytes() for i in range(1, 4))
+
+
+def _probe_module(tmp_path, source: str, instances) -> CudaModule:
+    folder = tmp_path / "kernels"
+    shutil.copytree(KERNELS, folder, dirs_exist_ok=True)
+    (folder / "probe.cu").write_text(source)
+    return CudaModule(folder, "probe.cu", tuple(instances))
+
+
+def test_a_barrier_in_a_branch_is_an_error_not_a_hang(tmp_path):
+    # half a warp waits at the block's barrier, the other half at a shuffle: a GPU hangs
+    module = _probe_module(tmp_path, '#include "prelude.cuh"\n'
+                           "__global__ void diverge(float* out) {\n"
+                           "    float v = 1.0f;\n"
+                           "    if (threadIdx.x < 16) __syncthreads();\n"
+                           "    else v = lk_warp_sum(v);\n"
+                           "    out[threadIdx.x] = v;\n}\n", ["diverge"])
+    kernel = CpuModule(module).functions()["diverge"]
+    with pytest.raises(ExecutionError, match="different barriers"):
+        kernel((1,), (64,), (to_device(np.zeros(64, np.float32)),))
+
+
+def test_the_shims_conversions_are_numpys(tmp_path):
+    module = _probe_module(tmp_path, '#include "prelude.cuh"\n'
+                           "template <typename T>\n"
+                           "__global__ void convert(const float* x, T* narrow, float* back,\n"
+                           "                        const T* bits, float* widened, long long n) {\n"
+                           "    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+                           "    if (i >= n) return;\n"
+                           "    lk_store(narrow, i, x[i]);\n"
+                           "    back[i] = lk_load(narrow, i);\n"
+                           "    widened[i] = lk_load(bits, i);\n}\n",
+                           ["convert<lk_half>", "convert<lk_bf16>"])
+    kernels = CpuModule(module).functions()
+    rng = np.random.default_rng(8)
+    every = np.arange(1 << 16, dtype=np.uint16)
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = np.concatenate([rng.standard_normal(20000) * s
+                            for s in (1e-8, 1e-5, 1.0, 1e4, 1e6)]
+                           + [every.view(np.float16).astype(np.float32)]).astype(np.float32)
+    x = np.concatenate([x, np.nextafter(x, np.float32(np.inf)),
+                        np.nextafter(x, np.float32(-np.inf))])  # ties' neighbours
+    n = 1 << 16
+    for name, dtype in (("convert<lk_half>", np.float16),
+                        ("convert<lk_bf16>", ml_dtypes.bfloat16)):
+        narrow = to_device(np.zeros(x.size, np.uint16))
+        back = to_device(np.zeros(x.size, np.float32))
+        widened = to_device(np.zeros(x.size, np.float32))
+        bits = to_device(np.resize(every, x.size))
+        kernels[name]((-(-x.size // 256),), (256,),
+                      (to_device(x), narrow, back, bits, widened, np.int64(x.size)))
+        finite = np.isfinite(x) | np.isinf(x)
+        with np.errstate(over="ignore"):
+            expected = x.astype(dtype).view(np.uint16)
+        assert np.array_equal(to_host(narrow)[finite], expected[finite]), name
+        assert np.array_equal(to_host(back)[finite].view(np.uint32),
+                              expected[finite].view(dtype).astype(np.float32).view(np.uint32))
+        want = every.view(dtype).astype(np.float32)
+        got = to_host(widened)[:n]
+        numbers = ~np.isnan(want)
+        assert np.array_equal(got[numbers].view(np.uint32), want[numbers].view(np.uint32))
+        assert np.isnan(got[~numbers]).all()
