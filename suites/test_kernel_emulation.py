@@ -204,6 +204,26 @@ def test_a_verification_row_is_the_decode_at_its_position(fused, dtype):
         assert _rows(many, rows)[m].tobytes() == to_host(one[2]).tobytes(), m
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_prefill_rows_attention_is_the_decode_at_each_position(fused, dtype):
+    # 12 rows (more than a decode's or verification's 8): attention_rows, a key load shared
+    # by up to 8 rows; each row against the one-row attention at its position
+    rng = np.random.default_rng(9)
+    heads, kv_heads, d, slots, rows = 6, 2, 64, 24, 12
+    q = _rand(rng, (1, heads, rows, d), dtype)
+    k = _rand(rng, (1, kv_heads, slots, d), dtype)
+    v = _rand(rng, (1, kv_heads, slots, d), dtype)
+    positions = np.arange(3, 3 + rows, dtype=np.int64)[None]
+    score = np.dtype(np.float32)
+    many = _rows(fused.attention(q, k, v, to_device(positions), kv_heads, 3, 0.125, score,
+                                 stream=None), rows)
+    for m in range(rows):
+        one = fused.attention(to_device(to_host(q)[:, :, m:m + 1]), k, v,
+                              to_device(positions[:, m:m + 1]), kv_heads, 3, 0.125, score,
+                              stream=None)
+        assert many[m].tobytes() == to_host(one).tobytes(), m
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_no_result_depends_on_the_order_threads_run_in(fused, fused_descending, dtype):
     residual, delta, gain, weights = _norm_case(dtype, 6, seed=5)
