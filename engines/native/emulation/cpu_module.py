@@ -38,7 +38,8 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CXX") or "g++")
 
 
-def _pointer(value) -> int:
+def pointer(value) -> int:
+    """The address a pointer parameter takes: an array's data, or an integer as it is."""
     if isinstance(value, np.ndarray):
         return value.ctypes.data
     ptr = getattr(getattr(value, "data", None), "ptr", None)
@@ -60,18 +61,22 @@ class CpuKernel:
     error: object
     descending: bool = False  # threads and blocks in descending order
 
-    def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None) -> None:
+    def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None,
+                 cooperative: bool = False) -> None:
+        """Runs the launch to its end; ``cooperative``: every block resident at once, as a
+        kernel with a grid-wide barrier needs."""
         if len(args) != len(self.codes):
             raise ExecutionError(f"{self.name} takes {len(self.codes)} arguments, got "
                                  f"{len(args)}", field="args", value=len(args),
                                  remedy="pass the kernel's parameters in order")
-        values = [ctypes.c_void_p(_pointer(a)) if code == "p" else _CTYPES[code](a)
+        values = [ctypes.c_void_p(pointer(a)) if code == "p" else _CTYPES[code](a)
                   for code, a in zip(self.codes, args)]
         table = (ctypes.c_void_p * max(len(values), 1))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
         dims = [(tuple(int(d) for d in dim) + (1, 1, 1))[:3] for dim in (grid, block)]
         status = self.entry((ctypes.c_uint * 3)(*dims[0]), (ctypes.c_uint * 3)(*dims[1]),
-                            ctypes.c_ulonglong(int(shared_mem)), table, int(self.descending))
+                            ctypes.c_ulonglong(int(shared_mem)), table,
+                            int(self.descending) | (2 if cooperative else 0))
         if status:
             raise ExecutionError(f"{self.name} failed on the CPU emulator: "
                                  f"{self.error().decode()}", field="kernel", value=self.name,
@@ -95,8 +100,8 @@ class CpuModule:
         defines = "".join(f"#define {name} {value}\n" for name, value in self.module.defines)
         entries = "".join(
             f'extern "C" int lk_cpu_launch_{i}(const unsigned int* g, const unsigned int* b, '
-            f"unsigned long long smem, void** args, int descending) {{\n"
-            f"    return lk_cpu::launch(&{name}, g, b, smem, args, descending);\n}}\n"
+            f"unsigned long long smem, void** args, int flags) {{\n"
+            f"    return lk_cpu::launch(&{name}, g, b, smem, args, flags & 1, flags & 2);\n}}\n"
             f'extern "C" const char* lk_cpu_signature_{i}() {{ '
             f"return lk_cpu::signature(&{name}); }}\n"
             for i, name in enumerate(self.instances))

@@ -10,6 +10,12 @@
 // descending) is the caller's choice, so a read that needs a missing barrier reads a value
 // not yet written in one of the two orders.
 //
+// A cooperative launch (a kernel with a grid-wide barrier, lk_cpu_grid_sync) makes every
+// block's fibers at once and runs one block at a time up to the grid barrier, then the
+// next; when every block waits there, all go on. Its blocks share the function statics, so
+// what a block keeps in shared memory across a grid barrier must be registered
+// (register_block_state): the scheduler saves and restores that region per block.
+//
 // Arithmetic: the kernels are compiled with --fmad=false on the GPU (their only fused
 // multiply-adds are explicit), here with -ffp-contract=off and __fmaf_rn as fmaf, so
 // additions and products round as the GPU's do; expf and other library functions are the C
@@ -51,17 +57,22 @@ struct lk_cpu_dim3 {
     unsigned int x, y, z;
 };
 
+// Internal linkage: each compiled module keeps its own scheduler (a static of an inline
+// function would be one object across every loaded library, GNU_UNIQUE).
 namespace lk_cpu {
+namespace {
 
 constexpr std::size_t kStack = 256 * 1024;  // a fiber's stack (mapped lazily)
 
-enum State { kRunning, kAtBlock, kAtWarp, kDone };
+enum State { kRunning, kAtBlock, kAtWarp, kAtGrid, kDone };
 
 struct Fiber {
     ucontext_t context;
     void* stack = nullptr;
     lk_cpu_dim3 thread{0, 0, 0};
+    lk_cpu_dim3 block{0, 0, 0};
     int linear = 0;  // the thread's index in the block
+    int first = 0;  // the index of its block's thread 0 in Run::fibers
     State state = kDone;
 };
 
@@ -74,6 +85,9 @@ struct Run {
     void (*body)(void*) = nullptr;
     void* closure = nullptr;
     std::string error;
+    void* state = nullptr;  // a cooperative kernel's per-block shared region, and its size
+    std::size_t state_size = 0;
+    std::vector<unsigned char> saved;  // each block's copy of it
 };
 
 inline Run& run() {
@@ -84,9 +98,13 @@ inline Fiber*& current() {
     static Fiber* f = nullptr;
     return f;
 }
-inline lk_cpu_dim3& block_index() {
-    static lk_cpu_dim3 b{0, 0, 0};
-    return b;
+inline lk_cpu_dim3& block_index() { return current()->block; }
+
+// The region of shared memory a cooperative kernel keeps across a grid barrier.
+inline int register_block_state(void* region, std::size_t size) {
+    run().state = region;
+    run().state_size = size;
+    return 0;
 }
 inline lk_cpu_dim3& block_dim() {
     static lk_cpu_dim3 b{1, 1, 1};
@@ -120,9 +138,9 @@ inline T shfl_xor(unsigned int, T value, int lane_mask) {
     const int base = self->linear - lane;
     unsigned long long bits = 0;
     std::memcpy(&bits, &value, sizeof(T));
-    r.exchange[self->linear] = bits;
+    r.exchange[self->first + self->linear] = bits;
     wait(kAtWarp);  // every lane has written
-    const int source = base + (lane ^ (lane_mask & 31));
+    const int source = self->first + base + (lane ^ (lane_mask & 31));
     T out;
     bits = r.exchange[source];
     std::memcpy(&out, &bits, sizeof(T));
@@ -130,55 +148,92 @@ inline T shfl_xor(unsigned int, T value, int lane_mask) {
     return out;
 }
 
-// The fibers of one block, run until every one has ended; false (and run().error) when
-// the threads wait at different barriers with none to release: a barrier not every
-// thread reaches, undefined on a GPU.
-inline bool run_block(bool descending) {
+enum Outcome { kFinished, kParked, kStuck };
+
+// Fibers [lo, hi) of one block, run until every one has ended (kFinished) or waits at the
+// grid barrier with the others of its block waiting behind it (kParked); kStuck (and
+// run().error) when they wait at different barriers with none to release: a barrier not
+// every thread reaches, which hangs a GPU.
+inline Outcome run_block(int lo, int hi, bool descending) {
     Run& r = run();
-    const int n = (int)r.fibers.size();
-    for (Fiber& f : r.fibers) {
-        getcontext(&f.context);
-        f.context.uc_stack.ss_sp = f.stack;
-        f.context.uc_stack.ss_size = kStack;
-        f.context.uc_link = &r.scheduler;
-        makecontext(&f.context, trampoline, 0);
-        f.state = kRunning;
-    }
+    const int n = hi - lo;
     for (;;) {
         for (int k = 0; k < n; ++k) {
-            Fiber& f = r.fibers[descending ? n - 1 - k : k];
+            Fiber& f = r.fibers[lo + (descending ? n - 1 - k : k)];
             if (f.state != kRunning) continue;
             current() = &f;
             swapcontext(&r.scheduler, &f.context);
         }
         current() = nullptr;
-        bool live = false, released = false, all_at_block = true;
-        for (int w = 0; w < n; w += 32) {
+        bool live = false, released = false, all_at_block = true, at_grid = false;
+        for (int w = lo; w < hi; w += 32) {
             bool warp_live = false, warp_at_warp = true;
-            for (int i = w; i < n && i < w + 32; ++i) {
+            for (int i = w; i < hi && i < w + 32; ++i) {
                 const State s = r.fibers[i].state;
                 if (s == kDone) continue;
+                if (s == kAtGrid) {
+                    at_grid = true;
+                    continue;
+                }
                 warp_live = true;
                 if (s != kAtWarp) warp_at_warp = false;
                 if (s != kAtBlock) all_at_block = false;
             }
             live = live || warp_live;
             if (warp_live && warp_at_warp) {
-                for (int i = w; i < n && i < w + 32; ++i)
+                for (int i = w; i < hi && i < w + 32; ++i)
                     if (r.fibers[i].state == kAtWarp) r.fibers[i].state = kRunning;
                 released = true;
             }
         }
-        if (!live) return true;
+        if (!live) return at_grid ? kParked : kFinished;
         if (released) continue;
-        if (all_at_block) {
-            for (Fiber& f : r.fibers)
-                if (f.state == kAtBlock) f.state = kRunning;
+        if (all_at_block && !at_grid) {
+            for (int i = lo; i < hi; ++i)
+                if (r.fibers[i].state == kAtBlock) r.fibers[i].state = kRunning;
             continue;
         }
+        if (all_at_block && at_grid) return kParked;  // the block waits behind the grid
         r.error = "threads wait at different barriers (a __syncthreads or a shuffle not every "
                   "live thread of the block or warp reaches)";
-        return false;
+        return kStuck;
+    }
+}
+
+inline void start(Fiber& f) {
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack;
+    f.context.uc_stack.ss_size = kStack;
+    f.context.uc_link = &run().scheduler;
+    makecontext(&f.context, trampoline, 0);
+    f.state = kRunning;
+}
+
+// Every block's fibers at once, a block at a time up to each grid barrier.
+inline bool run_cooperative(long long blocks, int threads, bool descending) {
+    Run& r = run();
+    for (Fiber& f : r.fibers) start(f);
+    if (r.state) r.saved.assign((std::size_t)blocks * r.state_size, 0xA5);
+    for (;;) {
+        bool finished = true, all_parked = true;
+        for (long long k = 0; k < blocks; ++k) {
+            const long long b = descending ? blocks - 1 - k : k;
+            unsigned char* copy = r.state ? r.saved.data() + b * r.state_size : nullptr;
+            if (copy) std::memcpy(r.state, copy, r.state_size);
+            const Outcome o = run_block((int)(b * threads), (int)((b + 1) * threads),
+                                        descending);
+            if (copy) std::memcpy(copy, r.state, r.state_size);
+            if (o == kStuck) return false;
+            if (o != kFinished) finished = false;
+            if (o != kParked) all_parked = false;
+        }
+        if (finished) return true;
+        if (!all_parked) {
+            r.error = "a grid barrier that not every block reaches (some ended, others wait)";
+            return false;
+        }
+        for (Fiber& f : r.fibers)
+            if (f.state == kAtGrid) f.state = kRunning;
     }
 }
 
@@ -215,53 +270,79 @@ struct Closure {
     }
 };
 
+inline bool make_fibers(std::size_t count) {
+    Run& r = run();
+    if (r.fibers.size() == count) return true;
+    for (Fiber& f : r.fibers) munmap(f.stack, kStack);
+    r.fibers.assign(count, Fiber());
+    for (Fiber& f : r.fibers) {
+        f.stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (f.stack == MAP_FAILED) {
+            f.stack = nullptr;
+            r.fibers.clear();
+            r.error = "no memory for the fibers' stacks";
+            return false;
+        }
+    }
+    return true;
+}
+
+inline lk_cpu_dim3 unflatten(long long i, const unsigned int* dims) {
+    return {(unsigned)(i % dims[0]), (unsigned)((i / dims[0]) % dims[1]),
+            (unsigned)(i / ((long long)dims[0] * dims[1]))};
+}
+
 // Runs kernel<<<grid, block, smem>>>(args) to its end; 0, or 1 with lk_cpu_error() saying
-// why. descending: blocks and threads taken in descending order.
+// why. descending: blocks and threads taken in descending order; cooperative: every block
+// at once (a kernel with grid barriers).
 template <typename... A>
 inline int launch(void (*kernel)(A...), const unsigned int* grid, const unsigned int* block,
-                  unsigned long long smem, void** args, int descending) {
+                  unsigned long long smem, void** args, int descending, int cooperative = 0) {
     Run& r = run();
     r.error.clear();
     const int threads = (int)(block[0] * block[1] * block[2]);
+    const long long blocks = (long long)grid[0] * grid[1] * grid[2];
     if (threads <= 0 || threads > 1024 || threads % 32 != 0) {
         r.error = "a block of " + std::to_string(threads) +
                   " threads: the emulator runs whole warps, at most 1024 threads";
         return 1;
     }
-    if (r.fibers.size() != (std::size_t)threads) {
-        for (Fiber& f : r.fibers) munmap(f.stack, kStack);
-        r.fibers.assign(threads, Fiber());
-        for (Fiber& f : r.fibers) {
-            f.stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (f.stack == MAP_FAILED) {
-                f.stack = nullptr;
-                r.fibers.clear();
-                r.error = "no memory for the fibers' stacks";
-                return 1;
-            }
-        }
+    if (cooperative && blocks * threads > 65536) {
+        r.error = "a cooperative grid of " + std::to_string(blocks * threads) +
+                  " threads: the emulator takes at most 65536";
+        return 1;
     }
-    r.exchange.assign(threads, 0);
-    r.dynamic_smem.assign(smem + 16, 0);
-    for (int i = 0; i < threads; ++i) {
+    const long long resident = cooperative ? blocks : 1;
+    if (!make_fibers((std::size_t)(resident * threads))) return 1;
+    r.exchange.assign((std::size_t)(resident * threads), 0);
+    r.dynamic_smem.assign(smem + 16, 0xA5);
+    for (long long i = 0; i < resident * threads; ++i) {
         Fiber& f = r.fibers[i];
-        f.linear = i;
-        f.thread = {(unsigned)(i % block[0]), (unsigned)((i / block[0]) % block[1]),
-                    (unsigned)(i / (block[0] * block[1]))};
+        f.linear = (int)(i % threads);
+        f.first = (int)(i - f.linear);
+        f.thread = unflatten(f.linear, block);
+        f.block = unflatten(i / threads, grid);
     }
     Closure<A...> closure{kernel, args};
     r.body = &Closure<A...>::invoke;
     r.closure = &closure;
     block_dim() = {block[0], block[1], block[2]};
     grid_dim() = {grid[0], grid[1], grid[2]};
-    const long long blocks = (long long)grid[0] * grid[1] * grid[2];
+    if (cooperative) return run_cooperative(blocks, threads, descending != 0) ? 0 : 1;
     for (long long k = 0; k < blocks; ++k) {
         const long long b = descending ? blocks - 1 - k : k;
-        block_index() = {(unsigned)(b % grid[0]), (unsigned)((b / grid[0]) % grid[1]),
-                         (unsigned)(b / ((long long)grid[0] * grid[1]))};
+        for (Fiber& f : r.fibers) {
+            f.block = unflatten(b, grid);
+            start(f);
+        }
         std::fill(r.dynamic_smem.begin(), r.dynamic_smem.end(), (unsigned char)0xA5);
-        if (!run_block(descending != 0)) return 1;
+        const Outcome o = run_block(0, threads, descending != 0);
+        if (o == kStuck) return 1;
+        if (o == kParked) {
+            r.error = "a grid barrier in a kernel not launched cooperatively";
+            return 1;
+        }
     }
     return 0;
 }
@@ -273,6 +354,7 @@ inline T bit_cast(const void* p) {
     return out;
 }
 
+}  // namespace
 }  // namespace lk_cpu
 
 #define threadIdx (lk_cpu::current()->thread)
@@ -282,6 +364,8 @@ inline T bit_cast(const void* p) {
 #define LK_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(lk_cpu::dynamic_smem())
 
 inline void __syncthreads() { lk_cpu::wait(lk_cpu::kAtBlock); }
+// The whole grid's barrier (one thread of each block calls it; the others wait at the block's)
+inline void lk_cpu_grid_sync() { lk_cpu::wait(lk_cpu::kAtGrid); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 template <typename T>
 inline T __shfl_xor_sync(unsigned int mask, T value, int lane_mask) {

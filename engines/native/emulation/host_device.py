@@ -14,7 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from engines.errors import ResidencyError
-from engines.native.emulation.cpu_module import CpuModule
+from engines.native.emulation.cpu_module import CpuModule, pointer
+from engines.native.launch_program import Launch, LaunchProgram
+from engines.native.program_module import PROGRAM_BLOCK, PROGRAM_KERNEL, PROGRAM_MODULE
+
+# the emulator's parameter codes -> struct's, as the GPU launcher packs them
+_STRUCT = {"p": "Q", "q": "q", "i": "i", "I": "I", "f": "f", "d": "d"}
 
 
 @dataclass(frozen=True)
@@ -57,17 +62,30 @@ class _Launcher:
         function(grid, block, args, shared_mem=shared_mem)
 
 
+class _Recorder:
+    """Launches written down (``launch_program.Launch``), not run: a program's instructions."""
+
+    def __init__(self, launches: list):
+        self.launches = launches
+
+    def launch(self, function, grid, block, args, stream, shared_mem: int = 0) -> None:
+        values = tuple(pointer(a) if code == "p" else a for code, a in zip(function.codes, args))
+        fmt = "".join(_STRUCT[code] for code in function.codes)
+        self.launches.append(Launch(function.name, tuple(int(g) for g in grid),
+                                    tuple(int(b) for b in block), int(shared_mem), fmt, values))
+
+
 class _Emulated:
     """Placed before a kernel family: its modules compiled for the CPU, its arrays numpy."""
 
-    def __init__(self, device_id: int = 0, *, descending: bool = False):
+    def __init__(self, device_id: int = 0, *, descending: bool = False, record=None):
         self._cupy = _NumpyAsCupy
         self.device_id = 0
         self.descending = descending
         self._functions = {}
         for module in self.modules():
             self._functions.update(CpuModule(module).functions(descending=descending))
-        self._launcher = _Launcher
+        self._launcher = _Launcher if record is None else _Recorder(record)
 
     def _on_device(self, array, what: str) -> None:
         if not isinstance(array, EmulatedArray):
@@ -91,7 +109,18 @@ def _garbage(shape, dtype) -> EmulatedArray:
     return raw.view(dtype).reshape(shape).view(EmulatedArray)
 
 
-def emulated(family: type, *, descending: bool = False):
-    """An instance of ``family`` (a ``KernelFamily`` subclass) running on the CPU emulator."""
+def emulated(family: type, *, descending: bool = False, record: list | None = None):
+    """An instance of ``family`` (a ``KernelFamily`` subclass) running on the CPU emulator;
+    with ``record``, its launches are appended there (``Launch``) and not run."""
     cls = type(f"Emulated{family.__name__}", (_Emulated, family), {})
-    return cls(descending=descending)
+    return cls(descending=descending, record=record)
+
+
+def run_program(program: LaunchProgram, blocks: int, *, descending: bool = False,
+                module=PROGRAM_MODULE) -> None:
+    """``program`` as one cooperative launch of ``blocks`` persistent blocks."""
+    kernel = CpuModule(module).functions(descending=descending)[PROGRAM_KERNEL]
+    barrier = to_device(np.zeros(2, np.uint32))
+    kernel((int(blocks),), (PROGRAM_BLOCK,),
+           (to_device(program.table), np.int32(program.count), to_device(program.records),
+            barrier), shared_mem=program.shared_mem, cooperative=True)

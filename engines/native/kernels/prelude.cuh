@@ -86,8 +86,17 @@ struct lk_acc { typedef decltype(lk_load((const T*)0, 0)) type; };
 // touches (only weight prefetches, hints, come first): it waits until the kernel ahead has
 // finished and its writes are visible, then lets the next kernel's blocks start, so their
 // prefetches overlap this kernel's work. Launched without the attribute it returns at once.
+//
+// Inside a launch program (program.cu: one persistent launch running many kernels' blocks)
+// the wait is the program's grid-wide barrier instead: every block has finished the kernel
+// before this one.
+#ifdef LK_PROGRAM
+__device__ void lk_program_wait();
+#endif
 __device__ __forceinline__ void lk_grid_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef LK_PROGRAM
+    lk_program_wait();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
