@@ -27,6 +27,7 @@ from engines.native.fused_kernels import FusedKernels
 from engines.native.kernel_source import KERNELS
 from engines.native.launch.gemv import GemvKernels
 from engines.native.launch.prologue_gemv import PrologueGemvKernels
+from engines.native.program_module import program_family
 from engines.tolerances import TABLE
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -189,8 +190,18 @@ def test_rotary_kv_attention_is_the_two_launches(fused, dtype):
     assert _same(got[2].reshape(-1), att.reshape(-1))
 
 
+@pytest.fixture(scope="module")
+def fused_program_block():
+    return emulated(program_family(FusedKernels))
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_a_verification_row_is_the_decode_at_its_position(fused, dtype):
+@pytest.mark.parametrize("block", [256, 128])
+def test_a_verification_row_is_the_decode_at_its_position(fused, fused_program_block, dtype,
+                                                          block):
+    # at both block sizes of attention (128: the one a launch program runs)
+    fused = fused if block == 256 else fused_program_block
+    assert fused.BLOCK == block
     rows, start = 5, 11
     case = _attention_case(dtype, rows, start, seed=4)
     xq, xk, cos, sin, old_k, old_v, new_v, positions = case

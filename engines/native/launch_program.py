@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,13 +26,16 @@ _CODES = {name: code for code, name in enumerate(PROGRAM_OPS)}
 @dataclass(frozen=True)
 class Launch:
     """One kernel launch: its instance, grid, block, shared memory and packed arguments
-    (``fmt``: struct codes, ``values``: device arrays already their addresses)."""
+    (``fmt``: struct codes, ``values``: device arrays already their addresses). ``keep``
+    holds the arrays those addresses are in: a launch run later needs its operands alive
+    (a temporary the launcher made, a contiguous copy, would otherwise be freed)."""
     name: str
     grid: tuple[int, ...]
     block: tuple[int, ...]
     shared_mem: int
     fmt: str
     values: tuple
+    keep: tuple = field(default=(), compare=False, repr=False)
 
 
 def programmable(launch: Launch) -> bool:

@@ -1,10 +1,11 @@
 """The launch-program module (``kernels/program.cu``): the persistent kernel ``lk_program``
 and the kernel instances a program may run, each by its code.
 
-A program runs kernels of one block size (``PROGRAM_BLOCK``: the GEMVs with a prologue and
-the plain GEMVs, 128 threads); any other launch ends the program before it. The instances
-are the launchers' own (``PrologueGemvKernels.MODULE``, ``GemvKernels.MODULE``), so a code is
-the position of an instance name in ``PROGRAM_OPS``, the same list the source is built from.
+A program runs kernels of one block size (``PROGRAM_BLOCK``, 128 threads: the GEMVs with a
+prologue, the plain GEMVs and, from a family made by ``program_family``, the decode's
+rotation, cache write and attention); any other launch ends the program before it. The
+instances are the launchers' own, so a code is the position of an instance name in
+``PROGRAM_OPS``, the same list the source is built from.
 """
 from __future__ import annotations
 
@@ -12,17 +13,31 @@ from dataclasses import dataclass
 
 from engines.cuda_module import CudaModule
 from engines.native.kernel_source import COMPILE_OPTIONS, KERNELS
+from engines.native.launch.attention import AttentionKernels, attention_module
 from engines.native.launch.gemv import GEMV_WARPS_PER_BLOCK, GemvKernels
 from engines.native.launch.prologue_gemv import PROLOGUE_BLOCK, PrologueGemvKernels
 
 PROGRAM_BLOCK = 32 * GEMV_WARPS_PER_BLOCK
 assert PROLOGUE_BLOCK == PROGRAM_BLOCK
 PROGRAM_KERNEL = "lk_program"
-# the 128-thread kernels of the two modules program.cu includes
+# the modules program.cu includes (attention's with PROGRAM_BLOCK-thread blocks), and the
+# kernels of theirs a program runs
+_MODULES = (PrologueGemvKernels.MODULE, GemvKernels.MODULE, attention_module(PROGRAM_BLOCK))
 PROGRAM_OPS = tuple(
-    name for module in (PrologueGemvKernels.MODULE, GemvKernels.MODULE)
-    for name in module.instances
-    if name.split("<")[0] in ("norm_gemv", "norm_glu", "swiglu_gemv", "gemv_vec", "gemv_vec3"))
+    name for module in _MODULES for name in module.instances
+    if name.split("<")[0] in ("norm_gemv", "norm_glu", "swiglu_gemv", "gemv_vec", "gemv_vec3",
+                              "rotary_kv_attention"))
+
+
+def program_family(family: type) -> type:
+    """``family`` (a kernel family with attention's launchers) whose attention launches
+    ``PROGRAM_BLOCK``-thread blocks, so a program can run them: other bits than the
+    256-thread attention's (its orders over keys follow the block), the same in every
+    launch of the family."""
+    if not issubclass(family, AttentionKernels):
+        return family
+    return type(f"{family.__name__}{PROGRAM_BLOCK}", (family,),
+                {"BLOCK": PROGRAM_BLOCK, "MODULE": attention_module(PROGRAM_BLOCK)})
 
 
 @dataclass(frozen=True)
@@ -37,7 +52,7 @@ class ProgramModule(CudaModule):
 
 def _defines() -> tuple[tuple[str, int], ...]:
     merged: dict[str, int] = {}
-    for module in (PrologueGemvKernels.MODULE, GemvKernels.MODULE):
+    for module in _MODULES:
         merged.update(module.defines)
     return tuple(merged.items())
 

@@ -72,7 +72,8 @@ class _Recorder:
         values = tuple(pointer(a) if code == "p" else a for code, a in zip(function.codes, args))
         fmt = "".join(_STRUCT[code] for code in function.codes)
         self.launches.append(Launch(function.name, tuple(int(g) for g in grid),
-                                    tuple(int(b) for b in block), int(shared_mem), fmt, values))
+                                    tuple(int(b) for b in block), int(shared_mem), fmt, values,
+                                    keep=tuple(args)))
 
 
 class _Emulated:

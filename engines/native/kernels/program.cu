@@ -8,4 +8,5 @@
 #include "program_head.cuh"
 #include "prologue_gemv.cu"
 #include "gemv.cu"
+#include "attention.cu"
 #include "program_tail.cuh"

@@ -27,17 +27,24 @@ ROTARY_ATTENTION_MAX_ROWS = 8  # rows rotary_kv_attention takes (decode, verific
 ROTARY_ATTENTION_MAX_HEAD_DIM = 128  # its staged new rows: 8 x 128 keys and values, 8 KiB
 
 
-class AttentionKernels(KernelFamily):
-    MODULE = module(
+def attention_module(block: int):
+    """``attention.cu`` for blocks of ``block`` threads (``LK_ATT_BLOCK``): every order over
+    keys follows the block size, so each module's launches agree with each other only."""
+    return module(
         "attention.cu",
         every_instance("attention", 2) + every_instance("attention_rows", 2)
         # the graphs' own combinations: x and caches narrow, the math wide
         + [instance("rotary_kv_attention", narrow, wide, narrow)
            for wide, narrow in PROLOGUE_PAIRS],
-        {"LK_ATT_MAX_D": ATTENTION_MAX_HEAD_DIM, "LK_ATT_BLOCK": ATTENTION_BLOCK,
+        {"LK_ATT_MAX_D": ATTENTION_MAX_HEAD_DIM, "LK_ATT_BLOCK": block,
          "LK_ATT_SMEM_KEYS": ATTENTION_SMEM_KEYS, "LK_ATT_ROWS": ATTENTION_ROWS,
          "LK_RKA_MAX_D": ROTARY_ATTENTION_MAX_HEAD_DIM,
          "LK_RKA_MAX_M": ROTARY_ATTENTION_MAX_ROWS})
+
+
+class AttentionKernels(KernelFamily):
+    MODULE = attention_module(ATTENTION_BLOCK)
+    BLOCK = ATTENTION_BLOCK  # threads of every attention launch: the module's LK_ATT_BLOCK
 
     def attention(self, q, k, v, positions, kv_heads: int, group: int, scale, score_dtype,
                   *, stream):
@@ -75,7 +82,7 @@ class AttentionKernels(KernelFamily):
         if kvec and m > PROLOGUE_ROWS and rows >= 2:  # a prefill: rows share key loads
             self._launcher.launch(
                 self._functions[instance("attention_rows", *kinds)],
-                (heads * -(-m // rows),), (ATTENTION_BLOCK,),
+                (heads * -(-m // rows),), (self.BLOCK,),
                 (q, k, v, pos, out, i64(heads), i64(m), i64(t), i64(d), i64(group),
                  *map(i64, qs), np.int32(scale is not None),
                  np.float32(0.0 if scale is None else scale), np.int32(rows)),
@@ -84,8 +91,8 @@ class AttentionKernels(KernelFamily):
         # scores in global scratch only for caches longer than the shared array holds
         scratch = self._empty((heads * m * t if t > ATTENTION_SMEM_KEYS else 1,),
                               np.float32, stream)
-        groups = ATTENTION_BLOCK // d if d <= ATTENTION_BLOCK else 1
-        self._launch(name, heads * m, ATTENTION_BLOCK,
+        groups = self.BLOCK // d if d <= self.BLOCK else 1
+        self._launch(name, heads * m, self.BLOCK,
                      (q, k, v, pos, out, scratch, i64(heads), i64(m), i64(t), i64(d),
                       i64(group), *map(i64, qs), np.int32(scale is not None),
                       np.float32(0.0 if scale is None else scale), np.int32(groups),
@@ -136,7 +143,7 @@ class AttentionKernels(KernelFamily):
         out = self._empty((1, m, hq * d), dtype, stream)
         runs_k, runs_v = cache_k.size // per, cache_v.size // per
         _, vh, vm, _ = elem_strides(new_v)
-        self._launch(name, hq * m + ceil_div(runs_k + runs_v, ATTENTION_BLOCK), ATTENTION_BLOCK,
+        self._launch(name, hq * m + ceil_div(runs_k + runs_v, self.BLOCK), self.BLOCK,
                      (xq, i64(hq), *map(i64, elem_strides(xq)),
                       np.int32(scale_q is not None),
                       np.float32(0.0 if scale_q is None else scale_q),
