@@ -40,31 +40,40 @@ def requested() -> bool:
     return switch(ENV)
 
 
-def _driver_entry():
-    """``cuLaunchKernelEx`` from the driver library, or None where it is missing."""
-    for name in ("libcuda.so.1", ctypes.util.find_library("cuda")):
-        if not name:
+def driver_function(name: str, argtypes):
+    """Entry point ``name`` of the CUDA driver library (returning a CUresult), or None where
+    the library or the entry is missing."""
+    for library_name in ("libcuda.so.1", ctypes.util.find_library("cuda")):
+        if not library_name:
             continue
         try:
-            library = ctypes.CDLL(name)
-            entry = library.cuLaunchKernelEx
+            entry = getattr(ctypes.CDLL(library_name), name)
         except (OSError, AttributeError):
             continue
         entry.restype = ctypes.c_int
-        entry.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        entry.argtypes = list(argtypes)
         return entry
     return None
 
 
+def _driver_entry():
+    """``cuLaunchKernelEx`` from the driver library, or None where it is missing."""
+    return driver_function("cuLaunchKernelEx", [ctypes.c_void_p] * 4)
+
+
 class DependentLaunch:
     """``launch(pointer, grid, block, shared_mem, stream_ptr, params)``: one kernel through
-    ``cuLaunchKernelEx`` with the programmatic serialization attribute. The config buffer is
-    one per thread: every launch rewrites it, and the driver copies it when called."""
+    ``cuLaunchKernelEx`` with the programmatic serialization attribute (or another launch
+    attribute set to 1: ``attribute``). The config buffer is one per thread: every launch
+    rewrites it, and the driver copies it when called."""
 
-    def __init__(self, entry):
+    REMEDY = (f"set {ENV}=off to launch without programmatic serialization, and report the "
+              "device and driver")
+
+    def __init__(self, entry, attribute: int = _PROGRAMMATIC_STREAM_SERIALIZATION):
         self._entry = entry
         self._attribute = ctypes.create_string_buffer(_ATTRIBUTE.size)
-        _ATTRIBUTE.pack_into(self._attribute, 0, _PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+        _ATTRIBUTE.pack_into(self._attribute, 0, attribute, 1)
         self._attribute_ptr = ctypes.addressof(self._attribute)
         self._local = threading.local()
 
@@ -82,9 +91,7 @@ class DependentLaunch:
         status = self._entry(ctypes.addressof(config), pointer, params, None)
         if status:
             raise ExecutionError(f"cuLaunchKernelEx failed with CUresult {status}",
-                                 field="launch", value=status,
-                                 remedy=f"set {ENV}=off to launch without programmatic "
-                                        "serialization, and report the device and driver")
+                                 field="launch", value=status, remedy=self.REMEDY)
 
 
 def dependent_launch_for(cupy, device_id: int) -> DependentLaunch | None:

@@ -9,9 +9,11 @@ instances are the launchers' own, so a code is the position of an instance name 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from engines.cuda_module import CudaModule
+from engines.errors import ExecutionError
 from engines.native.kernel_source import COMPILE_OPTIONS, KERNELS
 from engines.native.launch.attention import AttentionKernels, attention_module
 from engines.native.launch.gemv import GEMV_WARPS_PER_BLOCK, GemvKernels
@@ -57,5 +59,16 @@ def _defines() -> tuple[tuple[str, int], ...]:
     return tuple(merged.items())
 
 
-PROGRAM_MODULE = ProgramModule(KERNELS, "program.cu", (PROGRAM_KERNEL,), _defines(),
-                               COMPILE_OPTIONS, PROGRAM_OPS)
+@functools.lru_cache(maxsize=None)
+def program_module(ops: tuple[str, ...]) -> ProgramModule:
+    """The program module running exactly ``ops`` (instances of ``PROGRAM_OPS``), each code
+    its position there. A program compiles only what it runs: every instance's shared
+    arrays are the kernel's (six attention instances alone are 150 KB, over the 48 KB a
+    kernel's static shared memory may take) and its registers the most any needs."""
+    unknown = [name for name in ops if name not in PROGRAM_OPS]
+    if unknown or not ops:
+        raise ExecutionError(f"a launch program cannot run {unknown[0] if unknown else 'nothing'}",
+                             field="ops", value=unknown[0] if unknown else (),
+                             remedy="instances of program_module.PROGRAM_OPS")
+    return ProgramModule(KERNELS, "program.cu", (PROGRAM_KERNEL,), _defines(),
+                         COMPILE_OPTIONS, tuple(ops))

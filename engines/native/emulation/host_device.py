@@ -16,7 +16,7 @@ import numpy as np
 from engines.errors import ResidencyError
 from engines.native.emulation.cpu_module import CpuModule, pointer
 from engines.native.launch_program import Launch, LaunchProgram
-from engines.native.program_module import PROGRAM_BLOCK, PROGRAM_KERNEL, PROGRAM_MODULE
+from engines.native.program_module import PROGRAM_BLOCK, PROGRAM_KERNEL, program_module
 
 # the emulator's parameter codes -> struct's, as the GPU launcher packs them
 _STRUCT = {"p": "Q", "q": "q", "i": "i", "I": "I", "f": "f", "d": "d"}
@@ -118,8 +118,10 @@ def emulated(family: type, *, descending: bool = False, record: list | None = No
 
 
 def run_program(program: LaunchProgram, blocks: int, *, descending: bool = False,
-                module=PROGRAM_MODULE) -> None:
-    """``program`` as one cooperative launch of ``blocks`` persistent blocks."""
+                module=None) -> None:
+    """``program`` as one cooperative launch of ``blocks`` persistent blocks (``module``: its
+    program module, else ``program_module(program.ops)``)."""
+    module = program_module(program.ops) if module is None else module
     kernel = CpuModule(module).functions(descending=descending)[PROGRAM_KERNEL]
     barrier = to_device(np.zeros(2, np.uint32))
     kernel((int(blocks),), (PROGRAM_BLOCK,),

@@ -1,0 +1,66 @@
+"""Launch programs on the GPU (``engines/native/program_launcher.py``): the decode chain's
+launches (``suites/decode_chain.py``), recorded as native-cuda's launchers make them, run as
+one cooperative ``lk_program`` launch give the launches' outputs bit for bit, launched
+directly and replayed from a captured CUDA graph. The CPU emulator checks the same program
+in CI (``suites/test_launch_program.py``); ``scripts/gpu_program_probe.py`` times it."""
+from __future__ import annotations
+
+import pytest
+
+from engines.native.cuda_kernels import CudaKernels
+from engines.native.fused_kernels import FusedKernels
+from engines.native.launch_program import LaunchProgram, programmable
+from engines.native.launch_recorder import ProgramRecorder, recording
+from engines.native.program_launcher import ProgramLauncher
+from engines.native.program_module import PROGRAM_BLOCK, program_family
+from suites import decode_chain as chain
+from suites.decode_chain import SMOLLM2, TINY
+
+pytestmark = pytest.mark.gpu
+
+
+def _bits(cp, values, stream) -> list[bytes]:
+    stream.synchronize()
+    return [cp.asnumpy(v.view(cp.uint8)).tobytes() for v in values]
+
+
+def _spoil(cp, values, stream) -> None:
+    with stream:
+        for v in values:
+            v.view(cp.uint8)[...] = 0x5A
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape,rows", [(TINY, 1), (TINY, 5), (SMOLLM2, 1)],
+                         ids=["tiny-1", "tiny-5", "smollm2-1"])
+def test_a_program_on_the_gpu_computes_its_launches_bit_for_bit(cp, stream, dtype, shape,
+                                                                rows):
+    fused, dense = program_family(FusedKernels)(0), CudaKernels(0)
+    assert fused.BLOCK == PROGRAM_BLOCK
+    with stream:
+        case = (*chain.inputs(shape, dtype, rows, cp.asarray),
+                *chain.weights(shape, dtype, cp.asarray))
+    recorder = ProgramRecorder([fused, dense])
+    with recording(recorder):
+        outs = chain.forward(fused, dense, shape, *case, stream=stream)
+    want = _bits(cp, outs, stream)
+    assert not recorder.refused
+    assert all(programmable(launch) for launch in recorder.launches)
+    launcher = ProgramLauncher(cp, 0)
+    program = launcher.upload(LaunchProgram.of(recorder.launches), stream)
+    assert 1 <= program.blocks
+    _spoil(cp, outs, stream)
+    launcher.launch(program, stream)
+    assert _bits(cp, outs, stream) == want
+    # captured into a graph and replayed twice: the barrier's count is back at zero after
+    # every run, so a replay finds it as the first run did
+    stream.begin_capture()
+    launcher.launch(program, stream)
+    graph = stream.end_capture()
+    for _ in range(2):
+        _spoil(cp, outs, stream)
+        graph.launch(stream)
+        assert _bits(cp, outs, stream) == want
+    # one grid barrier between each instruction and the next, three runs
+    count, generation = (int(v) for v in program.barrier.get())
+    assert count == 0 and generation == 3 * (program.count - 1)
