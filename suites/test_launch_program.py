@@ -25,6 +25,7 @@ from engines.native.launch_program import Launch, LaunchProgram, programmable
 from engines.native.program_module import program_family, program_module
 from suites import decode_chain as chain
 from suites.decode_chain import TINY
+from suites.nvcc_check import NVCC, compile_module
 from suites.test_kernel_launch import FakeArray, FakeCupy, FakeFunction, FakeStream
 
 FUSED = program_family(FusedKernels)  # attention in 128-thread blocks, as a program runs it
@@ -147,3 +148,22 @@ def test_the_gpu_recorder_names_each_launch_and_still_makes_it():
     with recording(recorder):
         launcher.launch(stray, (1,), (32,), (FakeArray(0x4000),), FakeStream(9))
     assert recorder.refused and len(recorder.launches) == 1
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_a_program_reads_no_operand_through_the_non_coherent_path(tmp_path):
+    """Another instruction of the same launch writes what a program's kernel reads, so no
+    load may take the read-only path (``ld.global.nc``, which a restrict-qualified operand
+    gets): program_head.cuh drops ``__restrict__``. nvcc's optimised PTX of a float16
+    decode's program has none; planted, the same with ``__restrict__`` kept has them."""
+    ops = tuple(sorted(("gemv_vec<lk_half>", "norm_gemv<lk_half, lk_half, lk_half>",
+                        "norm_glu<lk_half, lk_half, lk_half>",
+                        "rotary_kv_attention<lk_half, float, lk_half>")))
+    module = program_module(ops)
+    folder = tmp_path / "ptx"
+    folder.mkdir()
+    ptx = compile_module(module, "sm_90", folder, optimise=True)
+    assert "ld.global" in ptx and "ld.global.nc" not in ptx
+    kept = _planted_program(tmp_path, ops, "program_head.cuh",
+                            "#define __restrict__\n", "#define __restrict__ __restrict__\n")
+    assert "ld.global.nc" in compile_module(kept, "sm_90", folder, optimise=True)

@@ -1,8 +1,9 @@
 // A launch program's first part (program.cu): what turns the kernels included after it into
 // device functions one persistent block runs for many of their blocks. It must come before
 // every other kernel file: blockIdx and gridDim become the kernel's own block and grid (the
-// block the persistent block is running, of the grid the kernel was launched with), and
-// __global__ becomes __device__ (the program kernel itself keeps __global__).
+// block the persistent block is running, of the grid the kernel was launched with),
+// __global__ becomes __device__ (the program kernel itself keeps __global__), and
+// __restrict__ goes.
 #pragma once
 #define LK_PROGRAM 1
 #include "prelude.cuh"
@@ -27,6 +28,13 @@ __shared__ lk_program_state lk_ps;
 #ifdef LK_CPU_EMULATION
 static const int lk_ps_registered = lk_cpu::register_block_state(&lk_ps, sizeof(lk_ps));
 #endif
+
+// No __restrict__ in the kernels a program runs: a restrict-qualified read-only operand may
+// be loaded through the non-coherent path (ld.global.nc), whose data must not change during
+// the launch, while in a program another instruction of the same launch wrote it. Aliasing
+// hints only: no value changes.
+#undef __restrict__
+#define __restrict__
 
 #pragma push_macro("__global__")
 #undef __global__
