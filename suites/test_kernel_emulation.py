@@ -215,6 +215,32 @@ def test_a_verification_row_is_the_decode_at_its_position(fused, fused_program_b
         assert _rows(many, rows)[m].tobytes() == to_host(one[2]).tobytes(), m
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_rotary_kv_is_the_rotation_then_the_cache_write(fused, dtype):
+    xq, xk, cos, sin, old_k, old_v, new_v, positions = _attention_case(dtype, 3, 6, seed=10)
+    f32 = np.dtype(np.float32)
+    q, cache_k, cache_v = fused.rotary_kv(xq, xk, cos, sin, "halves", f32, None, None,
+                                          _np(dtype), old_k, old_v, new_v, positions,
+                                          stream=None)
+    rq, rk = fused.rotary2(xq, xk, cos, sin, "halves", f32, None, None, _np(dtype),
+                           stream=None)
+    two_k, two_v = fused.kv_write2(old_k, rk, old_v, new_v, positions, stream=None)
+    assert _same(q, rq) and _same(cache_k, two_k) and _same(cache_v, two_v)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_gemv_is_swiglu_then_the_gemv(fused, dense, dtype):
+    rng = np.random.default_rng(11)
+    gate, up = _rand(rng, (1, 4, 96), dtype), _rand(rng, (1, 4, 96), dtype)
+    weight = _rand(rng, (K, 96), dtype, 0.1)
+    out = _np(dtype)
+    got = fused.swiglu_gemv(gate, up, out, out, weight, stream=None)
+    assert got is not None
+    glu = fused.swiglu(gate, up, out, out, stream=None)
+    two = dense.gemv_rows(glu.reshape(4, 96), weight, stream=None)
+    assert _same(got.reshape(-1), two.reshape(-1))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_prefill_rows_attention_is_the_decode_at_each_position(fused, dtype):
     # 12 rows (more than a decode's or verification's 8): attention_rows, a key load shared

@@ -22,7 +22,7 @@ from engines.native.kernel_launch import KernelLauncher
 from engines.native.kernel_source import KERNELS
 from engines.native.launch_recorder import ProgramRecorder, recording
 from engines.native.launch_program import Launch, LaunchProgram, programmable
-from engines.native.program_module import program_family, program_module
+from engines.native.program_module import decode_ops, program_family, program_module
 from suites import decode_chain as chain
 from suites.decode_chain import TINY
 from suites.nvcc_check import NVCC, compile_module
@@ -156,9 +156,7 @@ def test_a_program_reads_no_operand_through_the_non_coherent_path(tmp_path):
     load may take the read-only path (``ld.global.nc``, which a restrict-qualified operand
     gets): program_head.cuh drops ``__restrict__``. nvcc's optimised PTX of a float16
     decode's program has none; planted, the same with ``__restrict__`` kept has them."""
-    ops = tuple(sorted(("gemv_vec<lk_half>", "norm_gemv<lk_half, lk_half, lk_half>",
-                        "norm_glu<lk_half, lk_half, lk_half>",
-                        "rotary_kv_attention<lk_half, float, lk_half>")))
+    ops = decode_ops("float16")
     module = program_module(ops)
     folder = tmp_path / "ptx"
     folder.mkdir()

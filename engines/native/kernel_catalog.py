@@ -7,6 +7,7 @@ from engines.native.batched_copy import MODULE as COPY
 from engines.native.cuda_kernels import CudaKernels
 from engines.native.cupy_array_backend import CASTS
 from engines.native.fused_kernels import FusedKernels
+from engines.native.program_module import decode_ops, program_module
 from engines.tensor_ops.cuda import ARGMAX_MODULES
 
 
@@ -15,4 +16,5 @@ def cuda_modules() -> dict[str, CudaModule]:
     modules = {m.file.removesuffix(".cu"): m
                for m in CudaKernels.modules() + FusedKernels.modules() + (CASTS, COPY)}
     modules.update({f"argmax_{name}": m for name, m in ARGMAX_MODULES.items()})
+    modules["program"] = program_module(decode_ops("float16"))  # a float16 decode's program
     return modules

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from engines.cuda_module import CudaModule
 from engines.errors import ExecutionError
-from engines.native.kernel_source import COMPILE_OPTIONS, KERNELS
+from engines.native.kernel_source import COMPILE_OPTIONS, KERNELS, instance
 from engines.native.launch.attention import AttentionKernels, attention_module
 from engines.native.launch.gemv import GEMV_WARPS_PER_BLOCK, GemvKernels
 from engines.native.launch.prologue_gemv import PROLOGUE_BLOCK, PrologueGemvKernels
@@ -72,3 +72,14 @@ def program_module(ops: tuple[str, ...]) -> ProgramModule:
                              remedy="instances of program_module.PROGRAM_OPS")
     return ProgramModule(KERNELS, "program.cu", (PROGRAM_KERNEL,), _defines(),
                          COMPILE_OPTIONS, tuple(ops))
+
+
+def decode_ops(dtype: str) -> tuple[str, ...]:
+    """The instances a uniform ``dtype`` decode layer's program runs (q/k/v and gate/up with
+    their norms, the rotation + cache write + attention with float32 tables, the o and down
+    GEMVs), in a program's order: the program module the catalog and the source checks
+    compile."""
+    return tuple(sorted((instance("norm_gemv", dtype, dtype, dtype),
+                         instance("norm_glu", dtype, dtype, dtype),
+                         instance("gemv_vec", dtype),
+                         instance("rotary_kv_attention", dtype, "float32", dtype))))
