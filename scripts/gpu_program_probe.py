@@ -11,8 +11,11 @@ side in one process, each a CUDA graph replayed (CUDA events, median of ``REPEAT
   attention in 256-thread blocks (today's forward);
 - ``launches128``: the same with 128-thread attention blocks (what a program runs);
 - ``program``: the 128-thread launches as one ``lk_program`` launch, its grid the most
-  blocks the device holds; ``program_sms``: the same on one block a multiprocessor.
-The program's outputs are checked bit for bit against ``launches128``'s. The floor: the
+  blocks the device holds; ``program_sms``: the same on one block a multiprocessor;
+- ``deferred``: the chain's launchers run again inside a capture with a launch-program
+  deferral (``engines/native/program_deferral.py``: what a graph slot would do), its
+  programs uploaded on a side stream during the capture.
+Every program's outputs are checked bit for bit against ``launches128``'s. The floor: the
 chain's weight bytes over a device-to-device copy's bandwidth (256 MiB, read + write, median
 of 5), as ``lockstep bench`` measures it. Written to ``$OUT/program_probe.json`` and printed.
 Usage (repo root, GPU image): ``python scripts/gpu_program_probe.py``.
@@ -31,7 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engines.native.cuda_kernels import CudaKernels  # noqa: E402
 from engines.native.fused_kernels import FusedKernels  # noqa: E402
 from engines.native.launch_program import LaunchProgram  # noqa: E402
-from engines.native.launch_recorder import ProgramRecorder, recording  # noqa: E402
+from engines.native.launch_recorder import (ProgramRecorder, function_pointer,  # noqa: E402
+                                            recording)
+from engines.native.program_deferral import ProgramDeferral, deferring  # noqa: E402
 from engines.native.program_launcher import ProgramLauncher  # noqa: E402
 from engines.native.program_module import program_family  # noqa: E402
 from suites import decode_chain as chain  # noqa: E402
@@ -105,6 +110,29 @@ def capture_program(programs, device_program, stream, notes: dict, name: str):
         return _Direct(programs, device_program)
 
 
+def capture_deferred(cp, programs, fused, dense, case, stream, notes: dict):
+    """The chain's launchers run inside a capture with a deferral: (graph, its outputs,
+    the deferral), or (None, None, None) with why in ``notes``."""
+    names = {function_pointer(f): name for family in (fused, dense)
+             for name, f in family._functions.items()}
+    deferral = ProgramDeferral(programs, names, stream, cp.cuda.Stream(non_blocking=True))
+    try:
+        stream.begin_capture()
+        with deferring(deferral, cp):
+            outs = chain.forward(fused, dense, chain.SMOLLM2, *case, stream=stream)
+        graph = stream.end_capture()
+    except Exception as error:  # noqa: BLE001 - the probe reports it and goes on
+        try:
+            stream.end_capture()
+        except Exception:  # noqa: BLE001
+            pass
+        notes["deferred"] = f"capture failed ({type(error).__name__}: {error})"
+        return None, None, None
+    notes["deferred_programs"] = deferral.programs_made
+    notes["deferred_launches_in_programs"] = deferral.launches_in_programs
+    return graph, outs, deferral
+
+
 def timed_ms(cp, graphs: dict, stream) -> dict:
     """Each graph's ms a replay: median over REPEATS turns, the graphs taken in turn."""
     start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -168,7 +196,13 @@ def main() -> int:
                                                  "program"),
                       "program_sms": capture_program(programs, one_per_sm, stream, notes,
                                                      "program_sms")}
+            graph, deferred_outs, deferral = capture_deferred(cp, programs, fused128, dense,
+                                                              case, stream, notes)
             identical = {}
+            if graph is not None:
+                graphs["deferred"] = graph
+                graph.launch(stream)
+                identical["deferred"] = bits(cp, deferred_outs, stream) == want
             for name in ("program", "program_sms"):
                 with stream:
                     for v in outs:

@@ -1,8 +1,9 @@
 """Launch programs on the GPU (``engines/native/program_launcher.py``): the decode chain's
 launches (``suites/decode_chain.py``), recorded as native-cuda's launchers make them, run as
 one cooperative ``lk_program`` launch give the launches' outputs bit for bit, launched
-directly and replayed from a captured CUDA graph. The CPU emulator checks the same program
-in CI (``suites/test_launch_program.py``); ``scripts/gpu_program_probe.py`` times it."""
+directly, replayed from a captured CUDA graph, and made by a deferral inside a capture.
+The CPU emulator checks the same program in CI (``suites/test_launch_program.py``);
+``scripts/gpu_program_probe.py`` times it."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +12,7 @@ from engines.native.cuda_kernels import CudaKernels
 from engines.native.fused_kernels import FusedKernels
 from engines.native.launch_program import LaunchProgram, programmable
 from engines.native.launch_recorder import ProgramRecorder, recording
+from engines.native.program_deferral import ProgramDeferral, deferring
 from engines.native.program_launcher import ProgramLauncher
 from engines.native.program_module import PROGRAM_BLOCK, program_family
 from suites import decode_chain as chain
@@ -64,3 +66,29 @@ def test_a_program_on_the_gpu_computes_its_launches_bit_for_bit(cp, stream, dtyp
     # one grid barrier between each instruction and the next, three runs
     count, generation = (int(v) for v in program.barrier.get())
     assert count == 0 and generation == 3 * (program.count - 1)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_deferred_capture_replays_the_launches_bits(cp, stream, dtype):
+    """The chain's launchers run inside a capture with a launch-program deferral (what a
+    graph slot would do): the graph holds programs, made during the capture (uploaded on a
+    side stream), and its replay gives the eager launches' outputs bit for bit."""
+    fused, dense = program_family(FusedKernels)(0), CudaKernels(0)
+    with stream:
+        case = (*chain.inputs(TINY, dtype, 3, cp.asarray),
+                *chain.weights(TINY, dtype, cp.asarray))
+    recorder = ProgramRecorder([fused, dense])
+    with recording(recorder):
+        want = _bits(cp, chain.forward(fused, dense, TINY, *case, stream=stream), stream)
+    programs = ProgramLauncher(cp, 0)
+    programs.upload(LaunchProgram.of(recorder.launches), stream)  # its module, loaded now
+    deferral = ProgramDeferral(programs, recorder.names, stream,
+                               cp.cuda.Stream(non_blocking=True))
+    stream.begin_capture()
+    with deferring(deferral, cp):
+        outs = chain.forward(fused, dense, TINY, *case, stream=stream)
+    graph = stream.end_capture()
+    assert deferral.programs_made == 1
+    assert deferral.launches_in_programs == len(recorder.launches)
+    graph.launch(stream)
+    assert _bits(cp, outs, stream) == want

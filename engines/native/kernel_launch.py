@@ -61,6 +61,16 @@ class _Recording(threading.local):
 RECORDING = _Recording()
 
 
+class _Deferring(threading.local):
+    """This thread's launch-program deferral (``program_deferral.deferring``), if any, and
+    whether a kernel family is allocating (its allocations do not flush the deferral)."""
+    deferral = None
+    family_allocation = False
+
+
+DEFERRING = _Deferring()
+
+
 def note_allocation(array, stream):
     """``array``, allocated by a kernel family for the step being run: told to the step
     memo recording this thread's step, if one is."""
@@ -132,6 +142,8 @@ class KernelLauncher:
         if not pointer:
             if recorder is not None:
                 recorder.refuse()
+            if DEFERRING.deferral is not None:
+                DEFERRING.deferral.flush()
             function(grid, block, args, stream=stream, shared_mem=shared_mem)
             return
         ndarray = self._ndarray
@@ -147,6 +159,8 @@ class KernelLauncher:
             if code is None:  # anything else: CuPy's own argument handling
                 if recorder is not None:
                     recorder.refuse()
+                if DEFERRING.deferral is not None:
+                    DEFERRING.deferral.flush()
                 function(grid, block, args, stream=stream, shared_mem=shared_mem)
                 return
             codes.append(code)
@@ -165,7 +179,12 @@ class KernelLauncher:
     def launch_packed(self, pointer: int, grid: tuple, block: tuple, fmt: str, values,
                       stream, shared_mem: int) -> None:
         """The driver's launch of ``values`` packed as ``fmt`` (device arrays already their
-        pointers): what ``launch`` ends with, and what a step memo replays."""
+        pointers): what ``launch`` ends with, and what a step memo replays. Inside a
+        launch-program deferral the launch is offered to it first (``program_deferral``)."""
+        deferral = DEFERRING.deferral
+        if deferral is not None and deferral.take(self, pointer, grid, block, fmt, values,
+                                                  stream, shared_mem):
+            return
         frame = self._frame(fmt)
         frame.pack_into(frame.buffer, 0, *values)
         if self.dependent is not None and not PLAIN.active:
