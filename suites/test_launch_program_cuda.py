@@ -92,3 +92,33 @@ def test_a_deferred_capture_replays_the_launches_bits(cp, stream, dtype):
     assert deferral.launches_in_programs == len(recorder.launches)
     graph.launch(stream)
     assert _bits(cp, outs, stream) == want
+
+
+@pytest.mark.claim("token_identity", "zero_staging", "readback_budget", "graph_replay")
+@pytest.mark.parametrize("package_name", ["tiny_llama_static", "tiny_llama_pair_static"])
+def test_native_cuda_with_programs_decodes_the_oracles_tokens(packages, monkeypatch,
+                                                              package_name):
+    """``LOCKSTEP_PROGRAMS=on``: the decode and verification slots capture launch programs
+    (made during the capture, none left as a fallback), greedy is the oracle's with nothing
+    staged and 4 bytes a token, and the pair's speculative tokens are greedy's (batch
+    invariance: verification rows and decode rows are the same kernels' arithmetic)."""
+    from engines.registry import get_engine_class
+    from engines.workflow.speculative import speculative_decode
+    from suites.support import device_greedy_matches_oracle
+
+    monkeypatch.setenv("LOCKSTEP_PROGRAMS", "on")
+    package = packages[package_name]
+    engine = get_engine_class("native-cuda")(package)
+    try:
+        assert engine.programs is not None and engine.backend.fused_kernels().BLOCK == 128
+        assert engine.graphs  # static caches: the slots capture
+        for prompt in package.spec.prompts:
+            greedy = device_greedy_matches_oracle(engine, package, list(prompt), 24)
+            if package_name == "tiny_llama_pair_static":  # a drafter: speculative decoding
+                spec = speculative_decode(engine, list(prompt), 24, 3)
+                assert spec.tokens == greedy.tokens
+            primary = greedy.ledger.slot("PRIMARY")
+            assert primary.captures + primary.replays > 0 and primary.fallbacks == 0
+        assert engine.programs.made > 0 and engine.programs.replaced > engine.programs.made
+    finally:
+        engine.close()

@@ -10,7 +10,11 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+import pytest
 
+from engines.errors import InputError
+
+from engines.native.forward_programs import ProgramObserver, programs_requested
 from engines.native.kernel_launch import DEFERRING, KernelLauncher
 from engines.native.program_deferral import ProgramDeferral, deferring
 from suites.test_kernel_launch import FakeArray, FakeCupy, FakeFunction, FakeStream
@@ -139,3 +143,32 @@ def test_planted_a_deferral_blind_to_allocations_misorders_the_stream(monkeypatc
         launcher.launch(f[NORM], (8,), (128,), ARGS, stream)
         fake.cuda.get_allocator()(512)
     assert _kinds(log) == ["alloc", "program"]  # the copy went ahead of the launches
+
+
+def test_an_eager_forward_observed_gives_the_programs_its_capture_will_make():
+    """``ProgramObserver`` holds nothing (every launch made at once) and splits the runs
+    where a deferral would flush: the programs it lists are the capture's."""
+    fake, log, launcher, f, stream, _ = _setup()
+    observer = ProgramObserver({0x10: GEMV, 0x20: NORM, 0x30: OTHER})
+    with deferring(observer, fake):
+        for name in (NORM, GEMV):
+            launcher.launch(f[name], (8,), (128,), ARGS, stream)
+        fake.cuda.get_allocator()(64)  # a CuPy operation between: a flush
+        launcher.launch(f[GEMV], (8,), (128,), ARGS, stream)  # alone: no program
+        launcher.launch(f[OTHER], (2,), (64,), ARGS, stream)
+        for name in (GEMV, GEMV, GEMV):
+            launcher.launch(f[name], (8,), (128,), ARGS, stream)
+    assert _kinds(log) == ["0x20", "0x10", "alloc", "0x10", "0x30", "0x10", "0x10", "0x10"]
+    programs = observer.programs()
+    assert [(p.count, p.ops) for p in programs] == [(2, (GEMV, NORM)), (3, (GEMV,))]
+
+
+def test_programs_are_off_unless_asked_and_a_bad_word_is_refused(monkeypatch):
+    monkeypatch.delenv("LOCKSTEP_PROGRAMS", raising=False)
+    assert programs_requested() is False
+    monkeypatch.setenv("LOCKSTEP_PROGRAMS", "on")
+    assert programs_requested() is True
+    monkeypatch.setenv("LOCKSTEP_PROGRAMS", "maybe")
+    with pytest.raises(InputError) as err:
+        programs_requested()
+    assert err.value.field == "LOCKSTEP_PROGRAMS"

@@ -29,6 +29,8 @@ the interpreter's and would need the translation first. A slot's outputs are its
 buffers: the caller consumes them before the next forward in the same slot (the interpreter
 does).
 ``poison_outputs=True`` (tests) fills them with NaN before every replay.
+``LOCKSTEP_PROGRAMS=on`` (off by default) captures forwards as launch programs
+(``engines/native/forward_programs.py``), attention then in 128-thread blocks.
 
 bfloat16: a component that declares a bfloat16 value is planned as a ``Bf16Plan``
 (``engines/native/bf16.py``): its bfloat16 values are 16-bit CuPy arrays of dtype
@@ -53,6 +55,7 @@ from engines.native import dependent_launch
 from engines.native.bf16_plan import Bf16Plan, model_uses_bf16
 from engines.native.capacity_cache import CapacityCells, capacity_plan
 from engines.native.cupy_array_backend import CupyArrayBackend
+from engines.native.forward_programs import ForwardPrograms, programs_requested
 from engines.native.graph_slots import (CaptureError, CupyGraphDevice, GraphSlots,
                                         forward_positions, graphs_default)
 from engines.native.kernel_launch import plain_launches
@@ -126,10 +129,11 @@ class NativeCudaEngine(Engine):
 
     @classmethod
     def check_settings(cls) -> None:
-        """Its graphs mode and its two A/B switches, before any cell."""
+        """Its graphs mode and its A/B switches, before any cell."""
         graphs_mode()
         memo_enabled()
         dependent_launch.requested()
+        programs_requested()
 
     @classmethod
     def availability(cls) -> Availability:
@@ -151,7 +155,13 @@ class NativeCudaEngine(Engine):
         super().__init__(package)  # builds tensor ops on self.stream
 
         self.allocator = CountingAllocator(device_id=self.device_id)
-        self.backend = CupyArrayBackend(self.stream, self.ledger, device_id=self.device_id)
+        programs = programs_requested()
+        self.backend = CupyArrayBackend(self.stream, self.ledger, device_id=self.device_id,
+                                        programs=programs)
+        # LOCKSTEP_PROGRAMS=on: captured forwards as launch programs (forward_programs.py)
+        self.programs = (ForwardPrograms(cupy, self.device_id, self.stream,
+                                         [self.backend.kernels, self.backend.fused_kernels()])
+                         if programs else None)
         # append kv cells as capacity buffers (capacity_cache.py) where the graph allows it,
         # when graphs are asked for: the default stays static-only until the forensics
         # recorder (harness/forensics/capture.py) knows the capacity translation
@@ -243,17 +253,26 @@ class NativeCudaEngine(Engine):
 
     def _eager(self, plan, feeds: dict[str, Any]) -> dict[str, Any]:
         with self._device, self.stream, self.allocator.scope():
-            return plan.run(feeds)
+            if self.programs is None:
+                return plan.run(feeds)
+            with self.programs.observing():  # the modules its capture's programs need
+                return plan.run(feeds)
 
     def _capture_body(self, plan, inputs):
         """The forward a slot captures (its allocator is current). A host value adopted
         during the capture would be recorded from a temporary host buffer, so it is refused:
         after the eager run of the same signature every such value is cached."""
         adopted = self.ledger.h2d_count
-        out = plan.run(inputs)
+        keep = []
+        if self.programs is None:
+            out = plan.run(inputs)
+        else:
+            with self.programs.capturing() as deferral:
+                out = plan.run(inputs)
+            keep = deferral.keep  # the programs' device arrays: alive with the graph
         if self.ledger.h2d_count != adopted:
             raise CaptureError("a host value crossed to the device during the capture")
-        return out, plan.cached_device_values()
+        return out, plan.cached_device_values() + keep
 
     def reset_slot(self, slot) -> None:
         """Drop one graph slot's graph and buffers (``GraphSlot`` or its name); the other

@@ -41,8 +41,9 @@ from engines.native.launch.sum_axis import SUM_DTYPES
 class CupyArrayBackend:
     """``ArrayBackend`` on CuPy for device ``device_id``, every launch on ``stream``."""
 
-    def __init__(self, stream, ledger, device_id: int = 0):
+    def __init__(self, stream, ledger, device_id: int = 0, programs: bool = False):
         cupy = import_cupy()
+        self.programs = bool(programs)  # fused kernels a launch program runs (forward_programs)
         self.xp = cupy
         self.stream = stream
         self.ledger = ledger
@@ -271,7 +272,7 @@ class CupyArrayBackend:
         builds (never mid-forward: a module cannot load inside a capture)."""
         fused = getattr(self, "_fused", None)
         if fused is None:
-            fused = self._fused = get_fused_kernels(self.device_id)
+            fused = self._fused = get_fused_kernels(self.device_id, self.programs)
         return fused
 
     # -- introspection -----------------------------------------------------------------------

@@ -21,6 +21,7 @@ from engines.native.launch.norm import NormKernels
 from engines.native.launch.prologue_gemv import PrologueGemvKernels
 from engines.native.launch.rotary import RotaryKernels
 from engines.native.launch.swiglu import SwigluKernels
+from engines.native.program_module import program_family
 
 
 class FusedKernels(NormKernels, PrologueGemvKernels, SwigluKernels, RotaryKernels,
@@ -28,12 +29,15 @@ class FusedKernels(NormKernels, PrologueGemvKernels, SwigluKernels, RotaryKernel
     """The fused nodes' modules of one device, and their launchers."""
 
 
-_COMPILED: dict[int, FusedKernels] = {}
+_COMPILED: dict[tuple[int, bool], FusedKernels] = {}
 
 
-def get_fused_kernels(device_id: int = 0) -> FusedKernels:
-    """The compiled fused kernels for ``device_id``, compiled once per process."""
-    kernels = _COMPILED.get(int(device_id))
+def get_fused_kernels(device_id: int = 0, programs: bool = False) -> FusedKernels:
+    """The compiled fused kernels for ``device_id``, compiled once per process; with
+    ``programs``, the family whose attention a launch program runs (128-thread blocks)."""
+    key = (int(device_id), bool(programs))
+    kernels = _COMPILED.get(key)
     if kernels is None:
-        kernels = _COMPILED[int(device_id)] = FusedKernels(device_id)
+        family = program_family(FusedKernels) if programs else FusedKernels
+        kernels = _COMPILED[key] = family(device_id)
     return kernels
