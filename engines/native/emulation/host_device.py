@@ -5,7 +5,8 @@ forward calls (its checks, its grid, its arguments) and the very kernel, without
 ``EmulatedArray`` is a numpy array that answers ``.data.ptr`` as a CuPy array does (the
 launchers test alignment with it); ``emulated(Family)`` is the family with its modules
 compiled by ``cpu_module`` and its launches run there, in ascending or descending order of
-threads and blocks.
+threads and blocks, or written down (``record=``: a launch program's instructions), and
+``run_program`` runs such a program as one cooperative launch.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def to_device(array) -> EmulatedArray:
 
 
 def to_host(array) -> np.ndarray:
+    """A plain numpy copy of an emulator array."""
     return np.asarray(array).view(np.ndarray).copy()
 
 
