@@ -15,12 +15,15 @@ import numpy as np
 import pytest
 
 from engines.errors import ExecutionError
-from engines.native.emulation.host_device import emulated, run_program, to_device, to_host
+from engines.native.emulation.host_device import (HOST_ALLOCATORS, NO_SIDE_STREAM,
+                                                  EmulatedPrograms, emulated, kernel_names,
+                                                  run_program, to_device, to_host)
 from engines.native.fused_kernels import FusedKernels
 from engines.native.cuda_kernels import CudaKernels
 from engines.native.kernel_launch import KernelLauncher
 from engines.native.kernel_source import KERNELS
 from engines.native.launch_recorder import ProgramRecorder, recording
+from engines.native.program_deferral import ProgramDeferral, deferring
 from engines.native.launch_program import Launch, LaunchProgram, programmable
 from engines.native.program_module import decode_ops, program_family, program_module
 from suites import decode_chain as chain
@@ -165,3 +168,36 @@ def test_a_program_reads_no_operand_through_the_non_coherent_path(tmp_path):
     kept = _planted_program(tmp_path, ops, "program_head.cuh",
                             "#define __restrict__\n", "#define __restrict__ __restrict__\n")
     assert "ld.global.nc" in compile_module(kept, "sm_90", folder, optimise=True)
+
+
+def _deferred(fused, dense, case, blocks: int = 3):
+    """The chain run inside a launch-program deferral on the emulator: its outputs, and the
+    deferral (what it made)."""
+    deferral = ProgramDeferral(EmulatedPrograms(blocks), kernel_names(fused, dense), None,
+                               NO_SIDE_STREAM)
+    with deferring(deferral, HOST_ALLOCATORS):
+        outs = _forward(fused, dense, case)
+    return outs, deferral
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_deferred_forward_runs_as_one_program_with_its_launches_bits(eager, dtype):
+    """Every launch of the chain held by the deferral and made as one program at the end
+    (``program_deferral``, as a graph slot's capture would): the launches' outputs."""
+    case = _case(dtype, 3, seed=4)
+    want = [to_host(v).tobytes() for v in _forward(*eager, case)]
+    outs, deferral = _deferred(emulated(FUSED), emulated(CudaKernels), case)
+    assert deferral.programs_made == 1 and deferral.launches_in_programs == 11
+    assert [to_host(v).tobytes() for v in outs] == want
+
+
+def test_a_deferral_splits_around_what_a_program_cannot_run():
+    """With today's 256-thread attention (no program runs it) each attention launch is made
+    in its place, what comes before it first: a lone q/k/v GEMV as itself, the runs between
+    attentions as programs; the outputs are the plain launches'."""
+    case = _case("float16", 2, seed=5)
+    plain = emulated(FusedKernels)
+    want = [to_host(v).tobytes() for v in _forward(plain, emulated(CudaKernels), case)]
+    outs, deferral = _deferred(emulated(FusedKernels), emulated(CudaKernels), case)
+    assert deferral.programs_made == 2 and deferral.launches_in_programs == 8
+    assert [to_host(v).tobytes() for v in outs] == want

@@ -12,8 +12,10 @@ what is held first, so the stream sees the launches' order:
   allocates before it launches, so a contiguous copy or a fallback product flushes first;
 - the end of the block.
 A flush of one launch makes it as it was; of several, one program: uploaded on a side stream
-(a synchronous copy, which a relaxed capture allows, never captured) and launched on the
-deferral's stream, its device arrays kept (``keep``) as long as a graph may replay it. Its
+(a synchronous copy, which a relaxed capture allows, never captured) from the program
+launcher's own pool (a block freed by a held launch's operand, taken by the upload, would
+be overwritten before the program reads it), launched on the deferral's stream, its device
+arrays kept (``keep``) as long as a graph may replay it. Its
 program module must be loaded before the capture (``ProgramLauncher.kernel``): a module
 cannot load inside one.
 """

@@ -61,6 +61,11 @@ class ProgramLauncher:
         self._occupancy = occupancy
         self._launch = _CooperativeLaunch(entry, _COOPERATIVE)
         self._sms = int(cupy.cuda.Device(self.device_id).attributes["MultiProcessorCount"])
+        with cupy.cuda.Device(self.device_id):
+            # the programs' own pool: an upload during a deferral must not take a block
+            # freed by an operand of a launch still held (it would overwrite it before the
+            # program reads it); its blocks stay as long as the programs do
+            self._pool = cupy.cuda.MemoryPool()
         self._params = ctypes.create_string_buffer(_PARAMS.size)
         self._table = (ctypes.c_void_p * 4)(*[ctypes.addressof(self._params) + offset
                                               for offset in (0, 8, 16, 24)])
@@ -91,7 +96,7 @@ class ProgramLauncher:
         """``program`` on the device (copied on ``stream``), with its grid."""
         cp = self._cupy
         most = int(program.table[:, 1].max())
-        with cp.cuda.Device(self.device_id), stream:
+        with cp.cuda.Device(self.device_id), stream, cp.cuda.using_allocator(self._pool.malloc):
             table = cp.asarray(program.table)
             records = cp.asarray(program.records)
             barrier = cp.zeros((2,), dtype=cp.uint32)

@@ -10,11 +10,13 @@ threads and blocks, or written down (``record=``: a launch program's instruction
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from engines.errors import ResidencyError
+from engines.native.kernel_launch import DEFERRING
 from engines.native.emulation.cpu_module import CpuModule, pointer
 from engines.native.launch_program import Launch, LaunchProgram
 from engines.native.program_module import PROGRAM_BLOCK, PROGRAM_KERNEL, program_module
@@ -57,11 +59,75 @@ class _NumpyAsCupy:
 
 
 class _Launcher:
-    """``KernelLauncher.launch``'s signature: the emulator has no stream."""
+    """``KernelLauncher``'s two entries on the emulator: ``launch`` packs the arguments as the
+    driver reads them (a kernel's "pointer" is its ``CpuKernel``'s id) and goes through
+    ``launch_packed``, which a launch-program deferral sees first, as on the GPU."""
+
+    def __init__(self, functions: dict):
+        self.by_pointer = {id(f): f for f in functions.values()}
+        self._alive: list = []  # the operands of launches a deferral holds
+
+    def launch(self, function, grid, block, args, stream, shared_mem: int = 0) -> None:
+        values = tuple(pointer(a) if code == "p" else a for code, a in zip(function.codes, args))
+        fmt = "".join(_STRUCT[code] for code in function.codes)
+        if DEFERRING.deferral is not None:
+            self._alive.append(args)
+        self.launch_packed(id(function), grid, block, fmt, values, stream, shared_mem)
+
+    def launch_packed(self, ptr: int, grid, block, fmt: str, values, stream,
+                      shared_mem: int) -> None:
+        deferral = DEFERRING.deferral
+        if deferral is not None and deferral.take(self, ptr, grid, block, fmt, values,
+                                                  stream, shared_mem):
+            return
+        self.by_pointer[ptr](grid, block, list(values), shared_mem=shared_mem)
+
+
+def kernel_names(*families) -> dict[int, str]:
+    """Each emulated kernel's "pointer" -> its instance name: a deferral's ``names``."""
+    return {id(f): name for family in families for name, f in family._functions.items()}
+
+
+class EmulatedPrograms:
+    """A ``ProgramLauncher`` on the emulator: uploading is nothing, launching runs the
+    program on ``blocks`` persistent blocks."""
+
+    def __init__(self, blocks: int = 3, descending: bool = False):
+        self.blocks, self.descending = blocks, descending
+
+    def upload(self, program: LaunchProgram, stream) -> LaunchProgram:
+        return program
+
+    def launch(self, program: LaunchProgram, stream) -> None:
+        run_program(program, self.blocks, descending=self.descending)
+
+
+class _HostAllocators:
+    """The allocator switch ``deferring`` wraps; numpy never calls it."""
+
+    class cuda:  # noqa: N801 - stands where ``cupy.cuda`` is read
+        @staticmethod
+        def get_allocator():
+            return None
+
+        @staticmethod
+        @contextlib.contextmanager
+        def using_allocator(allocator):
+            yield
+
+
+HOST_ALLOCATORS = _HostAllocators()  # ``deferring(deferral, HOST_ALLOCATORS)`` on the emulator
+
+
+class _NoSideStream:
+    """The side stream a deferral uploads on: the emulator has nothing to wait for."""
 
     @staticmethod
-    def launch(function, grid, block, args, stream, shared_mem: int = 0) -> None:
-        function(grid, block, args, shared_mem=shared_mem)
+    def synchronize() -> None:
+        pass
+
+
+NO_SIDE_STREAM = _NoSideStream()
 
 
 class _Recorder:
@@ -88,7 +154,7 @@ class _Emulated:
         self._functions = {}
         for module in self.modules():
             self._functions.update(CpuModule(module).functions(descending=descending))
-        self._launcher = _Launcher if record is None else _Recorder(record)
+        self._launcher = _Launcher(self._functions) if record is None else _Recorder(record)
 
     def _on_device(self, array, what: str) -> None:
         if not isinstance(array, EmulatedArray):
