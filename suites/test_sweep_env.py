@@ -49,6 +49,7 @@ ENV: dict[str, tuple[str, list[str]]] = {
     "LOCKSTEP_STEP_MEMO": ("switch", CUDA),
     "LOCKSTEP_DEPENDENT_LAUNCH": ("switch", CUDA),
     "LOCKSTEP_NATIVE_CUDA_GRAPHS": ("switch", CUDA),
+    "LOCKSTEP_PROGRAMS": ("switch", CUDA),
     "LOCKSTEP_CACHE": ("folder", TINY),
 }
 
