@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engines.native.cuda_kernels import CudaKernels  # noqa: E402
 from engines.native.fused_kernels import FusedKernels  # noqa: E402
 from engines.native.launch_program import LaunchProgram  # noqa: E402
-from engines.native.launch_recorder import (ProgramRecorder, function_pointer,  # noqa: E402
+from engines.native.launch_recorder import (ProgramRecorder, kernel_names,  # noqa: E402
                                             recording)
 from engines.native.program_deferral import ProgramDeferral, deferring  # noqa: E402
 from engines.native.program_launcher import ProgramLauncher  # noqa: E402
@@ -113,9 +113,8 @@ def capture_program(programs, device_program, stream, notes: dict, name: str):
 def capture_deferred(cp, programs, fused, dense, case, stream, notes: dict):
     """The chain's launchers run inside a capture with a deferral: (graph, its outputs,
     the deferral), or (None, None, None) with why in ``notes``."""
-    names = {function_pointer(f): name for family in (fused, dense)
-             for name, f in family._functions.items()}
-    deferral = ProgramDeferral(programs, names, stream, cp.cuda.Stream(non_blocking=True))
+    deferral = ProgramDeferral(programs, kernel_names(fused, dense), stream,
+                               cp.cuda.Stream(non_blocking=True))
     try:
         stream.begin_capture()
         with deferring(deferral, cp):

@@ -38,7 +38,8 @@ def np_dtype(name: str) -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
-def _rand(rng, shape, dtype: str, put, scale: float = 1.0):
+def rand(rng, shape, dtype: str, put, scale: float = 1.0):
+    """Normal values times ``scale`` as ``dtype``, on the device ``put`` moves them to."""
     return put((scale * rng.standard_normal(shape)).astype(np_dtype(dtype)))
 
 
@@ -51,24 +52,24 @@ def weights(shape: ChainShape, dtype: str, put, seed: int = 0):
         return put((1 + 0.1 * rng.standard_normal(shape.hidden)).astype(np_dtype(dtype)))
 
     per = [{"gain1": gain(),
-            "qkv": [_rand(rng, (n, shape.hidden), dtype, put, 0.1)
+            "qkv": [rand(rng, (n, shape.hidden), dtype, put, 0.1)
                     for n in (shape.heads * shape.head_dim, kv, kv)],
-            "cache": [_rand(rng, (1, shape.kv_heads, shape.slots, shape.head_dim), dtype, put)
+            "cache": [rand(rng, (1, shape.kv_heads, shape.slots, shape.head_dim), dtype, put)
                       for _ in range(2)],
-            "o": _rand(rng, (shape.hidden, shape.heads * shape.head_dim), dtype, put, 0.1),
+            "o": rand(rng, (shape.hidden, shape.heads * shape.head_dim), dtype, put, 0.1),
             "gain2": gain(),
-            "glu": [_rand(rng, (shape.mlp, shape.hidden), dtype, put, 0.1) for _ in range(2)],
-            "down": _rand(rng, (shape.hidden, shape.mlp), dtype, put, 0.1)}
+            "glu": [rand(rng, (shape.mlp, shape.hidden), dtype, put, 0.1) for _ in range(2)],
+            "down": rand(rng, (shape.hidden, shape.mlp), dtype, put, 0.1)}
            for _ in range(shape.layers)]
-    head = {"gain": gain(), "w": _rand(rng, (shape.vocab, shape.hidden), dtype, put, 0.1)}
+    head = {"gain": gain(), "w": rand(rng, (shape.vocab, shape.hidden), dtype, put, 0.1)}
     return per, head
 
 
 def inputs(shape: ChainShape, dtype: str, rows: int, put, seed: int = 0):
     """(residual, delta, rotation tables, positions) of ``rows`` decode or verify rows."""
     rng = np.random.default_rng(seed + 100)
-    residual = _rand(rng, (1, rows, shape.hidden), dtype, put)
-    delta = _rand(rng, (1, rows, shape.hidden), dtype, put)
+    residual = rand(rng, (1, rows, shape.hidden), dtype, put)
+    delta = rand(rng, (1, rows, shape.hidden), dtype, put)
     at = np.arange(shape.start, shape.start + rows)
     angles = at[:, None] * (0.05 * np.arange(shape.head_dim) + 0.1)
     cos = put(np.cos(angles).astype(np.float32)[None, None])

@@ -75,3 +75,23 @@ def accept_case(rng, width: int, cols: int):
     agreed = int(rng.integers(0, width + 1))
     drafts = [int(b) for b in best[:agreed]] + [int((b + 1) % cols) for b in best[agreed:width]]
     return rows, drafts, agreed
+
+
+def kernel_folder(tmp_path, plant: tuple[str, str, str] | None = None, extra=()) -> Path:
+    """A copy of native-cuda's kernel folder under ``tmp_path`` for a test's own module:
+    with ``plant`` (file, old, new) one bug planted (``old`` must be in the file once), and
+    ``extra`` files of ``suites/kernels`` beside the kernels (they include the prelude)."""
+    import shutil
+
+    from engines.native.kernel_source import KERNELS
+
+    folder = Path(tmp_path) / "kernels"
+    shutil.copytree(KERNELS, folder, dirs_exist_ok=True)
+    for name in extra:
+        shutil.copy(Path(__file__).resolve().parent / "kernels" / name, folder / name)
+    if plant is not None:
+        file, old, new = plant
+        text = (folder / file).read_text()
+        assert text.count(old) == 1, f"the planted text is not in {file} once"
+        (folder / file).write_text(text.replace(old, new))
+    return folder

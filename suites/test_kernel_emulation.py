@@ -12,7 +12,6 @@ caught; the shim's float16 and bfloat16 conversions are numpy's and ml_dtypes'.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 
 import ml_dtypes
 import numpy as np
@@ -24,19 +23,16 @@ from engines.native.cuda_kernels import CudaKernels
 from engines.native.emulation.cpu_module import CpuModule
 from engines.native.emulation.host_device import emulated, to_device, to_host
 from engines.native.fused_kernels import FusedKernels
-from engines.native.kernel_source import KERNELS
 from engines.native.launch.gemv import GemvKernels
 from engines.native.launch.prologue_gemv import PrologueGemvKernels
 from engines.native.program_module import program_family
 from engines.tolerances import TABLE
+from suites.decode_chain import np_dtype, rand
+from suites.support import kernel_folder
 
 DTYPES = ("float32", "float16", "bfloat16")
 K = 64  # a row: four 16-byte runs of float32, two of float16
 EPS = 1e-5
-
-
-def _np(name: str) -> np.dtype:
-    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +51,14 @@ def dense():
 
 
 def _rand(rng, shape, dtype, scale=1.0):
-    return to_device((scale * rng.standard_normal(shape)).astype(_np(dtype)))
+    return rand(rng, shape, dtype, to_device, scale)
 
 
 def _norm_case(dtype: str, rows: int, seed: int = 0, widths=(96, 32, 32)):
     rng = np.random.default_rng(seed)
     residual = _rand(rng, (1, rows, K), dtype)
     delta = _rand(rng, (1, rows, K), dtype)
-    gain = to_device((1 + 0.1 * rng.standard_normal(K)).astype(_np(dtype)))
+    gain = to_device((1 + 0.1 * rng.standard_normal(K)).astype(np_dtype(dtype)))
     weights = [_rand(rng, (n, K), dtype, 0.1) for n in widths]
     return residual, delta, gain, weights
 
@@ -80,7 +76,7 @@ def _rows(value, rows: int) -> np.ndarray:
 @pytest.mark.parametrize("add", [True, False], ids=["add", "plain"])
 def test_norm_gemv_is_the_norm_then_the_gemv(fused, dense, dtype, add):
     residual, delta, gain, weights = _norm_case(dtype, 5)
-    out = np.dtype(_np(dtype))
+    out = np.dtype(np_dtype(dtype))
     got = fused.norm_gemv(residual, delta if add else None, gain, EPS, out, weights,
                           stream=None)
     if add:
@@ -107,7 +103,7 @@ def test_norm_gemv_is_the_norm_then_the_gemv(fused, dense, dtype, add):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_norm_glu_is_norm_gemv_then_swiglu(fused, dtype):
     residual, delta, gain, weights = _norm_case(dtype, 3, seed=1, widths=(48, 48))
-    out = np.dtype(_np(dtype))
+    out = np.dtype(np_dtype(dtype))
     compute = out  # a uniform graph's SwiGLU computes in its dtype
     got = fused.norm_glu(residual, delta, gain, EPS, out, weights, compute, out, stream=None)
     assert got is not None
@@ -171,7 +167,7 @@ def _attention_case(dtype: str, rows: int, start: int, seed: int = 3):
 def _rotary_kv_attention(fused, case, dtype):
     xq, xk, cos, sin, old_k, old_v, new_v, positions = case
     return fused.rotary_kv_attention(xq, xk, cos, sin, "halves", np.dtype(np.float32), None,
-                                     None, _np(dtype), old_k, old_v, new_v, positions, 2, 3,
+                                     None, np_dtype(dtype), old_k, old_v, new_v, positions, 2, 3,
                                      0.125, np.dtype(np.float32), stream=None)
 
 
@@ -182,7 +178,7 @@ def test_rotary_kv_attention_is_the_two_launches(fused, dtype):
     got = _rotary_kv_attention(fused, case, dtype)
     assert got is not None
     q, cache_k, cache_v = fused.rotary_kv(xq, xk, cos, sin, "halves", np.dtype(np.float32),
-                                          None, None, _np(dtype), old_k, old_v, new_v,
+                                          None, None, np_dtype(dtype), old_k, old_v, new_v,
                                           positions, stream=None)
     att = fused.attention(q, cache_k, cache_v, positions, 2, 3, 0.125, np.dtype(np.float32),
                           stream=None)
@@ -220,9 +216,9 @@ def test_rotary_kv_is_the_rotation_then_the_cache_write(fused, dtype):
     xq, xk, cos, sin, old_k, old_v, new_v, positions = _attention_case(dtype, 3, 6, seed=10)
     f32 = np.dtype(np.float32)
     q, cache_k, cache_v = fused.rotary_kv(xq, xk, cos, sin, "halves", f32, None, None,
-                                          _np(dtype), old_k, old_v, new_v, positions,
+                                          np_dtype(dtype), old_k, old_v, new_v, positions,
                                           stream=None)
-    rq, rk = fused.rotary2(xq, xk, cos, sin, "halves", f32, None, None, _np(dtype),
+    rq, rk = fused.rotary2(xq, xk, cos, sin, "halves", f32, None, None, np_dtype(dtype),
                            stream=None)
     two_k, two_v = fused.kv_write2(old_k, rk, old_v, new_v, positions, stream=None)
     assert _same(q, rq) and _same(cache_k, two_k) and _same(cache_v, two_v)
@@ -233,7 +229,7 @@ def test_swiglu_gemv_is_swiglu_then_the_gemv(fused, dense, dtype):
     rng = np.random.default_rng(11)
     gate, up = _rand(rng, (1, 4, 96), dtype), _rand(rng, (1, 4, 96), dtype)
     weight = _rand(rng, (K, 96), dtype, 0.1)
-    out = _np(dtype)
+    out = np_dtype(dtype)
     got = fused.swiglu_gemv(gate, up, out, out, weight, stream=None)
     assert got is not None
     glu = fused.swiglu(gate, up, out, out, stream=None)
@@ -278,13 +274,9 @@ def test_no_result_depends_on_the_order_threads_run_in(fused, fused_descending, 
 # -- planted ---------------------------------------------------------------------------------
 
 def _planted(tmp_path, family, file: str, old: str, new: str):
-    """``family`` whose ``file`` has ``old`` replaced by ``new`` (once, and it must be there)."""
-    folder = tmp_path / "kernels"
-    shutil.copytree(KERNELS, folder)
-    text = (folder / file).read_text()
-    assert text.count(old) == 1, f"the planted text is not in {file} once"
-    (folder / file).write_text(text.replace(old, new))
-    module = dataclasses.replace(family.MODULE, folder=folder)
+    """``family`` whose ``file`` has ``old`` replaced by ``new``."""
+    module = dataclasses.replace(family.MODULE,
+                                 folder=kernel_folder(tmp_path, (file, old, new)))
     return type(f"Planted{family.__name__}", (family,), {"MODULE": module})
 
 
@@ -321,38 +313,21 @@ def test_a_row_dependent_accumulation_is_caught(tmp_path):
     assert any(many[i].tobytes() != ones[i].tobytes() for i in range(1, 4))
 
 
-def _probe_module(tmp_path, source: str, instances) -> CudaModule:
-    folder = tmp_path / "kernels"
-    shutil.copytree(KERNELS, folder, dirs_exist_ok=True)
-    (folder / "probe.cu").write_text(source)
-    return CudaModule(folder, "probe.cu", tuple(instances))
+def _probes(tmp_path, *instances) -> dict:
+    """``suites/kernels/emulator_probes.cu``'s ``instances`` on the emulator."""
+    folder = kernel_folder(tmp_path, extra=["emulator_probes.cu"])
+    return CpuModule(CudaModule(folder, "emulator_probes.cu", instances)).functions()
 
 
 def test_a_barrier_in_a_branch_is_an_error_not_a_hang(tmp_path):
     # half a warp waits at the block's barrier, the other half at a shuffle: a GPU hangs
-    module = _probe_module(tmp_path, '#include "prelude.cuh"\n'
-                           "__global__ void diverge(float* out) {\n"
-                           "    float v = 1.0f;\n"
-                           "    if (threadIdx.x < 16) __syncthreads();\n"
-                           "    else v = lk_warp_sum(v);\n"
-                           "    out[threadIdx.x] = v;\n}\n", ["diverge"])
-    kernel = CpuModule(module).functions()["diverge"]
+    kernel = _probes(tmp_path, "diverge")["diverge"]
     with pytest.raises(ExecutionError, match="different barriers"):
         kernel((1,), (64,), (to_device(np.zeros(64, np.float32)),))
 
 
 def test_the_shims_conversions_are_numpys(tmp_path):
-    module = _probe_module(tmp_path, '#include "prelude.cuh"\n'
-                           "template <typename T>\n"
-                           "__global__ void convert(const float* x, T* narrow, float* back,\n"
-                           "                        const T* bits, float* widened, long long n) {\n"
-                           "    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
-                           "    if (i >= n) return;\n"
-                           "    lk_store(narrow, i, x[i]);\n"
-                           "    back[i] = lk_load(narrow, i);\n"
-                           "    widened[i] = lk_load(bits, i);\n}\n",
-                           ["convert<lk_half>", "convert<lk_bf16>"])
-    kernels = CpuModule(module).functions()
+    kernels = _probes(tmp_path, "convert<lk_half>", "convert<lk_bf16>")
     rng = np.random.default_rng(8)
     every = np.arange(1 << 16, dtype=np.uint16)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -370,7 +345,7 @@ def test_the_shims_conversions_are_numpys(tmp_path):
         bits = to_device(np.resize(every, x.size))
         kernels[name]((-(-x.size // 256),), (256,),
                       (to_device(x), narrow, back, bits, widened, np.int64(x.size)))
-        finite = np.isfinite(x) | np.isinf(x)
+        finite = ~np.isnan(x)
         with np.errstate(over="ignore"):
             expected = x.astype(dtype).view(np.uint16)
         assert np.array_equal(to_host(narrow)[finite], expected[finite]), name

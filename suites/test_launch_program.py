@@ -8,7 +8,6 @@ What a program costs on a GPU is for the GPU run to say (``docs/PERFORMANCE.md``
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import struct
 
 import numpy as np
@@ -16,19 +15,19 @@ import pytest
 
 from engines.errors import ExecutionError
 from engines.native.emulation.host_device import (HOST_ALLOCATORS, NO_SIDE_STREAM,
-                                                  EmulatedPrograms, emulated, kernel_names,
-                                                  run_program, to_device, to_host)
+                                                  EmulatedPrograms, emulated, run_program,
+                                                  to_device, to_host)
 from engines.native.fused_kernels import FusedKernels
 from engines.native.cuda_kernels import CudaKernels
 from engines.native.kernel_launch import KernelLauncher
-from engines.native.kernel_source import KERNELS
-from engines.native.launch_recorder import ProgramRecorder, recording
+from engines.native.launch_recorder import ProgramRecorder, kernel_names, recording
 from engines.native.program_deferral import ProgramDeferral, deferring
 from engines.native.launch_program import Launch, LaunchProgram, programmable
 from engines.native.program_module import decode_ops, program_family, program_module
 from suites import decode_chain as chain
 from suites.decode_chain import TINY
 from suites.nvcc_check import NVCC, compile_module
+from suites.support import kernel_folder
 from suites.test_kernel_launch import FakeArray, FakeCupy, FakeFunction, FakeStream
 
 FUSED = program_family(FusedKernels)  # attention in 128-thread blocks, as a program runs it
@@ -80,12 +79,8 @@ def test_a_program_computes_its_launches_bit_for_bit(eager, dtype, rows):
 
 
 def _planted_program(tmp_path, ops, file: str, old: str, new: str):
-    folder = tmp_path / "kernels"
-    shutil.copytree(KERNELS, folder)
-    text = (folder / file).read_text()
-    assert text.count(old) == 1
-    (folder / file).write_text(text.replace(old, new))
-    return dataclasses.replace(program_module(ops), folder=folder)
+    return dataclasses.replace(program_module(ops),
+                               folder=kernel_folder(tmp_path, (file, old, new)))
 
 
 def test_a_program_without_its_grid_barrier_is_caught(tmp_path):

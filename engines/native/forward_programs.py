@@ -17,7 +17,7 @@ import contextlib
 
 from engines.native.env_switch import switch
 from engines.native.launch_program import Launch, LaunchProgram, programmable
-from engines.native.launch_recorder import function_pointer
+from engines.native.launch_recorder import kernel_names
 from engines.native.program_deferral import ProgramDeferral, deferring
 from engines.native.program_launcher import ProgramLauncher
 
@@ -61,8 +61,7 @@ class ForwardPrograms:
     def __init__(self, cupy, device_id: int, stream, families):
         self.cupy = cupy
         self.launcher = ProgramLauncher(cupy, device_id)
-        self.names = {function_pointer(f): name for family in families
-                      for name, f in family._functions.items()}
+        self.names = kernel_names(*families)
         self.stream = stream
         with cupy.cuda.Device(device_id):
             self.side_stream = cupy.cuda.Stream(non_blocking=True)

@@ -17,12 +17,17 @@ def function_pointer(function) -> int:
     return int(getattr(getattr(function, "kernel", function), "ptr", 0) or 0)
 
 
+def kernel_names(*families) -> dict[int, str]:
+    """Each kernel of these families' ``CUfunction`` -> its instance name."""
+    return {function_pointer(f): name for family in families
+            for name, f in family._functions.items()}
+
+
 class ProgramRecorder:
     """What ``KernelLauncher.launch`` tells a step memo's recorder, kept as ``Launch``es."""
 
     def __init__(self, families):
-        self.names = {function_pointer(f): name for family in families
-                      for name, f in family._functions.items()}
+        self.names = kernel_names(*families)
         self.launches: list[Launch] = []
         self.refused = False
 

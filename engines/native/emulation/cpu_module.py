@@ -61,6 +61,11 @@ class CpuKernel:
     error: object
     descending: bool = False  # threads and blocks in descending order
 
+    @property
+    def ptr(self) -> int:
+        """What stands for its ``CUfunction`` (``launch_recorder.function_pointer``)."""
+        return id(self)
+
     def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None,
                  cooperative: bool = False) -> None:
         """Runs the launch to its end; ``cooperative``: every block resident at once, as a

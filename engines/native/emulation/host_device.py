@@ -58,21 +58,26 @@ class _NumpyAsCupy:
         return np.broadcast_to(array, shape, subok=True)
 
 
+def _packed(function, args) -> tuple[str, tuple]:
+    """(struct codes, values) of a launch's arguments as the GPU launcher packs them."""
+    return ("".join(_STRUCT[code] for code in function.codes),
+            tuple(pointer(a) if code == "p" else a for code, a in zip(function.codes, args)))
+
+
 class _Launcher:
     """``KernelLauncher``'s two entries on the emulator: ``launch`` packs the arguments as the
-    driver reads them (a kernel's "pointer" is its ``CpuKernel``'s id) and goes through
+    driver reads them (a kernel's "pointer" is its ``CpuKernel.ptr``) and goes through
     ``launch_packed``, which a launch-program deferral sees first, as on the GPU."""
 
     def __init__(self, functions: dict):
-        self.by_pointer = {id(f): f for f in functions.values()}
+        self.by_pointer = {f.ptr: f for f in functions.values()}
         self._alive: list = []  # the operands of launches a deferral holds
 
     def launch(self, function, grid, block, args, stream, shared_mem: int = 0) -> None:
-        values = tuple(pointer(a) if code == "p" else a for code, a in zip(function.codes, args))
-        fmt = "".join(_STRUCT[code] for code in function.codes)
+        fmt, values = _packed(function, args)
         if DEFERRING.deferral is not None:
             self._alive.append(args)
-        self.launch_packed(id(function), grid, block, fmt, values, stream, shared_mem)
+        self.launch_packed(function.ptr, grid, block, fmt, values, stream, shared_mem)
 
     def launch_packed(self, ptr: int, grid, block, fmt: str, values, stream,
                       shared_mem: int) -> None:
@@ -81,11 +86,6 @@ class _Launcher:
                                                   stream, shared_mem):
             return
         self.by_pointer[ptr](grid, block, list(values), shared_mem=shared_mem)
-
-
-def kernel_names(*families) -> dict[int, str]:
-    """Each emulated kernel's "pointer" -> its instance name: a deferral's ``names``."""
-    return {id(f): name for family in families for name, f in family._functions.items()}
 
 
 class EmulatedPrograms:
@@ -137,8 +137,7 @@ class _Recorder:
         self.launches = launches
 
     def launch(self, function, grid, block, args, stream, shared_mem: int = 0) -> None:
-        values = tuple(pointer(a) if code == "p" else a for code, a in zip(function.codes, args))
-        fmt = "".join(_STRUCT[code] for code in function.codes)
+        fmt, values = _packed(function, args)
         self.launches.append(Launch(function.name, tuple(int(g) for g in grid),
                                     tuple(int(b) for b in block), int(shared_mem), fmt, values,
                                     keep=tuple(args)))
