@@ -36,7 +36,7 @@ static const int lk_ps_registered = lk_cpu::register_block_state(&lk_ps, sizeof(
 #undef __restrict__
 #define __restrict__
 
-#pragma push_macro("__global__")
+// __global__ comes back in program_tail.cuh, spelled out (NVRTC has no push_macro)
 #undef __global__
 #define __global__ __device__
 #undef blockIdx

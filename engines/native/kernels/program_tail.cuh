@@ -4,10 +4,17 @@
 #pragma once
 #undef blockIdx
 #undef gridDim
-#pragma pop_macro("__global__")
 #ifdef LK_CPU_EMULATION
 #define blockIdx (lk_cpu::block_index())
 #define gridDim (lk_cpu::grid_dim())
+#endif
+// __global__ again as CUDA's host_defines.h spells it (NVRTC ignores #pragma pop_macro: on
+// the H200 lk_program stayed a device function); the emulator's shim spells it as nothing
+#undef __global__
+#ifdef LK_CPU_EMULATION
+#define __global__
+#else
+#define __global__ __attribute__((global))
 #endif
 
 #ifndef LK_PROGRAM_OPS
