@@ -99,7 +99,7 @@ class ProgramLauncher:
         with cp.cuda.Device(self.device_id), stream, cp.cuda.using_allocator(self._pool.malloc):
             table = cp.asarray(program.table)
             records = cp.asarray(program.records)
-            barrier = cp.zeros((2,), dtype=cp.uint32)
+            barrier = cp.zeros((1,), dtype=cp.uint32)
         pointer = self.kernel(program.ops, program.shared_mem)
         blocks = min(self.resident_blocks(pointer, program.shared_mem), most)
         return DeviceProgram(table, records, barrier, program.count, blocks,

@@ -190,7 +190,7 @@ def run_program(program: LaunchProgram, blocks: int, *, descending: bool = False
     program module, else ``program_module(program.ops)``)."""
     module = program_module(program.ops) if module is None else module
     kernel = CpuModule(module).functions(descending=descending)[PROGRAM_KERNEL]
-    barrier = to_device(np.zeros(2, np.uint32))
+    barrier = to_device(np.zeros(1, np.uint32))
     kernel((int(blocks),), (PROGRAM_BLOCK,),
            (to_device(program.table), np.int32(program.count), to_device(program.records),
             barrier), shared_mem=program.shared_mem, cooperative=True)

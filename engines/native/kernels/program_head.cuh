@@ -22,7 +22,7 @@ struct lk_program_state {
     lk_program_dim3 grid;  // that kernel's grid
     int turn;  // the kernel (the program's instruction) running
     int passed;  // the last instruction whose barrier this block has passed
-    unsigned int* barrier;  // the grid barrier's arrival count and generation
+    unsigned int* barrier;  // the grid barrier's count (program_tail.cuh)
 };
 __shared__ lk_program_state lk_ps;
 #ifdef LK_CPU_EMULATION

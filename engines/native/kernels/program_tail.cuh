@@ -21,24 +21,23 @@
 #error "LK_PROGRAM_OPS comes from the launcher (the program module's instance list)"
 #endif
 
-// Every block of the program: thread 0 arrives, the last arrival opens the next generation.
-// The program is launched cooperatively (every block resident), so the wait ends.
+// Every block of the program: thread 0 arrives with one atomic add and waits for the count's
+// top bit to flip. Block 0 adds 2^31 - (blocks - 1) and every other block 1, so the bit flips
+// when the last block arrives and the count's low bits are back where they were: no reset,
+// no second atomic on the last arrival's path (cooperative groups' grid sync does the same),
+// and the barrier can be reused with any grid. The program is launched cooperatively (every
+// block resident), so the wait ends.
 __device__ __forceinline__ void lk_program_grid_sync(unsigned int* bar, unsigned int blocks) {
 #ifdef LK_CPU_EMULATION
     (void)bar;
     (void)blocks;
     lk_cpu_grid_sync();
 #else
-    volatile unsigned int* generation = bar + 1;
-    const unsigned int seen = *generation;
+    const unsigned int add = lk_program_block() == 0 ? 0x80000000u - (blocks - 1u) : 1u;
     __threadfence();
-    if (atomicAdd(bar, 1u) == blocks - 1) {
-        bar[0] = 0u;
-        __threadfence();
-        atomicAdd(bar + 1, 1u);
-    } else {
-        while (*generation == seen) {
-        }
+    const unsigned int old = atomicAdd(bar, add);
+    volatile unsigned int* count = bar;
+    while (((old ^ *count) & 0x80000000u) == 0u) {
     }
     __threadfence();
 #endif
