@@ -15,6 +15,10 @@ side in one process, each a CUDA graph replayed (CUDA events, median of ``REPEAT
 - ``deferred``: the chain's launchers run again inside a capture with a launch-program
   deferral (``engines/native/program_deferral.py``: what a graph slot would do), its
   programs uploaded on a side stream during the capture.
+- ``barriers``/``barriers_sms``: the program's table with every instruction's grid zero,
+  so each instruction is its grid barrier alone (what 150 barriers cost, no work);
+- ``program_minN`` for each N of ``MIN_BLOCKS`` (e.g. "6 8"): the program compiled to fit N
+  blocks a multiprocessor (registers capped, ``program_module(ops, N)``), at that many.
 Every program's outputs are checked bit for bit against ``launches128``'s. The floor: the
 chain's weight bytes over a device-to-device copy's bandwidth (256 MiB, read + write, median
 of 5), as ``lockstep bench`` measures it. Written to ``$OUT/program_probe.json`` and printed.
@@ -45,6 +49,7 @@ REPEATS = int(os.environ.get("REPEATS", 5))
 REPLAYS = int(os.environ.get("REPLAYS", 50))
 ROWS = [int(r) for r in os.environ.get("ROWS", "1 8").split()]
 DTYPES = os.environ.get("DTYPES", "float16 bfloat16").split()
+MIN_BLOCKS = [int(n) for n in os.environ.get("MIN_BLOCKS", "").split()]
 
 
 def bandwidth_gbs(cp) -> float:
@@ -195,6 +200,20 @@ def main() -> int:
                                                  "program"),
                       "program_sms": capture_program(programs, one_per_sm, stream, notes,
                                                      "program_sms")}
+            with stream:  # where the upload went
+                empty = dataclasses.replace(device_program, table=device_program.table.copy())
+                empty.table[:, 1] = 0  # every instruction its barrier alone
+            graphs["barriers"] = capture_program(programs, empty, stream, notes, "barriers")
+            graphs["barriers_sms"] = capture_program(
+                programs, dataclasses.replace(empty, blocks=min(sms, empty.blocks)), stream,
+                notes, "barriers_sms")
+            for n in MIN_BLOCKS:
+                capped = ProgramLauncher(cp, 0, min_blocks=n)
+                variant = capped.upload(program, stream)
+                row_notes = notes.setdefault("min_blocks", {})
+                row_notes[n] = variant.blocks
+                graphs[f"program_min{n}"] = capture_program(capped, variant, stream, notes,
+                                                            f"program_min{n}")
             graph, deferred_outs, deferral = capture_deferred(cp, programs, fused128, dense,
                                                               case, stream, notes)
             identical = {}
@@ -202,7 +221,7 @@ def main() -> int:
                 graphs["deferred"] = graph
                 graph.launch(stream)
                 identical["deferred"] = bits(cp, deferred_outs, stream) == want
-            for name in ("program", "program_sms"):
+            for name in ("program", "program_sms", *(f"program_min{n}" for n in MIN_BLOCKS)):
                 with stream:
                     for v in outs:
                         v.view(cp.uint8)[...] = 0x5A

@@ -17,7 +17,8 @@ from suites.support import kernel_folder
 REQUIRE = "LOCKSTEP_REQUIRE_NVRTC"
 MODULES = {**cuda_modules(),
            **{f"program-{dtype}": program_module(decode_ops(dtype))
-              for dtype in ("bfloat16", "float32")}}
+              for dtype in ("bfloat16", "float32")},
+           "program-float16-min8": program_module(decode_ops("float16"), 8)}
 
 
 @pytest.fixture(autouse=True)

@@ -47,9 +47,10 @@ class DeviceProgram:
 class ProgramLauncher:
     """Uploads and launches ``LaunchProgram``s on ``cuda:device_id``."""
 
-    def __init__(self, cupy, device_id: int = 0):
+    def __init__(self, cupy, device_id: int = 0, min_blocks: int | None = None):
         self._cupy = cupy
         self.device_id = int(device_id)
+        self.min_blocks = min_blocks  # program_module's register cap (None: the compiler's)
         entry = driver_function("cuLaunchKernelEx", [ctypes.c_void_p] * 4)
         occupancy = driver_function("cuOccupancyMaxActiveBlocksPerMultiprocessor",
                                     [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
@@ -74,7 +75,7 @@ class ProgramLauncher:
         """``lk_program`` of ``program_module(ops)`` (compiled once per process), allowed
         ``shared_mem`` bytes of dynamic shared memory (beside its static arrays, over the
         48 KB a launch takes without asking): its ``CUfunction``."""
-        function = program_module(ops).load(self.device_id)[PROGRAM_KERNEL]
+        function = program_module(ops, self.min_blocks).load(self.device_id)[PROGRAM_KERNEL]
         if int(shared_mem) > getattr(function, "max_dynamic_shared_size_bytes", 0):
             function.max_dynamic_shared_size_bytes = int(shared_mem)
         return int(getattr(getattr(function, "kernel", function), "ptr"))

@@ -60,17 +60,19 @@ def _defines() -> tuple[tuple[str, int], ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def program_module(ops: tuple[str, ...]) -> ProgramModule:
+def program_module(ops: tuple[str, ...], min_blocks: int | None = None) -> ProgramModule:
     """The program module running exactly ``ops`` (instances of ``PROGRAM_OPS``), each code
     its position there. A program compiles only what it runs: every instance's shared
     arrays are the kernel's (six attention instances alone are 150 KB, over the 48 KB a
-    kernel's static shared memory may take) and its registers the most any needs."""
+    kernel's static shared memory may take) and its registers the most any needs, unless
+    ``min_blocks`` asks that many blocks a multiprocessor (registers capped, spilling)."""
     unknown = [name for name in ops if name not in PROGRAM_OPS]
     if unknown or not ops:
         raise ExecutionError(f"a launch program cannot run {unknown[0] if unknown else 'nothing'}",
                              field="ops", value=unknown[0] if unknown else (),
                              remedy="instances of program_module.PROGRAM_OPS")
-    return ProgramModule(KERNELS, "program.cu", (PROGRAM_KERNEL,), _defines(),
+    bounds = () if min_blocks is None else (("LK_PROGRAM_MIN_BLOCKS", int(min_blocks)),)
+    return ProgramModule(KERNELS, "program.cu", (PROGRAM_KERNEL,), _defines() + bounds,
                          COMPILE_OPTIONS, tuple(ops))
 
 

@@ -109,7 +109,14 @@ __device__ __forceinline__ void lk_program_call(void (*kernel)(A...),
 // and the kernel's own lk_grid_wait is the barrier between instructions. Blocks of one
 // instruction run one after another with a barrier between them, so each finds the shared
 // memory as a fresh block would. Every kernel of a program has the program's block size.
-__global__ void lk_program(const long long* __restrict__ table, int count,
+// LK_PROGRAM_MIN_BLOCKS (a -D option, where given): the blocks a multiprocessor must hold at
+// once, so the compiler caps each thread's registers to fit them (spilling if it must)
+#ifdef LK_PROGRAM_MIN_BLOCKS
+#define LK_PROGRAM_BOUNDS __launch_bounds__(32 * LK_GEMV_WARPS, LK_PROGRAM_MIN_BLOCKS)
+#else
+#define LK_PROGRAM_BOUNDS
+#endif
+__global__ void LK_PROGRAM_BOUNDS lk_program(const long long* __restrict__ table, int count,
                            const unsigned char* __restrict__ records, unsigned int* barrier) {
     if (threadIdx.x == 0) {
         lk_ps.turn = 0;
