@@ -69,6 +69,7 @@ from engines.workflow import greedy_decode
 from engines.workflow.speculative import check_width, speculative_decode
 from engines.workflow.validation import check_count, check_request
 from harness.bench_speculation import first_parting, round_figures
+from harness.collector import CollectorTime, collector_watched, thaw
 from harness.decode_profile import profile_decode
 from harness.evidence import collect_environment
 from harness.packages import resolve_package
@@ -146,6 +147,9 @@ class BenchRow:
     tokens_per_forward: float | None = None
     greedy_ratio: float | None = None  # tokens_per_s_median / the same engine's greedy row's
     same_tokens: bool | None = None  # every prompt's stream is the greedy row's
+    # Python's collector inside this row's timed decodes, every repeat (harness.collector)
+    gc_collections: int = 0
+    gc_ms: float = 0.0
 
     @property
     def measured(self) -> bool:
@@ -415,22 +419,27 @@ def synchronize(engine: Engine) -> None:
 
 
 def timed_decode(engine: Engine, prompt: Sequence[int], max_new_tokens: int,
-                 width: int | None, ignore_eos: bool = False, pipelined: bool = False):
-    """One decode between two synchronisations; returns (result, wall seconds)."""
-    engine.synchronize()
-    start = time.perf_counter()
-    if width is None:
-        result = greedy_decode(engine, prompt, max_new_tokens, ignore_eos=ignore_eos,
-                               pipelined=pipelined)
-    else:
-        result = speculative_decode(engine, prompt, max_new_tokens, width,
-                                    ignore_eos=ignore_eos, pipelined=pipelined)
-    engine.synchronize()
-    return result, time.perf_counter() - start
+                 width: int | None, ignore_eos: bool = False, pipelined: bool = False,
+                 spent: CollectorTime | None = None):
+    """One decode between two synchronisations, the heap collected and frozen before it
+    (``harness.collector``; its collections added to ``spent``); returns (result, wall
+    seconds)."""
+    with collector_watched(CollectorTime() if spent is None else spent):
+        engine.synchronize()
+        start = time.perf_counter()
+        if width is None:
+            result = greedy_decode(engine, prompt, max_new_tokens, ignore_eos=ignore_eos,
+                                   pipelined=pipelined)
+        else:
+            result = speculative_decode(engine, prompt, max_new_tokens, width,
+                                        ignore_eos=ignore_eos, pipelined=pipelined)
+        engine.synchronize()
+        return result, time.perf_counter() - start
 
 
 def timed_pass(engine: Engine, target: BenchTarget, width: int | None, plan: BenchPlan,
-               order: Sequence[int] | None = None) -> tuple[list, float]:
+               order: Sequence[int] | None = None,
+               spent: CollectorTime | None = None) -> tuple[list, float]:
     """Every prompt of ``target`` decoded in turn (``order``: their indices; default as
     given), each between two synchronisations; the results in the target's prompt order and
     the summed wall seconds."""
@@ -438,7 +447,7 @@ def timed_pass(engine: Engine, target: BenchTarget, width: int | None, plan: Ben
     wall = 0.0
     for i in order if order is not None else range(len(target.prompts)):
         results[i], seconds = timed_decode(engine, target.prompts[i][1], plan.max_new_tokens,
-                                           width, plan.ignore_eos, plan.pipelined)
+                                           width, plan.ignore_eos, plan.pipelined, spent)
         wall += seconds
     return results, wall
 
@@ -491,7 +500,8 @@ def _summarise(row: BenchRow, passes: list[list], walls: list[float], plan: Benc
     streams = {tuple(tuple(r.tokens) for r in results) for results in passes}
     if len(streams) > 1:
         row.status = ERROR
-        row.reason = "the timed decodes produced different tokens (a nondeterministic engine)"
+        row.reason = ("the timed decodes produced different tokens (a nondeterministic "
+                      f"engine): {_first_difference(row, passes)}")
     decodes = [r for results in passes for r in results]
     short = [len(r.tokens) for r in decodes if len(r.tokens) != plan.max_new_tokens]
     if plan.ignore_eos and short and row.status == OK:
@@ -541,6 +551,27 @@ def _summarise(row: BenchRow, passes: list[list], walls: list[float], plan: Benc
                 forwards[phase] = forwards.get(phase, 0) + n
                 seconds[phase] = seconds.get(phase, 0.0) + r.ledger.phase_seconds[phase]
     row.forward_ms = {p: 1000 * seconds[p] / n for p, n in forwards.items()}
+    wall_ms = 1000 * sum(walls)
+    if row.gc_ms > 0.01 * wall_ms:
+        _note(row, f"Python's collector ran {row.gc_collections} times inside the timed "
+                   f"decodes: {row.gc_ms:.1f} ms of {wall_ms:.0f} ms")
+
+
+def _first_difference(row: BenchRow, passes: list[list]) -> str:
+    """Where the first prompt whose streams differ between repeats parts: its name, the
+    repeats and the token index."""
+    names = list(row.prompts) or [str(i) for i in range(len(passes[0]))]
+    for i, name in enumerate(names):
+        first = list(passes[0][i].tokens)
+        for k, results in enumerate(passes[1:], start=2):
+            other = list(results[i].tokens)
+            if other != first:
+                at = next((j for j, (a, b) in enumerate(zip(first, other)) if a != b),
+                          min(len(first), len(other)))
+                return (f"prompt {name!r}, repeats 1 and {k} part at new token {at} "
+                        f"({first[at] if at < len(first) else 'end'} against "
+                        f"{other[at] if at < len(other) else 'end'})")
+    return "the repeats' streams differ"
 
 
 def _beside_greedy(row: BenchRow, greedy: BenchRow, passes: list[list], greedy_passes: list[list],
@@ -613,6 +644,7 @@ def run_bench(plan: BenchPlan, on_decode: Callable[[int, str], None] | None = No
         finally:
             for engines in built.values():
                 engines.close()
+            thaw()
     return attach_ratios(rows, plan.baseline)
 
 
@@ -732,8 +764,9 @@ def _time_turn(plan: BenchPlan, target: BenchTarget, live: _Live, measured: _Mea
             row = own[label]
             if row.status != OK:
                 continue
+            spent = CollectorTime()
             try:
-                results, wall = timed_pass(engine, target, width, plan)
+                results, wall = timed_pass(engine, target, width, plan, spent=spent)
             except Exception as exc:
                 row.status, row.reason = _failure(exc, cls, plan)
                 tell(len(target.prompts) * (plan.repeats - r), f"{what} · {engine_name}: "
@@ -741,6 +774,8 @@ def _time_turn(plan: BenchPlan, target: BenchTarget, live: _Live, measured: _Mea
                 continue
             measured[engine_name, label][0].append(results)
             measured[engine_name, label][1].append(wall)
+            row.gc_collections += spent.collections
+            row.gc_ms += 1e3 * spent.seconds
             tell(len(target.prompts), f"{what} · {engine_name} · {label} · repeat "
                                       f"{r + 1}/{plan.repeats}")
 

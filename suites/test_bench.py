@@ -187,7 +187,10 @@ def test_decodes_that_differ_between_repeats_are_an_error_not_a_speed():
     rows = by_engine(hb.bench([WanderingEngine], [SMALL], repeats=2, max_new_tokens=NEW,
                               bandwidth=FAKE_BW))
     assert rows["wandering"].status == hb.ERROR and rows["wandering"].ratio is None
-    assert "different tokens" in rows["wandering"].reason
+    row = rows["wandering"]
+    assert "different tokens" in row.reason
+    first = next(iter(row.prompts))  # where they part: the first prompt, its first token
+    assert f"prompt {first!r}, repeats 1 and 2 part at new token 0" in row.reason
 
 
 def test_engines_are_timed_in_turns():
