@@ -50,5 +50,6 @@ def test_a_program_that_restores_global_with_push_macro_is_caught(tmp_path):
         spelled, '#define __global__ __device__\n#pragma pop_macro("__global__")\n'))
     module = dataclasses.replace(program_module(decode_ops("float16")), folder=folder)
     compiled = compile_with_nvrtc(module)
-    assert not compiled.ok
-    assert "non-__global__ function" in compiled.log
+    assert not compiled.ok  # lk_program, a device function, is no kernel to name (the
+    # wording differs between NVRTC versions; both name the expression)
+    assert "nv_mangled_name lk_program" in compiled.log
