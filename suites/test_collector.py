@@ -46,8 +46,9 @@ def test_every_collection_inside_the_block_is_counted_with_its_time():
 
 
 def test_a_row_counts_the_collections_its_timed_decodes_ran_into():
-    """Planted: an engine that forces a full collection in every forward; the control, the
-    same engine without it, runs into none the bench forced. The bench thaws the heap after."""
+    """Planted: an engine that forces a full collection in every forward is counted at least
+    one a forward; the control, the same engine without it, fewer. The bench thaws the heap
+    after."""
     class Collecting(logging_engine([], False)):
         name = "collecting"
 
