@@ -20,9 +20,9 @@
 # Environment: PY (python3), ENGINE (native-cuda), PEERS (hf-cuda,ort-cuda: those available
 #   join), DTYPES ("float16 bfloat16"), CACHE (static), WIDTH (7: verifications of 8 rows,
 #   the most the fused kernels take in one launch; 9 rows cost 1.5x, docs/evidence/
-#   2026-12-04-h200), TOKENS (128), REPEATS (5: at 3, one slow repeat in three moved the
-#   speculative medians by 16%, docs/evidence/2026-12-05-h200; the bench step then takes
-#   about 265 s of the call), WARMUP (1), PROMPT_SETS (grounded,free),
+#   2026-12-04-h200), TOKENS (128), REPEATS (5: at 3 the speculative repeats fell in two
+#   clusters 16% apart and the median took either, docs/evidence/2026-12-05-h200; the bench
+#   step then takes about 265 s of the call), WARMUP (1), PROMPT_SETS (grounded,free),
 #   BUDGET (seconds for the whole call, 450),
 #   LOCKSTEP_COMMIT (the commit records name). A CPU dry run of every step:
 #   ENGINE=native-host PEERS= DTYPES=float16 TOKENS=4 REPEATS=1 PROMPT_SETS=FILE.jsonl
