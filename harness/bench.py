@@ -123,6 +123,10 @@ class BenchRow:
     decode_steps: int = 0  # steps the steady median was taken over (all repeats)
     decode_ms: float | None = None
     decode_tokens_per_s: float | None = None
+    # every step after the prefill (the warm-up steps too) over the tokens they gave, all
+    # repeats: a mean, where decode_ms is a median step (of a speculative row, over a mix of
+    # plain steps and verifications, which may be far from the mean)
+    decode_mean_ms: float | None = None
     # the floor: the decoded component's initializer bytes / the residency's copy bandwidth
     weight_bytes: int | None = None
     bandwidth_gb_s: float | None = None  # bytes moved (read + write) per second / 1e9
@@ -543,6 +547,9 @@ def _summarise(row: BenchRow, passes: list[list], walls: list[float], plan: Benc
         if steady and row.tokens_per_step:
             row.decode_ms = 1000 * statistics.median(steady) / row.tokens_per_step
             row.decode_tokens_per_s = 1000 / row.decode_ms if row.decode_ms > 0 else None
+        after = sum(len(r.tokens) - 1 for r in decodes)
+        if after > 0:
+            row.decode_mean_ms = 1000 * sum(sum(r.step_s[1:]) for r in decodes) / after
     seconds: dict[str, float] = {}
     forwards: dict[str, int] = {}
     for r in decodes:

@@ -586,6 +586,8 @@ def test_a_black_box_gpu_peer_is_benched_beside_the_others(packages):
     assert row.decode_ms == pytest.approx(1000 * STEADY_S)
     assert row.decode_tokens_per_s == pytest.approx(1 / STEADY_S)
     assert row.decode_steps == 2 * (8 - 1 - hb.WARMUP_STEPS) and row.tokens_per_step == 1.0
+    # the mean: every step after the prefill, the slow first two too, over their tokens
+    assert row.decode_mean_ms == pytest.approx(1000 * (2 * FIRST_S + 5 * STEADY_S) / 7)
     # the floor: the package's weight bytes over its device's bandwidth, measured once
     assert sorted(measured_at) == ["cuda:0", "host"]
     assert row.bandwidth_gb_s == 4000.0
