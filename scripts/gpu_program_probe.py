@@ -210,8 +210,7 @@ def main() -> int:
             for n in MIN_BLOCKS:
                 capped = ProgramLauncher(cp, 0, min_blocks=n)
                 variant = capped.upload(program, stream)
-                row_notes = notes.setdefault("min_blocks", {})
-                row_notes[n] = variant.blocks
+                notes.setdefault("min_blocks", {})[n] = variant.blocks
                 graphs[f"program_min{n}"] = capture_program(capped, variant, stream, notes,
                                                             f"program_min{n}")
             graph, deferred_outs, deferral = capture_deferred(cp, programs, fused128, dense,

@@ -15,7 +15,7 @@ import pytest
 from engines.errors import InputError
 
 from engines.native.forward_programs import ProgramObserver, programs_requested
-from engines.native.kernel_launch import DEFERRING, KernelLauncher
+from engines.native.kernel_launch import DEFERRING, KernelLauncher, family_allocation
 from engines.native.program_deferral import ProgramDeferral, deferring
 from suites.test_kernel_launch import FakeArray, FakeCupy, FakeFunction, FakeStream
 
@@ -124,11 +124,7 @@ def test_a_cupy_operations_allocation_flushes_a_familys_does_not():
     with deferring(deferral, fake):
         launcher.launch(f[GEMV], (8,), (128,), ARGS, stream)
         launcher.launch(f[NORM], (8,), (128,), ARGS, stream)
-        DEFERRING.family_allocation = True
-        try:
-            fake.cuda.get_allocator()(256)  # a family's output: stays held
-        finally:
-            DEFERRING.family_allocation = False
+        family_allocation(fake.cuda.get_allocator(), 256)  # a family's output: stays held
         launcher.launch(f[GEMV], (8,), (128,), ARGS, stream)
         fake.cuda.get_allocator()(512)  # a CuPy copy's output: what is held goes first
     assert _kinds(log) == ["alloc", "program", "alloc"]

@@ -1,5 +1,5 @@
 """Launch programs in native-cuda's captured forwards (``LOCKSTEP_PROGRAMS=on``; off by
-default until the H200 says they pay: ``scripts/gpu_program_probe.py``).
+default: on the H200 a program was 2.3x slower than its launches, ``docs/PERFORMANCE.md``).
 
 With the switch on, the engine's fused nodes launch attention in 128-thread blocks
 (``program_family``: the other kernels are 128-thread already), and:

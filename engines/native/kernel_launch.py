@@ -71,6 +71,18 @@ class _Deferring(threading.local):
 DEFERRING = _Deferring()
 
 
+def family_allocation(allocate, *args, **kwargs):
+    """``allocate(*args, **kwargs)`` as a kernel family's (or a step memo's) own allocation:
+    it flushes no launch-program deferral. Without a deferral, the call as it is."""
+    if DEFERRING.deferral is None:
+        return allocate(*args, **kwargs)
+    held, DEFERRING.family_allocation = DEFERRING.family_allocation, True
+    try:
+        return allocate(*args, **kwargs)
+    finally:
+        DEFERRING.family_allocation = held
+
+
 def note_allocation(array, stream):
     """``array``, allocated by a kernel family for the step being run: told to the step
     memo recording this thread's step, if one is."""

@@ -8,7 +8,7 @@ what is held first, so the stream sees the launches' order:
 - a launch a program cannot run (then made as usual), or one on another stream;
 - a launch CuPy makes for a launcher (``KernelLauncher.launch``'s fallback);
 - an allocation that is not a kernel family's or a step memo's own
-  (``DEFERRING.family_allocation``): a CuPy operation
+  (``kernel_launch.family_allocation``): a CuPy operation
   allocates before it launches, so a contiguous copy or a fallback product flushes first;
 - the end of the block.
 A flush of one launch makes it as it was; of several, one program: uploaded on a side stream

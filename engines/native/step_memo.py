@@ -34,7 +34,7 @@ from collections import OrderedDict
 from typing import Any
 
 from engines.native.env_switch import switch
-from engines.native.kernel_launch import DEFERRING, RECORDING
+from engines.native.kernel_launch import RECORDING, family_allocation
 
 ENV = "LOCKSTEP_STEP_MEMO"
 
@@ -94,12 +94,9 @@ class _Recipe:
         self.keep = keep            # fixed arrays whose pointers the launches hold
 
     def replay(self, cupy, arrays: list) -> list:
-        held, DEFERRING.family_allocation = DEFERRING.family_allocation, True
-        try:  # the recorded call's own allocations: they flush no launch-program deferral
-            with self.device, self.stream:
-                allocs = [cupy.empty(shape, dtype=dtype) for shape, dtype in self.allocs]
-        finally:
-            DEFERRING.family_allocation = held
+        with self.device, self.stream:  # the recorded call's own allocations
+            allocs = family_allocation(
+                lambda: [cupy.empty(shape, dtype=dtype) for shape, dtype in self.allocs])
         for launcher, pointer, grid, block, smem, stream, fmt, values, slots in self.launches:
             values = list(values)
             for slot, kind, index, offset in slots:

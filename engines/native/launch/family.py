@@ -18,7 +18,7 @@ from engines.cuda_module import CudaModule
 from engines.cuda_support import import_cupy
 from engines.errors import ExecutionError, ResidencyError
 from engines.native.dtype_names import dtype_name
-from engines.native.kernel_launch import DEFERRING, KernelLauncher, note_allocation
+from engines.native.kernel_launch import KernelLauncher, family_allocation, note_allocation
 
 LINEAR_BLOCK = 256  # threads per block for the one-thread-per-output kernels
 
@@ -106,12 +106,8 @@ class KernelFamily:
     def _empty(self, shape, dtype, stream):
         """A new array from the current allocator, on ``stream`` (a family's own allocation:
         it does not flush a launch-program deferral)."""
-        held, DEFERRING.family_allocation = DEFERRING.family_allocation, True
-        try:
-            with self._device, stream:
-                out = self._cupy.empty(shape, dtype=dtype)
-        finally:
-            DEFERRING.family_allocation = held
+        with self._device, stream:
+            out = family_allocation(self._cupy.empty, shape, dtype=dtype)
         return note_allocation(out, stream)
 
     def _out(self, out, shape, dtype, stream, what: str = "out"):
