@@ -11,6 +11,7 @@ import pytest
 
 from engines.native.kernel_catalog import cuda_modules
 from engines.native.program_module import decode_ops, program_module
+from scripts.gpu_persistent_bound import MODULE as PERSISTENT_BOUND
 from suites.nvrtc_check import compile_with_nvrtc, nvrtc
 from suites.support import kernel_folder
 
@@ -18,7 +19,8 @@ REQUIRE = "LOCKSTEP_REQUIRE_NVRTC"
 MODULES = {**cuda_modules(),
            **{f"program-{dtype}": program_module(decode_ops(dtype))
               for dtype in ("bfloat16", "float32")},
-           "program-float16-min8": program_module(decode_ops("float16"), 8)}
+           "program-float16-min8": program_module(decode_ops("float16"), 8),
+           "persistent-bound": PERSISTENT_BOUND}  # scripts/: issue 37's probe, run on a GPU
 
 
 @pytest.fixture(autouse=True)
