@@ -4,9 +4,9 @@ What the driver reads through ``cuLaunchKernelEx``'s config is the launch's grid
 shared memory and stream with one attribute, programmatic serialization on; a launcher made
 ``dependent`` sends every packed launch (and a step memo's replay) that way; the switch and
 the device's generation decide whether it is on. Above all, every kernel of the two modules
-so launched waits (``lk_grid_wait``) before anything but shared declarations and weight
-prefetches: a kernel that read or wrote first would race the kernel ahead of it. The GPU
-suite (``test_dependent_launch_cuda.py``) checks the bits on the device."""
+so launched waits (``lk_grid_wait``) before anything but shared declarations and L2
+prefetches (weights, an old cache): a kernel that read or wrote first would race the kernel
+ahead of it. The GPU suite (``test_dependent_launch_cuda.py``) checks the bits on the device."""
 from __future__ import annotations
 
 import ctypes
@@ -158,7 +158,7 @@ def test_a_dependent_launcher_sends_every_packed_launch_through_the_entry(depend
 _BEFORE_WAIT = re.compile(r"^\s*(extern __shared__|__shared__|LK_DYNAMIC_SHARED\(|constexpr |"
                           r"\w+\* xs = "
                           r"reinterpret_cast<[^>]+>\(lk_\w+_smem\);|"
-                          r"(if \([\w &=!]+\) )?lk_(gemv3?|glu)_prefetch(<\w+>)?\()")
+                          r"(if \([\w &=!]+\) )?lk_(gemv3?|glu|kv)_prefetch(<\w+>)?\()")
 PLANTED = Path(__file__).resolve().parent / "kernels" / "planted_waits.cu"
 
 

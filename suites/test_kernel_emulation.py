@@ -313,6 +313,43 @@ def test_a_row_dependent_accumulation_is_caught(tmp_path):
     assert any(many[i].tobytes() != ones[i].tobytes() for i in range(1, 4))
 
 
+def _one_row_and_many(family, dtype: str, rows: int = 5):
+    """Each row of x [rows, K] through ``family``'s ``gemv_rows`` alone, and all of them in
+    one launch; with the kernels each runs (recorded in a second pass: a recording family
+    records its launches instead of running them)."""
+    rng = np.random.default_rng(11)
+    x, w = _rand(rng, (rows, K), dtype), _rand(rng, (40, K), dtype, 0.1)
+    launches: list = []
+
+    def run(kernels):
+        many = _rows(kernels.gemv_rows(x, w, stream=None), rows)
+        return many, [to_host(kernels.gemv_rows(to_device(to_host(x)[i:i + 1]), w,
+                                                stream=None)) for i in range(rows)]
+
+    many, ones = run(emulated(family))
+    run(emulated(family, record=launches))
+    return many, ones, [launch.name.split("<")[0] for launch in launches]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_row_runs_gemv_vec1_with_a_row_of_many_s_bits(dtype):
+    # a decode step's GEMV takes the one-row instance (fewer registers), the same arithmetic
+    many, ones, kernels = _one_row_and_many(GemvKernels, dtype)
+    assert kernels == ["gemv_vec"] + ["gemv_vec1"] * 5
+    assert all(many[i].tobytes() == ones[i].reshape(-1).tobytes() for i in range(5))
+
+
+def test_a_one_row_gemv_with_another_team_is_caught(tmp_path):
+    # gemv_vec1 runs its columns with two warps a column where gemv_vec runs one
+    planted = _planted(tmp_path, GemvKernels, "gemv.cu",
+                       "lk_gemv_vec_block<T, 1, true>(x, w, out, M, K, N, w_nstep, w_kstep, vec, "
+                       "team,",
+                       "lk_gemv_vec_block<T, 1, true>(x, w, out, M, K, N, w_nstep, w_kstep, vec, "
+                       "2 * team,")
+    many, ones, _ = _one_row_and_many(planted, "float16")
+    assert any(many[i].tobytes() != ones[i].reshape(-1).tobytes() for i in range(5))
+
+
 def _probes(tmp_path, *instances) -> dict:
     """``suites/kernels/emulator_probes.cu``'s ``instances`` on the emulator."""
     folder = kernel_folder(tmp_path, extra=["emulator_probes.cu"])

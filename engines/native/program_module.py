@@ -27,8 +27,8 @@ PROGRAM_KERNEL = "lk_program"
 _MODULES = (PrologueGemvKernels.MODULE, GemvKernels.MODULE, attention_module(PROGRAM_BLOCK))
 PROGRAM_OPS = tuple(
     name for module in _MODULES for name in module.instances
-    if name.split("<")[0] in ("norm_gemv", "norm_glu", "swiglu_gemv", "gemv_vec", "gemv_vec3",
-                              "rotary_kv_attention"))
+    if name.split("<")[0] in ("norm_gemv", "norm_glu", "swiglu_gemv", "gemv_vec", "gemv_vec1",
+                              "gemv_vec3", "rotary_kv_attention"))
 
 
 def program_family(family: type) -> type:
@@ -79,9 +79,9 @@ def program_module(ops: tuple[str, ...], min_blocks: int | None = None) -> Progr
 def decode_ops(dtype: str) -> tuple[str, ...]:
     """The instances a uniform ``dtype`` decode layer's program runs (q/k/v and gate/up with
     their norms, the rotation + cache write + attention with float32 tables, the o and down
-    GEMVs), in a program's order: the program module the catalog and the source checks
-    compile."""
+    GEMVs, ``gemv_vec1`` at one row), in a program's order: the program module the catalog
+    and the source checks compile."""
     return tuple(sorted((instance("norm_gemv", dtype, dtype, dtype),
                          instance("norm_glu", dtype, dtype, dtype),
-                         instance("gemv_vec", dtype),
+                         instance("gemv_vec", dtype), instance("gemv_vec1", dtype),
                          instance("rotary_kv_attention", dtype, "float32", dtype))))

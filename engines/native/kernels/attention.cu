@@ -297,6 +297,31 @@ __global__ void attention_rows(
     }
 }
 
+// Ask L2 for the old cache's first rows (up to one a thread) of the KV head block `blk` of
+// rotary_kv_attention reads, keys and values, before the kernel waits for the one ahead:
+// earlier steps wrote them, so they are in memory while the weights streamed since have
+// evicted them from L2, and the score and value loads would each wait for memory. The
+// position is not read yet (that is memory the kernel ahead may write), so every row up to
+// the block size is asked for; one block a KV head asks (its first head's first query). A
+// hint only: nothing is read, no value changes.
+template <typename TO>
+__device__ __forceinline__ void lk_kv_prefetch(const TO* __restrict__ old_k,
+                                               const TO* __restrict__ old_v, long long Hq,
+                                               long long M, long long C, long long D,
+                                               long long group) {
+    const long long blk = blockIdx.x;
+    if (blk >= Hq * M || blk % M != 0 || (blk / M) % group != 0) return;
+    constexpr long long LINE = 128 / sizeof(TO);  // elements in a 128-byte line
+    const long long lines = (D + LINE - 1) / LINE;
+    const long long rows = C < (long long)blockDim.x ? C : (long long)blockDim.x;
+    const long long head = (blk / M) / group * C * D;
+    for (long long i = threadIdx.x; i < rows * lines; i += blockDim.x) {
+        const long long at = head + (i / lines) * D + (i % lines) * LINE;
+        lk_prefetch_l2(old_k + at);
+        lk_prefetch_l2(old_v + at);
+    }
+}
+
 // A decode's or verification's RotaryKVWrite and the Attention that reads its rotated
 // queries and its two caches, in one launch. Blocks [0, Hq * M) are attention's blocks
 // (head h, query m): the query row is rotated in the block (lk_rotary_at, rounded to TO as
@@ -322,6 +347,7 @@ __global__ void rotary_kv_attention(
         long long runs_v, long long Hv, long long vb, long long vh, long long vm,
         const long long* __restrict__ pos, long long C, long long group, int has_scale,
         float scale, TO* __restrict__ out) {
+    lk_kv_prefetch<TO>(old_k, old_v, Hq, M, C, D, group);
     lk_grid_wait();
     const long long att_blocks = Hq * M;
     if ((long long)blockIdx.x >= att_blocks) {

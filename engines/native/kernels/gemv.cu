@@ -89,6 +89,21 @@ __global__ void gemv_vec(const T* __restrict__ x, const T* __restrict__ w, T* __
                                              blockIdx.x, part);
 }
 
+// gemv_vec for one row (a decode step's o and down projections and its head): a row's
+// arithmetic is the same in every instance, and this one, without the cases of 2 to 16
+// rows, takes 32 registers a thread where gemv_vec takes 84, so an SM holds 16 of its
+// blocks, not 6, and the head's 49,152 columns keep more weight bytes on their way.
+template <typename T>
+__global__ void gemv_vec1(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
+                          long long M, long long K, long long N, long long w_nstep,
+                          long long w_kstep, int vec, int team) {
+    __shared__ float part[LK_GEMV_WARPS];
+    if (vec && w_kstep == 1 && w_nstep == K) lk_gemv_prefetch<T>(w, K, N, team, blockIdx.x);
+    lk_grid_wait();
+    lk_gemv_vec_block<T, 1, true>(x, w, out, M, K, N, w_nstep, w_kstep, vec, team,
+                                  blockIdx.x, part);
+}
+
 // Up to three weights sharing x (a layer's q/k/v, or gate/up) in one launch: the first
 // blocks0 blocks compute weight 0 exactly as gemv_vec would, the next blocks1 weight 1, the
 // rest weight 2; each with its own team, so every column's arithmetic is the single launch's.

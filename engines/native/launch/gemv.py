@@ -13,6 +13,8 @@ or pre-transposed [N, K]), and the choices of which kernel runs.
   team's warps added in order: one order per (K, N), whatever M, the weight's layout or the
   alignment. A cached [N, K] weight with 16-byte aligned operands (``gemv_vectorised``) is
   loaded 16 bytes at a time; a [K, N] weight element by element, with the same arithmetic.
+  One row (a decode step) runs ``gemv_vec1``: the same code without the cases of more rows,
+  so fewer registers and more resident blocks.
 - ``gemv_vec3`` runs two or three such GEMVs over one x in one launch (the fusion pass's
   q/k/v and gate/up), each weight's blocks exactly as its own launch would run them.
 - ``gemv_tile`` takes over for more rows than one chunk (a prefill, ``gemv_tile_rows``): a
@@ -41,7 +43,7 @@ GEMV_TILE_ITEM = 4  # bytes a staged x value takes: gemv_tile stages x as float3
 GEMV_DTYPES = ("float32", "float16", "bfloat16")
 # what gemv_vec.cuh needs (the GEMVs with a prologue compile it too)
 GEMV_DEFINES = {"LK_GEMV_ROWS": GEMV_ROWS_PER_CHUNK, "LK_GEMV_WARPS": GEMV_WARPS_PER_BLOCK}
-GEMV_KERNELS = ("gemv_rows", "gemv_vec", "gemv_vec3", "gemv_tile", "gemv_tile3")
+GEMV_KERNELS = ("gemv_rows", "gemv_vec", "gemv_vec1", "gemv_vec3", "gemv_tile", "gemv_tile3")
 
 
 def gemv_vectorised(x, w) -> bool:
@@ -134,7 +136,9 @@ class GemvKernels(KernelFamily):
                     (x, w, out, i64(m), i64(k), i64(n), np.int32(team), np.int32(tile)),
                     stream, tile * k * GEMV_TILE_ITEM)
                 return out
-            self._launch(instance_for("gemv_vec", x.dtype, GEMV_DTYPES), (n + cols - 1) // cols,
+            # one row: gemv_vec1, the same arithmetic in a third of the registers
+            kernel = "gemv_vec1" if m == 1 else "gemv_vec"
+            self._launch(instance_for(kernel, x.dtype, GEMV_DTYPES), (n + cols - 1) // cols,
                          32 * GEMV_WARPS_PER_BLOCK,
                          (x, w, out, i64(m), i64(k), i64(n), i64(k if nk else 1),
                           i64(1 if nk else n), np.int32(vec), np.int32(team)), stream)
