@@ -72,6 +72,15 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
                  ("attention.cu", _NEW_LOOP, _NEW_LOOP[len(_ROLLED):])],
 }
 VARIANTS["before"] = VARIANTS["intround"] + VARIANTS["pointer"] + VARIANTS["unrolled"]
+# Issue 37's two (0f3f77c), each undone: rotary_kv_attention without its old cache's L2
+# prefetch; the one-row GEMV compiled with every row count's case (gemv_vec's 84 registers)
+VARIANTS["nokvprefetch"] = [("attention.cu",
+                             "    lk_kv_prefetch<TO>(old_k, old_v, Hq, M, C, D, group);\n", "")]
+VARIANTS["vec1regs"] = [("gemv.cu", "    __shared__ float part[LK_GEMV_WARPS];\n",
+                         "    __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];\n"),
+                        ("gemv.cu", "lk_gemv_vec_block<T, 1, true>(",
+                         "lk_gemv_vec_block<T, LK_GEMV_ROWS, true>(")]
+VARIANTS["before37"] = VARIANTS["nokvprefetch"] + VARIANTS["vec1regs"]
 
 
 def apply(name: str, assign=setattr) -> None:
