@@ -79,11 +79,12 @@ def modeled(loop: dict, greedy_steps: int, costs: dict[str, float]) -> dict:
 
 
 def with_min_ngram(package, n: int):
-    """``package`` whose prompt-lookup section drafts only on matches of at least ``n``."""
+    """``package`` whose prompt-lookup section drafts only on matches of at least ``n``
+    tokens (1 to its max_ngram)."""
     sp = package.spec.decoding.speculative
-    if not sp.min_ngram <= n <= sp.max_ngram:
-        raise SystemExit(f"--min-ngram {n} is outside the package's {sp.min_ngram}.."
-                         f"{sp.max_ngram}")
+    if not 1 <= n <= sp.max_ngram:
+        raise SystemExit(f"--min-ngram {n} is outside 1..{sp.max_ngram} (the package's "
+                         f"max_ngram)")
     decoding = package.spec.decoding.model_copy(
         update={"speculative": sp.model_copy(update={"min_ngram": n})})
     package.spec = package.spec.model_copy(update={"decoding": decoding})
