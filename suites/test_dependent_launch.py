@@ -158,7 +158,7 @@ def test_a_dependent_launcher_sends_every_packed_launch_through_the_entry(depend
 _BEFORE_WAIT = re.compile(r"^\s*(extern __shared__|__shared__|LK_DYNAMIC_SHARED\(|constexpr |"
                           r"\w+\* xs = "
                           r"reinterpret_cast<[^>]+>\(lk_\w+_smem\);|"
-                          r"(if \([\w &=!]+\) )?lk_(gemv3?|glu|kv)_prefetch(<\w+>)?\()")
+                          r"(if \([\w &=!]+\) )?lk_(gemv3?|glu|kv)_prefetch(<[\w, ]+>)?\()")
 PLANTED = Path(__file__).resolve().parent / "kernels" / "planted_waits.cu"
 
 

@@ -24,7 +24,7 @@ from engines.native.emulation.cpu_module import CpuModule
 from engines.native.emulation.host_device import emulated, to_device, to_host
 from engines.native.fused_kernels import FusedKernels
 from engines.native.launch.gemv import GemvKernels
-from engines.native.launch.prologue_gemv import PrologueGemvKernels
+from engines.native.launch.prologue_gemv import WIDE_ENV, PrologueGemvKernels
 from engines.native.program_module import program_family
 from engines.tolerances import TABLE
 from suites.decode_chain import np_dtype, rand
@@ -348,6 +348,46 @@ def test_a_one_row_gemv_with_another_team_is_caught(tmp_path):
                        "2 * team,")
     many, ones, _ = _one_row_and_many(planted, "float16")
     assert any(many[i].tobytes() != ones[i].reshape(-1).tobytes() for i in range(5))
+
+
+def _norm_prologues(kernels, dtype: str, rows: int = 5) -> list[bytes]:
+    """``norm_gemv`` over (96, 32, 32) and ``norm_glu`` over (48, 48) of ``rows`` rows (five: a
+    verification), every output's bytes."""
+    residual, delta, gain, weights = _norm_case(dtype, rows, seed=9)
+    glu_weights = _norm_case(dtype, rows, seed=9, widths=(48, 48))[3]
+    out = residual.dtype
+    gemv = kernels.norm_gemv(residual, delta, gain, EPS, out, weights, stream=None)
+    glu = kernels.norm_glu(residual, delta, gain, EPS, out, glu_weights, out, out, stream=None)
+    return [to_host(v).tobytes() for v in (*gemv, *glu)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wide_verify_blocks_give_the_narrow_blocks_bits(monkeypatch, dtype):
+    # LOCKSTEP_WIDE_VERIFY: a verification's norm prologues in blocks of eight warps
+    monkeypatch.setenv(WIDE_ENV, "off")
+    narrow = _norm_prologues(emulated(PrologueGemvKernels), dtype)
+    monkeypatch.setenv(WIDE_ENV, "on")
+    launches: list = []
+    _norm_prologues(emulated(PrologueGemvKernels, record=launches), dtype)
+    _norm_prologues(emulated(PrologueGemvKernels, record=launches), dtype, rows=1)
+    assert [(launch.name.split("<")[0], launch.block) for launch in launches] == [
+        ("norm_gemv", (256,)), ("norm_glu", (256,)), ("norm_gemv", (128,)),
+        ("norm_glu", (128,))]
+    assert [launch.name.endswith(", 8>") for launch in launches] == [True, True, False, False]
+    assert _norm_prologues(emulated(PrologueGemvKernels), dtype) == narrow
+
+
+def test_a_wide_block_that_maps_its_columns_as_a_narrow_one_is_caught(tmp_path, monkeypatch):
+    planted = _planted(tmp_path, PrologueGemvKernels, "gemv_vec.cuh",
+                       "const long long n = blk * (WARPS / team) + warp / team;\n"
+                       "    const bool valid",
+                       "const long long n = blk * (LK_GEMV_WARPS / team) + warp / team;\n"
+                       "    const bool valid")
+    monkeypatch.setenv(WIDE_ENV, "off")
+    narrow = _norm_prologues(emulated(planted), "float16")
+    assert narrow == _norm_prologues(emulated(PrologueGemvKernels), "float16")
+    monkeypatch.setenv(WIDE_ENV, "on")
+    assert _norm_prologues(emulated(planted), "float16") != narrow
 
 
 def _probes(tmp_path, *instances) -> dict:

@@ -50,6 +50,7 @@ ENV: dict[str, tuple[str, list[str]]] = {
     "LOCKSTEP_DEPENDENT_LAUNCH": ("switch", CUDA),
     "LOCKSTEP_NATIVE_CUDA_GRAPHS": ("switch", CUDA),
     "LOCKSTEP_PROGRAMS": ("switch", CUDA),
+    "LOCKSTEP_WIDE_VERIFY": ("switch", CUDA),
     "LOCKSTEP_CACHE": ("folder", TINY),
 }
 

@@ -56,6 +56,7 @@ from engines.native.bf16_plan import Bf16Plan, model_uses_bf16
 from engines.native.capacity_cache import CapacityCells, capacity_plan
 from engines.native.cupy_array_backend import CupyArrayBackend
 from engines.native.forward_programs import ForwardPrograms, programs_requested
+from engines.native.launch.prologue_gemv import wide_verify_requested
 from engines.native.graph_slots import (CaptureError, CupyGraphDevice, GraphSlots,
                                         forward_positions, graphs_default)
 from engines.native.kernel_launch import plain_launches
@@ -134,6 +135,7 @@ class NativeCudaEngine(Engine):
         memo_enabled()
         dependent_launch.requested()
         programs_requested()
+        wide_verify_requested()
 
     @classmethod
     def availability(cls) -> Availability:

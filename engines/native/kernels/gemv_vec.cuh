@@ -72,16 +72,18 @@ __device__ __forceinline__ void lk_gemv_vec_chunk(
 }
 
 // Block `blk` of out[m, n] = sum_k x[m, k] * w(k, n), w(k, n) = w[n * w_nstep + k * w_kstep]
-// (W^T [N, K]: w_nstep K, w_kstep 1; W [K, N]: 1 and N); LK_GEMV_WARPS / team columns a block.
+// (W^T [N, K]: w_nstep K, w_kstep 1; W [K, N]: 1 and N); WARPS / team columns a block (a
+// block of WARPS warps: LK_GEMV_WARPS unless a wider block asks; a column's arithmetic is
+// its team's, whichever block and warp it falls to).
 // MAXR: the most rows a chunk of this instance takes (M <= MAXR unless MAXR is
 // LK_GEMV_ROWS); SCALAR: whether it has the element-wise loads. Both only trim what is
 // compiled: a row's arithmetic is the same in every instance.
 #define LK_CHUNK_CASE(r, VEC) case r: if constexpr (r <= MAXR) \
-    lk_gemv_vec_chunk<T, r, VEC, LK_GEMV_WARPS>(xr, wr, out, K, N, w_kstep, n, m0, valid, tt, \
-                                                team * 32, warp, team, lane, part); break;
+    lk_gemv_vec_chunk<T, r, VEC, WARPS>(xr, wr, out, K, N, w_kstep, n, m0, valid, tt, \
+                                        team * 32, warp, team, lane, part); break;
 #define LK_VEC_CASE(r) LK_CHUNK_CASE(r, true)
 #define LK_SCALAR_CASE(r) LK_CHUNK_CASE(r, false)
-template <typename T, int MAXR, bool SCALAR>
+template <typename T, int MAXR, bool SCALAR, int WARPS = LK_GEMV_WARPS>
 __device__ __forceinline__ void lk_gemv_vec_block(const T* __restrict__ x, const T* __restrict__ w,
                                                   T* __restrict__ out, long long M, long long K,
                                                   long long N, long long w_nstep,
@@ -89,7 +91,7 @@ __device__ __forceinline__ void lk_gemv_vec_block(const T* __restrict__ x, const
                                                   long long blk, float* part) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const long long n = blk * (LK_GEMV_WARPS / team) + warp / team;
+    const long long n = blk * (WARPS / team) + warp / team;
     const bool valid = n < N;  // every thread stays for the block's barriers
     const int tt = (warp % team) * 32 + lane;
     const T* wr = w + (valid ? n : 0) * w_nstep;
@@ -115,12 +117,12 @@ __device__ __forceinline__ void lk_gemv_vec_block(const T* __restrict__ x, const
 // Ask L2 for the weight rows block `blk` of lk_gemv_vec_block will read (W^T [N, K]), each
 // thread its own 16-byte runs: a kernel with a prologue issues this first, so the rows
 // travel from memory while the prologue computes. A hint only: nothing is computed.
-template <typename T>
+template <typename T, int WARPS = LK_GEMV_WARPS>
 __device__ __forceinline__ void lk_gemv_prefetch(const T* __restrict__ w, long long K,
                                                  long long N, int team, long long blk) {
     constexpr int V = 16 / sizeof(T);
     const int warp = threadIdx.x >> 5;
-    const long long n = blk * (LK_GEMV_WARPS / team) + warp / team;
+    const long long n = blk * (WARPS / team) + warp / team;
     if (n >= N) return;
     const int tt = (warp % team) * 32 + (threadIdx.x & 31);
     const T* wr = w + n * K;
@@ -130,7 +132,7 @@ __device__ __forceinline__ void lk_gemv_prefetch(const T* __restrict__ w, long l
 }
 
 // lk_gemv_prefetch for this block's weight of gemv_vec3's split.
-template <typename T>
+template <typename T, int WARPS = LK_GEMV_WARPS>
 __device__ __forceinline__ void lk_gemv3_prefetch(const T* __restrict__ w0,
                                                   const T* __restrict__ w1,
                                                   const T* __restrict__ w2, long long K,
@@ -139,13 +141,14 @@ __device__ __forceinline__ void lk_gemv3_prefetch(const T* __restrict__ w0,
                                                   long long blocks0, long long blocks1) {
     const long long blk = blockIdx.x;
     const bool first = blk < blocks0, second = !first && blk < blocks0 + blocks1;
-    lk_gemv_prefetch<T>(first ? w0 : (second ? w1 : w2), K, first ? N0 : (second ? N1 : N2),
-                        first ? team0 : (second ? team1 : team2),
-                        first ? blk : (second ? blk - blocks0 : blk - blocks0 - blocks1));
+    lk_gemv_prefetch<T, WARPS>(first ? w0 : (second ? w1 : w2), K,
+                               first ? N0 : (second ? N1 : N2),
+                               first ? team0 : (second ? team1 : team2),
+                               first ? blk : (second ? blk - blocks0 : blk - blocks0 - blocks1));
 }
 
 // This block's share of up to three GEMVs over one x (gemv_vec3's split of the blocks).
-template <typename T, int MAXR>
+template <typename T, int MAXR, int WARPS = LK_GEMV_WARPS>
 __device__ __forceinline__ void lk_gemv3(const T* __restrict__ x, const T* __restrict__ w0,
                                          const T* __restrict__ w1, const T* __restrict__ w2,
                                          T* __restrict__ out0, T* __restrict__ out1,
@@ -160,5 +163,5 @@ __device__ __forceinline__ void lk_gemv3(const T* __restrict__ x, const T* __res
     const long long N = first ? N0 : (second ? N1 : N2);
     const int team = first ? team0 : (second ? team1 : team2);
     const long long b = first ? blk : (second ? blk - blocks0 : blk - blocks0 - blocks1);
-    lk_gemv_vec_block<T, MAXR, false>(x, w, out, M, K, N, K, 1, 1, team, b, part);
+    lk_gemv_vec_block<T, MAXR, false, WARPS>(x, w, out, M, K, N, K, 1, 1, team, b, part);
 }

@@ -18,8 +18,10 @@ static_assert(LK_PROLOGUE_ROWS == 8, "LK_ROWS_8 lists the cases 1 to 8");
 // staged as TO in shared memory by every block (lk_norm_prologue), then up to three
 // GEMVs over the staged rows exactly as gemv_vec3 runs them (lk_gemv3): one launch where
 // the norm and the q/k/v (or gate/up, or the head) were two, the same bits. The block's
-// weight rows are asked into L2 first, so their reads from memory overlap the norm.
-template <typename TI, typename TD, typename TO>
+// weight rows are asked into L2 first, so their reads from memory overlap the norm. WARPS:
+// the block's warps (LK_GEMV_WARPS, or wider for several rows: fewer blocks normalise the
+// same rows; a column's bits are its team's either way).
+template <typename TI, typename TD, typename TO, int WARPS = LK_GEMV_WARPS>
 __global__ void norm_gemv(
         const TI* __restrict__ res, const TD* __restrict__ delta,
         const TI* __restrict__ gain, TI* __restrict__ sum_out, float eps,
@@ -28,35 +30,36 @@ __global__ void norm_gemv(
         long long K, long long N0, long long N1, long long N2, int team0, int team1,
         int team2, long long blocks0, long long blocks1) {
     LK_DYNAMIC_SHARED(unsigned char, lk_prologue_smem);
-    __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
+    __shared__ float part[LK_GEMV_ROWS * WARPS];
     TO* xs = reinterpret_cast<TO*>(lk_prologue_smem);
-    lk_gemv3_prefetch<TO>(w0, w1, w2, K, N0, N1, N2, team0, team1, team2, blocks0, blocks1);
+    lk_gemv3_prefetch<TO, WARPS>(w0, w1, w2, K, N0, N1, N2, team0, team1, team2, blocks0,
+                                 blocks1);
     lk_grid_wait();
     lk_norm_prologue<TI, TD, TO>(res, delta, gain, sum_out, xs, M, K, eps);
     __syncthreads();
-    lk_gemv3<TO, LK_PROLOGUE_ROWS>(xs, w0, w1, w2, out0, out1, out2, M, K, N0, N1, N2,
-                                   team0, team1, team2, blocks0, blocks1, part);
+    lk_gemv3<TO, LK_PROLOGUE_ROWS, WARPS>(xs, w0, w1, w2, out0, out1, out2, M, K, N0, N1, N2,
+                                          team0, team1, team2, blocks0, blocks1, part);
 }
 
 // The gate or up column this warp's team of norm_glu computes (gate in the block's first
-// LK_GEMV_WARPS / 2 warps, up in the others), or -1 past N.
+// WARPS / 2 warps, up in the others), or -1 past N.
+template <int WARPS>
 __device__ __forceinline__ long long lk_glu_column(long long N, int team) {
     const int warp = threadIdx.x >> 5;
-    const long long n = (long long)blockIdx.x * (LK_GEMV_WARPS / 2 / team)
-                        + (warp % (LK_GEMV_WARPS / 2)) / team;
+    const long long n = (long long)blockIdx.x * (WARPS / 2 / team) + (warp % (WARPS / 2)) / team;
     return n < N ? n : -1;
 }
 
 // Ask L2 for the weight row of this warp's column (lk_gemv_prefetch for norm_glu's split):
 // a hint only, issued before the kernel waits for the one ahead.
-template <typename TO>
+template <typename TO, int WARPS>
 __device__ __forceinline__ void lk_glu_prefetch(
         const TO* __restrict__ wg, const TO* __restrict__ wu, long long K, long long N,
         int team) {
     constexpr int V = 16 / sizeof(TO);
-    const long long n = lk_glu_column(N, team);
+    const long long n = lk_glu_column<WARPS>(N, team);
     if (n < 0) return;
-    const TO* wr = ((threadIdx.x >> 5) < LK_GEMV_WARPS / 2 ? wg : wu) + n * K;
+    const TO* wr = ((threadIdx.x >> 5) < WARPS / 2 ? wg : wu) + n * K;
     const int tt = ((threadIdx.x >> 5) % team) * 32 + (threadIdx.x & 31);
     for (long long c = tt; c < K / V; c += 32 * team) {
         lk_prefetch_l2(wr + c * V);
@@ -65,38 +68,38 @@ __device__ __forceinline__ void lk_glu_prefetch(
 
 // RMSNorm (after the residual add when delta is given) of M <= LK_PROLOGUE_ROWS rows of K
 // staged as TO in shared memory (lk_norm_prologue), then the gate and the up projections
-// side by side: the block's first LK_GEMV_WARPS / 2 warps compute its gate columns, the
+// side by side: the block's first WARPS / 2 warps compute its gate columns, the
 // others the same columns of up (teams of `team` warps, 1 or 2: gemv_vec's column code),
 // staged as TO exactly as the two GEMVs store them; then SwiGLU of each pair (lk_swiglu,
 // the swiglu kernel's element, in TC), stored as TO. Bit for bit norm_gemv over (gate,
 // up) then swiglu: one launch where there were two, and SwiGLU computed once an element,
 // where swiglu_gemv's every block computes it for every row.
 #define LK_GLU_CASE(r) case r: \
-    lk_gemv_vec_chunk<TO, r, true, LK_GEMV_WARPS>(xs, wr, staged, K, LK_GEMV_WARPS, 1, warp, 0, \
-                                                  valid, tt, team * 32, warp, team, lane, part); \
+    lk_gemv_vec_chunk<TO, r, true, WARPS>(xs, wr, staged, K, WARPS, 1, warp, 0, valid, tt, \
+                                          team * 32, warp, team, lane, part); \
     break;
-template <typename TI, typename TO, typename TC>
+template <typename TI, typename TO, typename TC, int WARPS = LK_GEMV_WARPS>
 __global__ void norm_glu(
         const TI* __restrict__ res, const TO* __restrict__ delta,
         const TI* __restrict__ gain, TI* __restrict__ sum_out, float eps,
         const TO* __restrict__ wg, const TO* __restrict__ wu, TO* __restrict__ out,
         long long M, long long K, long long N, int team) {
     LK_DYNAMIC_SHARED(unsigned char, lk_prologue_smem);
-    __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];
-    __shared__ TO staged[LK_PROLOGUE_ROWS * LK_GEMV_WARPS];
-    constexpr int HALF = LK_GEMV_WARPS / 2;
+    __shared__ float part[LK_GEMV_ROWS * WARPS];
+    __shared__ TO staged[LK_PROLOGUE_ROWS * WARPS];
+    constexpr int HALF = WARPS / 2;
     TO* xs = reinterpret_cast<TO*>(lk_prologue_smem);
-    lk_glu_prefetch<TO>(wg, wu, K, N, team);
+    lk_glu_prefetch<TO, WARPS>(wg, wu, K, N, team);
     lk_grid_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pairs = HALF / team;
-    const long long n = lk_glu_column(N, team);
+    const long long n = lk_glu_column<WARPS>(N, team);
     const bool valid = n >= 0;  // every thread stays for the block's barriers
     const int tt = (warp % team) * 32 + lane;
     const TO* wr = (warp < HALF ? wg : wu) + (valid ? n : 0) * K;
     lk_norm_prologue<TI, TO, TO>(res, delta, gain, sum_out, xs, M, K, eps);
     __syncthreads();
-    // a team's total lands at staged[m * LK_GEMV_WARPS + its first warp]
+    // a team's total lands at staged[m * WARPS + its first warp]
     switch (M) {
         LK_ROWS_8(LK_GLU_CASE)
     }
@@ -105,7 +108,7 @@ __global__ void norm_glu(
         const int m = t / pairs, j = t % pairs;
         const long long col = (long long)blockIdx.x * pairs + j;
         if (col < N) {
-            const TO* g = staged + m * LK_GEMV_WARPS + j * team;
+            const TO* g = staged + m * WARPS + j * team;
             lk_store(out, m * N + col, lk_swiglu<TO, TC>(g, g + HALF, 0));
         }
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engines.native.env_switch import switch
 from engines.native.kernel_source import instance, module
 from engines.native.launch.family import KernelFamily, i64
 from engines.native.launch.fused_dtypes import FUSED_DTYPES, fused_dtype
@@ -16,10 +17,28 @@ PROLOGUE_BLOCK = 32 * GEMV_WARPS_PER_BLOCK  # threads of a GEMV block with a pro
 PROLOGUE_BYTES = 40 * 1024  # shared memory for the rows a GEMV's prologue stages
 PROLOGUE_ROWS = 8  # rows a GEMV with a prologue takes (decode, verification up to width 7)
 assert PROLOGUE_ROWS <= 2 * GEMV_WARPS_PER_BLOCK  # lk_norm_prologue: two rows a warp at most
+# LOCKSTEP_WIDE_VERIFY=on: a GEMV with a norm prologue over more than one row (a
+# verification) runs in blocks of PROLOGUE_WIDE_WARPS warps, not GEMV_WARPS_PER_BLOCK:
+# every block normalises all the rows, so half as many blocks read and normalise them (a
+# column's bits are its team's, whichever block it falls to). Off by default until a GPU
+# A/B says it pays (the round probe's VERIFY replay with it on and off: docs/GPU.md).
+WIDE_ENV = "LOCKSTEP_WIDE_VERIFY"
+PROLOGUE_WIDE_WARPS = 8
 # (wide, narrow): a GEMV with a prologue in dtype `narrow` whose norm keeps its residual
 # stream (or whose SwiGLU computes) in `wide`: uniform graphs, and mixed ones over float32
 PROLOGUE_PAIRS = tuple(sorted({(d, d) for d in FUSED_DTYPES}
                               | {("float32", d) for d in FUSED_DTYPES}))
+
+
+def wide_verify_requested() -> bool:
+    """``LOCKSTEP_WIDE_VERIFY``: on or off (``env_switch``; default off)."""
+    return switch(WIDE_ENV, default=False)
+
+
+def widened(name: str, warps: int) -> str:
+    """The name expression of ``name``'s instance in blocks of ``warps`` warps (its last
+    template argument; the narrow instance leaves it at LK_GEMV_WARPS)."""
+    return f"{name[:-1]}, {warps}>"
 
 
 def prologue_rows(x) -> int:
@@ -30,15 +49,35 @@ def prologue_rows(x) -> int:
     return rows if 0 < rows <= PROLOGUE_ROWS else 0
 
 
+def _norm_instances(wide: str, narrow: str) -> list[str]:
+    """The norm prologues' instances for one of PROLOGUE_PAIRS' dtype pairs."""
+    return [instance("norm_gemv", wide, narrow, narrow), instance("norm_glu", wide, narrow, wide)]
+
+
 class PrologueGemvKernels(KernelFamily):
     # the graphs' own combinations only (each GEMV is large): the residual stream in the
-    # GEMV's dtype or in float32 (a mixed graph), the delta and the output in the GEMV's
+    # GEMV's dtype or in float32 (a mixed graph), the delta and the output in the GEMV's;
+    # the norm prologues also in blocks of PROLOGUE_WIDE_WARPS (LOCKSTEP_WIDE_VERIFY)
     MODULE = module("prologue_gemv.cu",
-                    [instance(kernel, *dtypes) for wide, narrow in PROLOGUE_PAIRS
-                     for kernel, dtypes in (("norm_gemv", (wide, narrow, narrow)),
-                                            ("swiglu_gemv", (narrow, wide, narrow)),
-                                            ("norm_glu", (wide, narrow, wide)))],
+                    [name for wide, narrow in PROLOGUE_PAIRS
+                     for name in (*_norm_instances(wide, narrow),
+                                  instance("swiglu_gemv", narrow, wide, narrow),
+                                  *(widened(n, PROLOGUE_WIDE_WARPS)
+                                    for n in _norm_instances(wide, narrow)))],
                     GEMV_DEFINES | {"LK_PROLOGUE_ROWS": PROLOGUE_ROWS})
+
+    def _warps(self, rows: int) -> int:
+        """The warps of a norm prologue's block for ``rows`` rows: PROLOGUE_WIDE_WARPS for
+        more than one where ``LOCKSTEP_WIDE_VERIFY`` is on (read once per family)."""
+        if rows == 1:
+            return GEMV_WARPS_PER_BLOCK
+        wide = self.__dict__.get("_wide_verify")
+        if wide is None:
+            wide = self.__dict__["_wide_verify"] = wide_verify_requested()
+        return PROLOGUE_WIDE_WARPS if wide else GEMV_WARPS_PER_BLOCK
+
+    def _instance(self, name: str, warps: int) -> str:
+        return name if warps == GEMV_WARPS_PER_BLOCK else widened(name, warps)
 
     def _prologue_fits(self, rows: int, k: int, dtype, weights) -> bool:
         """Whether a GEMV with a prologue takes these operands: decode or verify rows (at most
@@ -88,6 +127,7 @@ class PrologueGemvKernels(KernelFamily):
         if operands is None:
             return None
         residual, delta, total, rows, k = operands
+        warps = self._warps(rows)
         lead = tuple(residual.shape[:-1])
         outs = [self._empty(lead + (w.shape[0],), out_dtype, stream) for w in weights]
         itemsize = np.dtype(out_dtype).itemsize
@@ -95,10 +135,10 @@ class PrologueGemvKernels(KernelFamily):
         os_ = outs + [outs[-1]] * (3 - len(outs))
         ns = [w.shape[0] for w in weights] + [0] * (3 - len(weights))
         teams = [gemv_team(n, k, itemsize) if n else 1 for n in ns]
-        blocks = [-(-n // (GEMV_WARPS_PER_BLOCK // t)) for n, t in zip(ns, teams)]
+        blocks = [-(-n // (warps // t)) for n, t in zip(ns, teams)]
         null = np.uint64(0)
         self._launcher.launch(
-            self._functions[name], (sum(blocks),), (PROLOGUE_BLOCK,),
+            self._functions[self._instance(name, warps)], (sum(blocks),), (32 * warps,),
             (residual, null if delta is None else delta, self._contiguous(gain, stream),
              null if total is None else total, np.float32(eps), *ws, *os_, i64(rows),
              i64(k), *map(i64, ns), *map(np.int32, teams), i64(blocks[0]),
@@ -131,11 +171,12 @@ class PrologueGemvKernels(KernelFamily):
         if operands is None:
             return None
         residual, delta, total, rows, k = operands
+        warps = self._warps(rows)
         out = self._empty(tuple(residual.shape[:-1]) + (n,), out_dtype, stream)
-        pairs = GEMV_WARPS_PER_BLOCK // 2 // team
+        pairs = warps // 2 // team
         null = np.uint64(0)
         self._launcher.launch(
-            self._functions[name], (-(-n // pairs),), (PROLOGUE_BLOCK,),
+            self._functions[self._instance(name, warps)], (-(-n // pairs),), (32 * warps,),
             (residual, null if delta is None else delta, self._contiguous(gain, stream),
              null if total is None else total, np.float32(eps), weights[0], weights[1], out,
              i64(rows), i64(k), i64(n), np.int32(team)),
