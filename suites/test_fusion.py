@@ -22,6 +22,8 @@ from engines.native.array_backend import NumpyArrayBackend
 from engines.native.fusion import FUSED_DOMAIN
 from engines.native.kernel_source import instance
 from engines.native.launch.fused_dtypes import FUSED_DTYPES
+from engines.native.launch.gemv import GEMV_WARPS_PER_BLOCK
+from engines.native.launch.prologue_gemv import PROLOGUE_WIDE_WARPS, with_warps
 from engines.native.plan import Plan, unsupported_ops
 from harness.convert.llama_config import LlamaConfig
 from harness.convert.llama_config import llama_weights
@@ -356,9 +358,13 @@ def test_fused_source_has_every_kernel_for_every_dtype():
                 instance("kv_write2", dtype), instance("rotary2", *[dtype] * 3),
                 instance("gemv_vec", dtype), instance("gemv_vec3", dtype),
                 instance("rotary", *[dtype] * 3), instance("swiglu", *[dtype] * 3),
-                instance("norm_gemv", *[dtype] * 3), instance("swiglu_gemv", *[dtype] * 3),
-                instance("norm_glu", *[dtype] * 3)} <= names
+                instance("swiglu_gemv", *[dtype] * 3)} <= names
+        for warps in (GEMV_WARPS_PER_BLOCK, PROLOGUE_WIDE_WARPS):  # the norm prologues
+            assert {with_warps(instance("norm_gemv", *[dtype] * 3), warps),
+                    with_warps(instance("norm_glu", *[dtype] * 3), warps)} <= names
         if dtype != "float32":  # a mixed graph: residual stream and SwiGLU in float32
-            assert {instance("norm_gemv", "float32", dtype, dtype),
+            assert {with_warps(instance("norm_gemv", "float32", dtype, dtype),
+                               GEMV_WARPS_PER_BLOCK),
                     instance("swiglu_gemv", dtype, "float32", dtype),
-                    instance("norm_glu", "float32", dtype, "float32")} <= names
+                    with_warps(instance("norm_glu", "float32", dtype, "float32"),
+                               GEMV_WARPS_PER_BLOCK)} <= names

@@ -20,7 +20,7 @@ from engines.native.program_deferral import ProgramDeferral, deferring
 from suites.test_kernel_launch import FakeArray, FakeCupy, FakeFunction, FakeStream
 
 GEMV = "gemv_vec<float>"
-NORM = "norm_gemv<float, float, float>"
+NORM = "norm_gemv<float, float, float, 4>"
 OTHER = "rms_norm<float, float>"  # not a kernel a program runs
 
 

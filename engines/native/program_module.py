@@ -17,7 +17,7 @@ from engines.errors import ExecutionError
 from engines.native.kernel_source import COMPILE_OPTIONS, KERNELS, instance
 from engines.native.launch.attention import AttentionKernels, attention_module
 from engines.native.launch.gemv import GEMV_WARPS_PER_BLOCK, GemvKernels
-from engines.native.launch.prologue_gemv import PROLOGUE_BLOCK, PrologueGemvKernels
+from engines.native.launch.prologue_gemv import PROLOGUE_BLOCK, PrologueGemvKernels, with_warps
 
 PROGRAM_BLOCK = 32 * GEMV_WARPS_PER_BLOCK
 assert PROLOGUE_BLOCK == PROGRAM_BLOCK
@@ -81,7 +81,8 @@ def decode_ops(dtype: str) -> tuple[str, ...]:
     their norms, the rotation + cache write + attention with float32 tables, the o and down
     GEMVs, ``gemv_vec1`` at one row), in a program's order: the program module the catalog
     and the source checks compile."""
-    return tuple(sorted((instance("norm_gemv", dtype, dtype, dtype),
-                         instance("norm_glu", dtype, dtype, dtype),
+    warps = GEMV_WARPS_PER_BLOCK  # a program's blocks: the narrow prologues
+    return tuple(sorted((with_warps(instance("norm_gemv", dtype, dtype, dtype), warps),
+                         with_warps(instance("norm_glu", dtype, dtype, dtype), warps),
                          instance("gemv_vec", dtype), instance("gemv_vec1", dtype),
                          instance("rotary_kv_attention", dtype, "float32", dtype))))

@@ -1,8 +1,9 @@
 // GEMVs with a prologue (the NormMatMul, NormGLU and SwiGLUMatMul nodes): a norm's or
 // SwiGLU's rows staged in shared memory by the standalone kernels' own device functions,
 // then gemv_vec's column code over them; one launch where there were two, every bit the same.
-// norm_gemv<TI, TD, TO> (residual, delta, staged/weight types), norm_glu<TI, TO, TC>
-// (residual, staged/weight, SwiGLU's compute types), swiglu_gemv<TG, TC, TO>.
+// norm_gemv<TI, TD, TO, WARPS> (residual, delta, staged/weight types, the block's warps),
+// norm_glu<TI, TO, TC, WARPS> (residual, staged/weight, SwiGLU's compute types, warps),
+// swiglu_gemv<TG, TC, TO>.
 #include "gemv_vec.cuh"
 #include "norm.cuh"
 #include "swiglu.cuh"
@@ -20,8 +21,8 @@ static_assert(LK_PROLOGUE_ROWS == 8, "LK_ROWS_8 lists the cases 1 to 8");
 // the norm and the q/k/v (or gate/up, or the head) were two, the same bits. The block's
 // weight rows are asked into L2 first, so their reads from memory overlap the norm. WARPS:
 // the block's warps (LK_GEMV_WARPS, or wider for several rows: fewer blocks normalise the
-// same rows; a column's bits are its team's either way).
-template <typename TI, typename TD, typename TO, int WARPS = LK_GEMV_WARPS>
+// same rows; a column's bits are its team's either way), spelled in every instance.
+template <typename TI, typename TD, typename TO, int WARPS>
 __global__ void norm_gemv(
         const TI* __restrict__ res, const TD* __restrict__ delta,
         const TI* __restrict__ gain, TI* __restrict__ sum_out, float eps,
@@ -78,7 +79,7 @@ __device__ __forceinline__ void lk_glu_prefetch(
     lk_gemv_vec_chunk<TO, r, true, WARPS>(xs, wr, staged, K, WARPS, 1, warp, 0, valid, tt, \
                                           team * 32, warp, team, lane, part); \
     break;
-template <typename TI, typename TO, typename TC, int WARPS = LK_GEMV_WARPS>
+template <typename TI, typename TO, typename TC, int WARPS>
 __global__ void norm_glu(
         const TI* __restrict__ res, const TO* __restrict__ delta,
         const TI* __restrict__ gain, TI* __restrict__ sum_out, float eps,

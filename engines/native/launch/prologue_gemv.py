@@ -35,9 +35,10 @@ def wide_verify_requested() -> bool:
     return switch(WIDE_ENV, default=False)
 
 
-def widened(name: str, warps: int) -> str:
-    """The name expression of ``name``'s instance in blocks of ``warps`` warps (its last
-    template argument; the narrow instance leaves it at LK_GEMV_WARPS)."""
+def with_warps(name: str, warps: int) -> str:
+    """The name expression of a norm prologue's instance ``name`` (its dtypes) in blocks of
+    ``warps`` warps: its last template argument, always spelled (nvcc's entry names spell
+    every argument, so a default one would not match the name the launcher calls)."""
     return f"{name[:-1]}, {warps}>"
 
 
@@ -50,7 +51,8 @@ def prologue_rows(x) -> int:
 
 
 def _norm_instances(wide: str, narrow: str) -> list[str]:
-    """The norm prologues' instances for one of PROLOGUE_PAIRS' dtype pairs."""
+    """The norm prologues' instances for one of PROLOGUE_PAIRS' dtype pairs (their warps
+    not yet spelled: ``with_warps``)."""
     return [instance("norm_gemv", wide, narrow, narrow), instance("norm_glu", wide, narrow, wide)]
 
 
@@ -60,10 +62,9 @@ class PrologueGemvKernels(KernelFamily):
     # the norm prologues also in blocks of PROLOGUE_WIDE_WARPS (LOCKSTEP_WIDE_VERIFY)
     MODULE = module("prologue_gemv.cu",
                     [name for wide, narrow in PROLOGUE_PAIRS
-                     for name in (*_norm_instances(wide, narrow),
-                                  instance("swiglu_gemv", narrow, wide, narrow),
-                                  *(widened(n, PROLOGUE_WIDE_WARPS)
-                                    for n in _norm_instances(wide, narrow)))],
+                     for name in (instance("swiglu_gemv", narrow, wide, narrow),
+                                  *(with_warps(n, warps) for n in _norm_instances(wide, narrow)
+                                    for warps in (GEMV_WARPS_PER_BLOCK, PROLOGUE_WIDE_WARPS)))],
                     GEMV_DEFINES | {"LK_PROLOGUE_ROWS": PROLOGUE_ROWS})
 
     def _warps(self, rows: int) -> int:
@@ -76,8 +77,6 @@ class PrologueGemvKernels(KernelFamily):
             wide = self.__dict__["_wide_verify"] = wide_verify_requested()
         return PROLOGUE_WIDE_WARPS if wide else GEMV_WARPS_PER_BLOCK
 
-    def _instance(self, name: str, warps: int) -> str:
-        return name if warps == GEMV_WARPS_PER_BLOCK else widened(name, warps)
 
     def _prologue_fits(self, rows: int, k: int, dtype, weights) -> bool:
         """Whether a GEMV with a prologue takes these operands: decode or verify rows (at most
@@ -121,7 +120,8 @@ class PrologueGemvKernels(KernelFamily):
             return None  # decided first: a prefill's every norm asks
         narrow = fused_dtype(out_dtype, "out")
         name = instance("norm_gemv", fused_dtype(residual.dtype, "residual"), narrow, narrow)
-        if not 1 <= len(weights) <= 3 or name not in self._functions:
+        if not 1 <= len(weights) <= 3 \
+                or with_warps(name, GEMV_WARPS_PER_BLOCK) not in self._functions:
             return None
         operands = self._norm_operands(residual, delta, gain, out_dtype, weights, stream)
         if operands is None:
@@ -138,7 +138,7 @@ class PrologueGemvKernels(KernelFamily):
         blocks = [-(-n // (warps // t)) for n, t in zip(ns, teams)]
         null = np.uint64(0)
         self._launcher.launch(
-            self._functions[self._instance(name, warps)], (sum(blocks),), (32 * warps,),
+            self._functions[with_warps(name, warps)], (sum(blocks),), (32 * warps,),
             (residual, null if delta is None else delta, self._contiguous(gain, stream),
              null if total is None else total, np.float32(eps), *ws, *os_, i64(rows),
              i64(k), *map(i64, ns), *map(np.int32, teams), i64(blocks[0]),
@@ -160,7 +160,7 @@ class PrologueGemvKernels(KernelFamily):
             return None
         name = instance("norm_glu", fused_dtype(residual.dtype, "residual"),
                         fused_dtype(out_dtype, "out"), fused_dtype(compute_dtype, "compute"))
-        if name not in self._functions:
+        if with_warps(name, GEMV_WARPS_PER_BLOCK) not in self._functions:
             return None
         itemsize = np.dtype(out_dtype).itemsize
         n, k = weights[0].shape
@@ -176,7 +176,7 @@ class PrologueGemvKernels(KernelFamily):
         pairs = warps // 2 // team
         null = np.uint64(0)
         self._launcher.launch(
-            self._functions[self._instance(name, warps)], (-(-n // pairs),), (32 * warps,),
+            self._functions[with_warps(name, warps)], (-(-n // pairs),), (32 * warps,),
             (residual, null if delta is None else delta, self._contiguous(gain, stream),
              null if total is None else total, np.float32(eps), weights[0], weights[1], out,
              i64(rows), i64(k), i64(n), np.int32(team)),
