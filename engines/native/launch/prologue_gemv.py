@@ -77,7 +77,6 @@ class PrologueGemvKernels(KernelFamily):
             wide = self.__dict__["_wide_verify"] = wide_verify_requested()
         return PROLOGUE_WIDE_WARPS if wide else GEMV_WARPS_PER_BLOCK
 
-
     def _prologue_fits(self, rows: int, k: int, dtype, weights) -> bool:
         """Whether a GEMV with a prologue takes these operands: decode or verify rows (at most
         PROLOGUE_ROWS), their staged copy within ``PROLOGUE_BYTES``, every weight a C-contiguous
