@@ -107,12 +107,11 @@ def main(width: int = 7) -> dict:
     from engines.workflow import greedy_decode
     from engines.workflow.session import DecodeSession
     from engines.workflow.speculative import speculative_decode
-    from harness.convert.llama_graph import LlamaConfig, build_llama
     from harness.decode_profile import graph_replay_ms
     from suites.lookup_support import with_prompt_lookup
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gpu_round_probe import SHAPE
+    from gpu_round_probe import PHRASE, shape_package
 
     variant = os.environ.get("VARIANT", "base")
     if variant == "tile":
@@ -122,10 +121,8 @@ def main(width: int = 7) -> dict:
         gemv_launch.gemv_tile_rows = lambda m, k: plain(max(m, 17), k) if m > 1 else 0
 
     root = Path(tempfile.mkdtemp(prefix="kernel-profile-"))
-    config = LlamaConfig(**SHAPE, dtype="float16", precision="mixed")
-    phrase = [(37 * i + 11) % 49000 + 50 for i in range(40)]
-    prompt = phrase * 3
-    built = build_llama(root / "base", config, [prompt], name="smollm2_shape_float16")
+    prompt = PHRASE * 3
+    built = shape_package(root / "base")
     package = with_prompt_lookup(built, root / "lookup", width)
     engine = get_engine_class("native-cuda")(package)
     import cupy

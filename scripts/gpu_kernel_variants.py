@@ -163,22 +163,12 @@ def main(paths: list[str]) -> int:
     return status
 
 
-def random_smollm2(folder: Path) -> str:
-    """A random SmolLM2-shaped float16 package (mixed precision, static cache, one prompt)
-    at ``folder``, as ``gpu_round_probe.py`` builds one: for an A/B without the GGUF."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gpu_round_probe import SHAPE
-    from harness.convert.llama_graph import LlamaConfig, build_llama
-
-    prompt = [(37 * i + 11) % 49000 + 50 for i in range(40)] * 3
-    build_llama(folder, LlamaConfig(**SHAPE, dtype="float16", precision="mixed"), [prompt],
-                name="smollm2_shape_float16")
-    return str(folder)
-
-
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--random-smollm2":
-        print(random_smollm2(Path(sys.argv[2])))
+    if len(sys.argv) == 3 and sys.argv[1] == "--random-smollm2":  # gpu_round_probe's package
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from gpu_round_probe import shape_package
+
+        print(shape_package(Path(sys.argv[2])))
         sys.exit(0)
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         print(json.dumps(child(sys.argv[2], sys.argv[3:])))

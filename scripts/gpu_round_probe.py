@@ -27,6 +27,17 @@ from pathlib import Path
 
 SHAPE = dict(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152,
              tied=True, cache="static", max_context=512)
+PHRASE = [(37 * i + 11) % 49000 + 50 for i in range(40)]  # the prompt: this, three times
+
+
+def shape_package(folder: Path, layers: int | None = None) -> Path:
+    """The probes' random SmolLM2-shaped float16 package (mixed precision, static cache, a
+    prompt that repeats itself) at ``folder``; ``layers`` (default SHAPE's) for a dry run."""
+    from harness.convert.llama_graph import LlamaConfig, build_llama
+
+    shape = dict(SHAPE, layers=layers or SHAPE["layers"])
+    return build_llama(folder, LlamaConfig(**shape, dtype="float16", precision="mixed"),
+                       [PHRASE * 3], name="smollm2_shape_float16")
 SPENT: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # label -> [ns, calls]
 PREFILL: list[bool] = []  # non-empty while a prefill forward runs
 
@@ -98,15 +109,11 @@ def main(width: int = 8, tokens: int = 128) -> dict:
     from engines.workflow.prompt_lookup import PromptLookupProposer
     from engines.workflow.session import DecodeSession
     from engines.workflow.state import DecodeState
-    from harness.convert.llama_graph import LlamaConfig, build_llama
     from suites.lookup_support import with_prompt_lookup
 
     root = Path(tempfile.mkdtemp(prefix="round-probe-"))
-    shape = dict(SHAPE, layers=int(os.environ.get("LAYERS", SHAPE["layers"])))
-    config = LlamaConfig(**shape, dtype="float16", precision="mixed")
-    phrase = [(37 * i + 11) % 49000 + 50 for i in range(40)]
-    prompt = phrase * 3
-    built = build_llama(root / "base", config, [prompt], name="smollm2_shape_float16")
+    built = shape_package(root / "base", int(os.environ.get("LAYERS", SHAPE["layers"])))
+    prompt = PHRASE * 3
     package = with_prompt_lookup(built, root / "lookup", width)
     engine = get_engine_class(os.environ.get("ENGINE", "native-cuda"))(package)
     stream = getattr(engine, "stream", None)  # native-host (a dry run here): nothing to wait
