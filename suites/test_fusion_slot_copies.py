@@ -76,11 +76,104 @@ def test_a_state_cell_fed_back_keeps_its_copy_entry_and_nothing_else_is_held():
         out = h.run(GraphSlot.PRIMARY, toy_feeds([step], step, out["state_out"]))
     assert len(h.device.entries_made) == 3 + 3 + 2 * 3  # the cell's once, then tokens, positions
     slot = h.slots[GraphSlot.PRIMARY]
-    assert list(slot._fed) == ["state_in"]
-    kept, entry = slot._fed["state_in"]
+    assert list(slot._fed) == [("state_in", id(slot.outputs["state_out"]))]
+    (kept, entry), = slot._fed.values()
     assert kept is slot.outputs["state_out"] and entry == h.device.entries_made[3 + 2]
     slot.reset()
     assert slot._fed == {}
+
+
+def test_cells_alternating_between_the_slots_keep_their_copy_entries(monkeypatch):
+    """A speculative decode alternates PRIMARY and VERIFY, each fed the other's outputs: after
+    a cell's first sighting from either slot, neither asks the device for its copy entry or
+    builds a signature again, and the answers are the component's own. A slot that
+    drops its graph has the other forget its buffers (nothing keeps them allocated)."""
+    import weakref
+
+    from engines.native.graph_slots import Signature
+
+    built = []
+    real = Signature.of.__func__
+    monkeypatch.setattr(Signature, "of", classmethod(
+        lambda cls, component, feeds: built.append(component) or real(cls, component, feeds)))
+    h = Harness(device=BatchingDevice())
+    state = zeros_state()
+    made = []  # copy entries asked for, forward by forward
+    for step in range(8):
+        slot = (GraphSlot.PRIMARY, GraphSlot.VERIFY)[step % 2]
+        tokens = [step] if slot is GraphSlot.PRIMARY else [step, step + 1, step + 2]
+        before = len(h.device.entries_made)
+        want = toy(toy_feeds(tokens, step, state))  # before the replay overwrites the state
+        out = h.run(slot, toy_feeds(tokens, step, state))
+        made.append(len(h.device.entries_made) - before)
+        for name in ("logits", "state_out"):
+            np.testing.assert_array_equal(out[name], want[name])
+        state = out["state_out"]
+    # two captures; then tokens, positions and a cell from the eager run or a slot seen first;
+    # then tokens and positions alone
+    assert made == [0, 0, 3, 3, 3, 2, 2, 2]
+    assert len(built) == 2  # the two captures' signatures
+    verify = h.slots[GraphSlot.VERIFY]
+    primary_out = h.slots[GraphSlot.PRIMARY].outputs["state_out"]
+    assert ("state_in", id(primary_out)) in verify._fed
+    gone = weakref.ref(primary_out)
+    del primary_out, out, state
+    h.slots.reset(GraphSlot.PRIMARY)
+    assert verify._fed == {}  # it was only ever fed PRIMARY's outputs
+    assert gone() is None
+
+
+class AttributeReadingDevice(BatchingDevice):
+    """``BatchingDevice`` whose checks read what ``CupyGraphDevice``'s read of an array (its
+    size, flags, bytes and pointers) and whose copies and graphs do nothing, so a benchmark
+    of the slots times the host's part of a replay with a decode's sixty kv cells."""
+
+    def accepts(self, value):
+        return isinstance(value, np.ndarray) and value.size > 0 and value.ctypes.data != 0
+
+    def copy_entry(self, dst, src):
+        if src.flags.c_contiguous and dst.flags.c_contiguous and src.nbytes == dst.nbytes:
+            return super().copy_entry(dst, src)
+        return None
+
+    def copy_many(self, copies):
+        self.events.append("copy_many")  # the timing is the slots': nothing is copied
+
+    def launch(self, graph):
+        self.launches += 1  # nor run
+
+
+def test_benchmark_alternating_replays_with_sixty_cells(benchmark):
+    """The host's part of a PRIMARY, VERIFY, PRIMARY ... sequence, each fed the other's
+    outputs for 60 kv cells (``pytest --benchmark-enable -k alternating_replays``): after the
+    first of each, a replay asks for the copy entries of its tokens and positions alone."""
+    cells = [f"cell{i}" for i in range(60)]
+    h = Harness(device=AttributeReadingDevice())
+
+    def body(feeds):
+        out = {f"{name}_out": feeds[name] for name in cells}
+        return out | {"logits": feeds["tokens"].astype(np.float32)}
+
+    state = {name: np.zeros((1, 3, 64, 64), np.float16) for name in cells}
+
+    def forward(slot, m):
+        feeds = dict(state, tokens=np.zeros((1, m), np.int64),
+                     positions=np.zeros((1, m), np.int64))
+        phase = "decode" if slot is GraphSlot.PRIMARY else "verify"
+        out = h.slots.run("target", feeds, phase, body, lambda inputs: (body(inputs), []), m)
+        for name in cells:
+            state[name] = out[f"{name}_out"]
+
+    def pair():
+        forward(GraphSlot.PRIMARY, 1)
+        forward(GraphSlot.VERIFY, 8)
+
+    for _ in range(3):  # the captures, then each slot fed the other's outputs once
+        pair()
+    made = len(h.device.entries_made)
+    benchmark(pair)
+    rounds = h.counters(GraphSlot.PRIMARY).replays - 2
+    assert len(h.device.entries_made) - made == 2 * 2 * rounds  # tokens and positions alone
 
 
 def test_a_feed_that_is_the_static_input_is_left_out_of_the_batch():

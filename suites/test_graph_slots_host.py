@@ -273,8 +273,8 @@ def test_a_steady_replay_is_known_without_building_a_signature(monkeypatch):
     c = h.counters(GraphSlot.PRIMARY)
     assert (c.captures, c.replays) == (1, 5) and len(built) == 1  # the capture's alone
     assert h.slots.replayed  # the outputs are the slot's own buffers
-    assert set(slot._fed) == {"state_in"}
-    kept, entry = slot._fed["state_in"]
+    assert set(slot._fed) == {("state_in", id(slot.outputs["state_out"]))}
+    (kept, entry), = slot._fed.values()
     assert kept is slot.outputs["state_out"] and entry is None  # this device makes no entries
     logits = slot.outputs["logits"]  # [1, 1, 4] under the [1, 4] state's name
     swapped = h.run(GraphSlot.PRIMARY, toy_feeds([1], 6, logits))

@@ -139,12 +139,21 @@ class SlotState:
         self.outputs: dict[str, Any] = {}
         self.allocator: Any = None
         self._keep: list[Any] = []
-        # the last replay's feeds that were this slot's own output buffers (a state cell fed
-        # back), by name, with the device's copy entry for each into its static input (None
-        # where the device has none): alive while the slot is, so identity stands for shape,
-        # dtype and pointers, and a steady replay computes no copy argument again
-        self._fed: dict[str, tuple[Any, Any]] = {}
+        # feeds that were a slot's static output buffers (a state cell fed back from this
+        # slot or from the other one), by (name, id), with the device's copy entry for each
+        # into this slot's static input (None where the device has none): alive while their
+        # slot is (``forget`` drops a slot's when it drops them), so identity stands for
+        # shape, dtype and pointers, and a replay whose cells come from either slot (a
+        # speculative decode alternates them) computes no copy argument and reads no array
+        # attribute again
+        self._fed: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._own: set[int] = set()  # ids of the output buffers
+        # ids of every slot's output buffers, this one's included (``GraphSlots`` shares
+        # one set among its slots; a slot alone keeps its own)
+        self.static_outputs: set[int] = self._own
+        # called with this slot's output ids when it drops them (``GraphSlots``: the other
+        # slots forget their entries for them)
+        self.on_drop: Callable[[set[int]], None] | None = None
         # every pool this slot made, while any allocation from it lives (cells may still
         # hold the outputs of a dropped graph)
         self._allocators: weakref.WeakSet = weakref.WeakSet()
@@ -156,18 +165,17 @@ class SlotState:
     # -- the forward -------------------------------------------------------------------------
     def holds(self, component: str, feeds: Mapping[str, Any]) -> bool:
         """Whether ``feeds`` has the captured graph's signature, decided without building
-        one (a decode step asks with a feed per kv cell): the same names, each feed the
-        output buffer the last replay was fed under that name, or a device array of its
-        static input's shape and dtype (the static inputs were made from the signature's
-        feeds)."""
+        one (a decode step asks with a feed per kv cell): the same names, each feed a slot's
+        output buffer a replay of this graph was fed under that name, or a device array of
+        its static input's shape and dtype (the static inputs were made from the
+        signature's feeds)."""
         if self.status is not SlotStatus.CAPTURED or self.signature.component != component:
             return False
         inputs, fed = self.inputs, self._fed
         if len(feeds) != len(inputs):
             return False
         for name, value in feeds.items():
-            hit = fed.get(name)
-            if hit is not None and hit[0] is value:
+            if (name, id(value)) in fed:  # held, so the id is that array's
                 continue
             buffer = inputs.get(name)
             if (buffer is None or not self.device.accepts(value)
@@ -214,7 +222,8 @@ class SlotState:
             self.device.release(allocator)
             return result
         self.graph, self.inputs, self.outputs = graph, inputs, dict(outputs)
-        self._own = {id(buffer) for buffer in self.outputs.values()}
+        self._own.update(id(buffer) for buffer in self.outputs.values())  # empty till now
+        self.static_outputs.update(self._own)
         self.allocator, self._keep = allocator, list(keep)
         self.status = SlotStatus.CAPTURED
         self.failure = None
@@ -224,28 +233,27 @@ class SlotState:
     def replay(self, feeds: Mapping[str, Any]) -> Outputs:
         """Copy ``feeds`` into the static inputs and launch the graph (the signature is the
         caller's to check: ``run`` or ``holds``)."""
-        own, kept = self._own, self._fed
+        static, kept = self.static_outputs, self._fed
         entry_of = getattr(self.device, "copy_entry", None)
-        fed: dict[str, tuple[Any, Any]] = {}
         copies = []
         for name, buffer in self.inputs.items():
             source = feeds[name]
             if source is buffer:
                 continue  # a feed that is the static buffer is already in place
-            hit = kept.get(name)
-            if hit is not None and hit[0] is source:
+            key = (name, id(source))
+            hit = kept.get(key)
+            if hit is not None:
                 entry = hit[1]
             else:
                 entry = entry_of(buffer, source) if entry_of is not None else None
-            if id(source) in own:  # a state cell fed back: alive while the slot is
-                fed[name] = (source, entry)
+                if key[1] in static:  # a state cell fed back: alive while its slot is
+                    kept[key] = (source, entry)
             copies.append((buffer, source, entry))
         if entry_of is not None:  # one launch for all of them (a decode feeds every kv cell)
             self.device.copy_many(copies)
         else:
             for buffer, source, _ in copies:
                 self.device.copy(buffer, source)
-        self._fed = fed
         if self.poison_outputs:
             seen: set[int] = set()
             for buffer in self.outputs.values():
@@ -255,6 +263,11 @@ class SlotState:
         self.device.launch(self.graph)
         self.counters.replays += 1
         return dict(self.outputs)
+
+    def forget(self, ids: set[int]) -> None:
+        """Drop the copy entries kept for the buffers ``ids`` (another slot's outputs that
+        slot has just dropped), so nothing here keeps them allocated."""
+        self._fed = {key: hit for key, hit in self._fed.items() if key[1] not in ids}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def reset(self) -> None:
@@ -273,7 +286,12 @@ class SlotState:
             self.device.synchronize()  # no queued replay may still read these buffers
         self.graph = None
         self.inputs, self.outputs, self._keep = {}, {}, []
-        self._fed, self._own = {}, set()
+        dropped = set(self._own)
+        self.static_outputs.difference_update(dropped)
+        self._own.clear()
+        self._fed = {}
+        if dropped and self.on_drop is not None:
+            self.on_drop(dropped)
         allocator, self.allocator = self.allocator, None
         if allocator is not None:
             self.device.release(allocator)
@@ -310,10 +328,21 @@ class GraphSlots:
                                        lambda name=slot.value: ledger().slot(name),
                                        poison_outputs=poison_outputs)
                        for slot in GraphSlot}
+        # a state cell may come from either slot (a speculative decode alternates them):
+        # each slot knows every slot's output buffers, and forgets another's when it drops
+        shared: set[int] = set()
+        for state in self.states.values():
+            state.static_outputs = shared
+            state.on_drop = lambda ids, me=state: self._dropped(me, ids)
         self.prefill = prefill
         # whether the last forward was a replay: its outputs are then a slot's own buffers,
         # the same objects every replay until the slot captures again or is reset
         self.replayed = False
+
+    def _dropped(self, slot: SlotState, ids: set[int]) -> None:
+        for state in self.states.values():
+            if state is not slot:
+                state.forget(ids)
 
     def __getitem__(self, slot: GraphSlot | str) -> SlotState:
         return self.states[slot if isinstance(slot, GraphSlot) else GraphSlot(slot)]
