@@ -82,7 +82,93 @@ VARIANTS["vec1regs"] = [("gemv.cu", "    __shared__ float part[LK_GEMV_WARPS];\n
                          "    __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];\n"),
                         ("gemv.cu", "lk_gemv_vec_block<T, 1, true>(",
                          "lk_gemv_vec_block<T, LK_GEMV_ROWS, true>(")]
-VARIANTS["before37"] = VARIANTS["nokvprefetch"] + VARIANTS["vec1regs"]
+# rotary_kv_attention's key row and value runs loaded a batch of LK_RKA_RUNS at a time, and
+# the row a slot was written by found by a subtraction over a run of positions (this
+# session's, issue 37), undone: a load each, waited for before the next, and a search
+_K_BATCH = """\
+            // the key row in batches of LK_RKA_RUNS 16-byte runs, each batch's loads issued
+            // before its first product: the same products in the same order
+            const TO* kr = kh_old + j * D;
+            for (long long c0 = 0; c0 < D; c0 += LK_RKA_RUNS * V) {
+                lk_vec16 kv[LK_RKA_RUNS];
+#pragma unroll
+                for (int b = 0; b < LK_RKA_RUNS; ++b) {
+                    if (c0 + b * V < D) kv[b] = *reinterpret_cast<const lk_vec16*>(kr + c0 + b * V);
+                }
+#pragma unroll
+                for (int b = 0; b < LK_RKA_RUNS; ++b) {
+                    if (c0 + b * V < D) {
+                        float kf[V];
+                        lk_unpack16_words(kv[b], kf, TO());
+#pragma unroll
+                        for (int e = 0; e < V; ++e)
+                            acc = __fmaf_rn(qs[c0 + b * V + e], kf[e], acc);
+                    }
+                }
+            }
+"""
+_K_EACH = """\
+            const TO* kr = kh_old + j * D;
+#pragma unroll 4
+            for (long long c = 0; c < D; c += V) {
+""" + _K_WORDS + """
+            }
+"""
+_V_BATCH = """\
+        // keys j = g, g + groups, ... in batches of LK_RKA_RUNS: a batch's value runs are
+        // loaded (a written slot's too, unused) before the first is added, then added in
+        // order, so a thread waits on memory once a batch, not once a key
+        for (long long j0 = g; j0 < L; j0 += LK_RKA_RUNS * (long long)groups) {
+            lk_vec16 vv[LK_RKA_RUNS];
+#pragma unroll
+            for (int b = 0; b < LK_RKA_RUNS; ++b) {
+                const long long j = j0 + b * (long long)groups;
+                if (j < L) vv[b] = *reinterpret_cast<const lk_vec16*>(vh_old + j * D + c * V);
+            }
+#pragma unroll
+            for (int b = 0; b < LK_RKA_RUNS; ++b) {
+                const long long j = j0 + b * (long long)groups;
+                if (j < L) {
+                    const long long hit = lk_written_row(spos, M, first, run, j);
+                    const float pj = s[j];
+                    if (hit >= 0) {
+#pragma unroll
+                        for (int e = 0; e < V; ++e)
+                            o[e] = o[e] + pj * vnew[hit * D + c * V + e];
+                    } else {
+                        float vf[V];
+                        lk_unpack16_words(vv[b], vf, TO());
+#pragma unroll
+                        for (int e = 0; e < V; ++e) o[e] = o[e] + pj * vf[e];
+                    }
+                }
+            }
+        }
+"""
+_V_EACH = """\
+#pragma unroll 2
+        for (long long j = g; j < L; j += groups) {
+            long long hit = -1;
+            for (long long r = 0; r < M; ++r) if (spos[r] == j) hit = r;
+            const float pj = s[j];
+            if (hit >= 0) {
+#pragma unroll
+                for (int e = 0; e < V; ++e) o[e] = o[e] + pj * vnew[hit * D + c * V + e];
+            } else {
+""" + _V_WORDS + """
+            }
+        }
+"""
+_HIT_RUN = "        const long long hit = lk_written_row(spos, M, first, run, j);\n        float acc"
+_HIT_SEARCH = ("        long long hit = -1;\n"
+               "        for (long long r = 0; r < M; ++r) if (spos[r] == j) hit = r;\n"
+               "        float acc")
+VARIANTS["loadeach"] = [("attention.cu", _K_BATCH, _K_EACH), ("attention.cu", _V_BATCH, _V_EACH),
+                        ("attention.cu", _HIT_RUN, _HIT_SEARCH)]
+# run 17's undoings find their text once this session's loads are undone
+VARIANTS["pointer"] = VARIANTS["loadeach"] + VARIANTS["pointer"]
+VARIANTS["before"] = VARIANTS["loadeach"] + VARIANTS["before"]
+VARIANTS["before37"] = VARIANTS["nokvprefetch"] + VARIANTS["vec1regs"] + VARIANTS["loadeach"]
 
 
 def apply(name: str, assign=setattr) -> None:

@@ -147,11 +147,13 @@ def test_row_i_is_the_one_row_launch(fused, dense, dtype, which, rows):
             assert _rows(a, rows)[i].tobytes() == to_host(b).tobytes(), (which, i)
 
 
-def _attention_case(dtype: str, rows: int, start: int, seed: int = 3):
+def _attention_case(dtype: str, rows: int, start: int, seed: int = 3, slots: int = 32,
+                    positions=None):
     """SmolLM2's heads scaled down: 6 query heads over 2 KV heads of 64 channels, a static
-    cache of 32 slots whose first ``start`` hold earlier positions."""
+    cache of ``slots`` slots whose first ``start`` hold earlier positions; the rows at
+    ``start``, ``start + 1``, ... unless ``positions`` names them."""
     rng = np.random.default_rng(seed)
-    hq, hk, d, slots = 6, 2, 64, 32
+    hq, hk, d = 6, 2, 64
     xq = _rand(rng, (1, hq, rows, d), dtype)
     xk = _rand(rng, (1, hk, rows, d), dtype)
     new_v = _rand(rng, (1, hk, rows, d), dtype)
@@ -160,7 +162,8 @@ def _attention_case(dtype: str, rows: int, start: int, seed: int = 3):
     sin = to_device(np.sin(angles).astype(np.float32)[None, None])
     old_k = _rand(rng, (1, hk, slots, d), dtype)
     old_v = _rand(rng, (1, hk, slots, d), dtype)
-    positions = to_device(np.arange(start, start + rows, dtype=np.int64)[None])
+    at = np.arange(start, start + rows) if positions is None else np.asarray(positions)
+    positions = to_device(at.astype(np.int64)[None])
     return xq, xk, cos, sin, old_k, old_v, new_v, positions
 
 
@@ -171,9 +174,18 @@ def _rotary_kv_attention(fused, case, dtype):
                                      0.125, np.dtype(np.float32), stream=None)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_rotary_kv_attention_is_the_two_launches(fused, dtype):
-    case = _attention_case(dtype, 4, 9)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,start,slots,positions", [
+    (4, 9, 32, None),
+    # keys past one batch of value runs a thread (8 x 32 groups of float16, 16 of float32)
+    # and past one key a thread for the scores: 300 slots read, the last rows written
+    (2, 298, 320, None),
+    # positions that are not a run: the row that wrote a slot is searched for (the last of
+    # two rows at one position wins, a row past the cache writes nothing)
+    (4, 0, 64, [40, 7, 40, 70]),
+], ids=["short", "long", "scattered"])
+def test_rotary_kv_attention_is_the_two_launches(fused, dtype, rows, start, slots, positions):
+    case = _attention_case(dtype, rows, start, slots=slots, positions=positions)
     xq, xk, cos, sin, old_k, old_v, new_v, positions = case
     got = _rotary_kv_attention(fused, case, dtype)
     assert got is not None

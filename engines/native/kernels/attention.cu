@@ -297,6 +297,28 @@ __global__ void attention_rows(
     }
 }
 
+// 16-byte runs rotary_kv_attention loads before it uses the first of them: a key row's
+// (128 bytes of float16 or bfloat16 in one batch), or a value run of that many keys
+#define LK_RKA_RUNS 8
+
+// Whether the forward's positions are a run (pos[r] = pos[0] + r, a decode's or a
+// verification's), so the row that wrote slot j is found by a subtraction.
+__device__ __forceinline__ bool lk_positions_run(const long long* spos, long long M) {
+    bool run = true;
+    for (long long r = 1; r < M; ++r) run = run && spos[r] == spos[0] + r;
+    return run;
+}
+
+// The row of this forward whose position is j (the last such row), or -1: over a run of
+// positions a subtraction, else a search of them all.
+__device__ __forceinline__ long long lk_written_row(const long long* spos, long long M,
+                                                   long long first, bool run, long long j) {
+    if (run) return j >= first && j - first < M ? j - first : -1;
+    long long hit = -1;
+    for (long long r = 0; r < M; ++r) if (spos[r] == j) hit = r;
+    return hit;
+}
+
 // Ask L2 for the old cache's first rows (up to one a thread) of the KV head block `blk` of
 // rotary_kv_attention reads, keys and values, before the kernel waits for the one ahead:
 // earlier steps wrote them, so they are in memory while the weights streamed since have
@@ -330,7 +352,8 @@ __device__ __forceinline__ void lk_kv_prefetch(const TO* __restrict__ old_k,
 // rotated, rounded to TO, + 0; values + 0), and a key slot written by this forward is read
 // from there, any other from the old cache: the values attention would read from the new
 // cache. Then attention's own arithmetic (the attention kernel's KVEC path: scores in
-// shared memory, softmax in TC, the value sum in 16-byte runs, groups added in order). The
+// shared memory, softmax in TC, the value sum in 16-byte runs, groups added in order), its
+// loads issued LK_RKA_RUNS at a time before their values are used, in the same order. The
 // remaining blocks write the two caches (lk_rotary_kv_store). Nothing reads what this launch
 // writes, so every element is the bits of rotary_kv then attention.
 template <typename TX, typename TC, typename TO>
@@ -394,23 +417,36 @@ __global__ void rotary_kv_attention(
     __syncthreads();
     const long long p = spos[m];
     const long long L = p < 0 ? 0 : (p + 1 < C ? p + 1 : C);
+    const long long first = spos[0];
+    const bool run = lk_positions_run(spos, M);  // pos[r] = pos[0] + r: a hit is j - pos[0]
     const TO* kh_old = old_k + kvh * C * D;
     const TO* vh_old = old_v + kvh * C * D;
     float mx = __int_as_float(0xff800000);  // -inf
     for (long long j = tid; j < L; j += blockDim.x) {
-        long long hit = -1;
-        for (long long r = 0; r < M; ++r) if (spos[r] == j) hit = r;
+        const long long hit = lk_written_row(spos, M, first, run, j);
         float acc = 0.0f;
         if (hit >= 0) {
             for (long long d = 0; d < D; ++d) acc = __fmaf_rn(qs[d], knew[hit * D + d], acc);
         } else {
+            // the key row in batches of LK_RKA_RUNS 16-byte runs, each batch's loads issued
+            // before its first product: the same products in the same order
             const TO* kr = kh_old + j * D;
-#pragma unroll 4
-            for (long long c = 0; c < D; c += V) {
-                float kf[V];
-                lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(kr + c), kf, TO());
+            for (long long c0 = 0; c0 < D; c0 += LK_RKA_RUNS * V) {
+                lk_vec16 kv[LK_RKA_RUNS];
 #pragma unroll
-                for (int e = 0; e < V; ++e) acc = __fmaf_rn(qs[c + e], kf[e], acc);
+                for (int b = 0; b < LK_RKA_RUNS; ++b) {
+                    if (c0 + b * V < D) kv[b] = *reinterpret_cast<const lk_vec16*>(kr + c0 + b * V);
+                }
+#pragma unroll
+                for (int b = 0; b < LK_RKA_RUNS; ++b) {
+                    if (c0 + b * V < D) {
+                        float kf[V];
+                        lk_unpack16_words(kv[b], kf, TO());
+#pragma unroll
+                        for (int e = 0; e < V; ++e)
+                            acc = __fmaf_rn(qs[c0 + b * V + e], kf[e], acc);
+                    }
+                }
             }
         }
         float score = lk_round(O, acc);
@@ -428,20 +464,33 @@ __global__ void rotary_kv_attention(
         float o[V];
 #pragma unroll
         for (int e = 0; e < V; ++e) o[e] = 0.0f;
-#pragma unroll 2
-        for (long long j = g; j < L; j += groups) {
-            long long hit = -1;
-            for (long long r = 0; r < M; ++r) if (spos[r] == j) hit = r;
-            const float pj = s[j];
-            if (hit >= 0) {
+        // keys j = g, g + groups, ... in batches of LK_RKA_RUNS: a batch's value runs are
+        // loaded (a written slot's too, unused) before the first is added, then added in
+        // order, so a thread waits on memory once a batch, not once a key
+        for (long long j0 = g; j0 < L; j0 += LK_RKA_RUNS * (long long)groups) {
+            lk_vec16 vv[LK_RKA_RUNS];
 #pragma unroll
-                for (int e = 0; e < V; ++e) o[e] = o[e] + pj * vnew[hit * D + c * V + e];
-            } else {
-                float vf[V];
-                lk_unpack16_words(*reinterpret_cast<const lk_vec16*>(vh_old + j * D + c * V),
-                                  vf, TO());
+            for (int b = 0; b < LK_RKA_RUNS; ++b) {
+                const long long j = j0 + b * (long long)groups;
+                if (j < L) vv[b] = *reinterpret_cast<const lk_vec16*>(vh_old + j * D + c * V);
+            }
 #pragma unroll
-                for (int e = 0; e < V; ++e) o[e] = o[e] + pj * vf[e];
+            for (int b = 0; b < LK_RKA_RUNS; ++b) {
+                const long long j = j0 + b * (long long)groups;
+                if (j < L) {
+                    const long long hit = lk_written_row(spos, M, first, run, j);
+                    const float pj = s[j];
+                    if (hit >= 0) {
+#pragma unroll
+                        for (int e = 0; e < V; ++e)
+                            o[e] = o[e] + pj * vnew[hit * D + c * V + e];
+                    } else {
+                        float vf[V];
+                        lk_unpack16_words(vv[b], vf, TO());
+#pragma unroll
+                        for (int e = 0; e < V; ++e) o[e] = o[e] + pj * vf[e];
+                    }
+                }
             }
         }
 #pragma unroll
