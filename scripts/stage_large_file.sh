@@ -18,8 +18,8 @@
 # (gpu_run.sh installs every .whl/*.whl; if .whl/ is carried in that last call, join after it.)
 #
 # Environment (tests): STAGE_OUT (default <repo>/.stage), STAGE_DIR (default /tmp/stage),
-# STAGE_PART_BYTES (default 40000000: a part plus the repository's own files, about 15 MB,
-# must stay under a call's 64 MiB; 52000000 parts no longer fit).
+# STAGE_PART_BYTES (default 40000000: a part plus the tree, about 8 MB, and .whl/, 2.7 MB,
+# must stay under a call's 64 MiB; SmolLM2's 98 MB GGUF goes in two with 49181216).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT_DIR=${STAGE_OUT:-$REPO/.stage}
