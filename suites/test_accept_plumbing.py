@@ -17,7 +17,7 @@ from engines.dtypes import dtype_of
 from engines.ledger import Ledger
 from engines.native.emulation.cpu_module import CpuModule
 from engines.tensor_ops.base import TensorOps
-from engines.tensor_ops.cuda import ARGMAX_MODULES, CudaTensorOps
+from engines.tensor_ops.cuda import _BITS_AS, ARGMAX_MODULES, CudaTensorOps
 from engines.tensor_ops.host import HostTensorOps
 from suites.support import accept_case
 
@@ -42,7 +42,7 @@ def _model_of_accept_rows(grid, block, args):
     """What the kernel computes: block b takes the argmax of row b (with a head, row 0 is the
     head and row b > 0 is x's row b - 1); the accepted prefix against ``drafts``, and the
     argmax of the first row past it."""
-    x, row_stride, cols, head, drafts, width, best, done, out = args
+    x, row_stride, cols, head, drafts, width, best, done, out, _vec = args
     flat, cols, width = x.reshape(-1), int(cols), int(width)
     has_head = not (isinstance(head, np.integer) and int(head) == 0)
     for b in range(grid[0]):
@@ -127,3 +127,54 @@ def test_the_model_catches_drafts_read_from_the_wrong_place(monkeypatch):
 
     monkeypatch.setattr(CudaTensorOps, "_accept", one_late)
     assert ops.accept_drafts(rows[1:], drafts, fed=np.array([drafts]), head=rows[:1]) != (3, 3)
+
+
+def _emulated_argmax_rows(dtype: str):
+    module = ARGMAX_MODULES[dtype]
+    return CpuModule(module, [module.instances[0]]).functions()[module.instances[0]]
+
+
+def _numpy_argmax(row: np.ndarray) -> int:
+    """The lowest index of the row's largest value, NaN skipped; -1 for an all-NaN row."""
+    values = row.astype(np.float64)
+    return -1 if np.isnan(values).all() else int(np.nanargmax(values))
+
+
+@pytest.mark.claim("token_identity")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("vec", [1, 0], ids=["runs", "columns"])
+def test_the_row_argmax_reads_runs_or_columns_and_finds_the_same_id(dtype, vec):
+    """``lockstep_argmax_rows`` on the CPU emulator, in 16-byte runs (``vec``: the rows start
+    on 16 bytes) and one column at a time: widths on both sides of a run, of a thread's batch
+    of runs and of the block's, ties (the lowest index wins), NaNs (skipped), an all-NaN row
+    (-1), each against numpy."""
+    kernel = _emulated_argmax_rows(dtype)
+    rng = np.random.default_rng(7)
+    np_type = dtype_of(dtype)
+    for cols in (1, 7, 8, 9, 64, 1027, 8 * 1024 * 8 + 13):
+        rows = rng.integers(-50, 50, size=(3, cols)).astype(np_type)  # many ties
+        rows[1, rng.integers(0, cols, size=max(1, cols // 5))] = np.nan
+        rows[2, :] = np.nan
+        if cols > 9:  # the largest more than once: the first is the answer, whether a
+            # thread meets the others in its run (6), its columns (5 + 1024) or another's
+            rows[0, [5, 6, cols - 1] + ([5 + 1024] if cols > 1029 else [])] = 60
+        stride = cols + (-cols) % 8  # rows that start on 16 bytes
+        padded = np.zeros((3, stride), np_type)
+        padded[:, :cols] = rows
+        x = padded.view(_BITS_AS.get(dtype, np_type))
+        assert x.__array_interface__["data"][0] % 16 == 0
+        out = np.full((3,), -7, np.int32)
+        feed = np.zeros((3,), np.int64)
+        kernel((3,), (1024,), (x, np.int64(stride), np.int32(cols), out, feed, np.int32(vec)))
+        want = [_numpy_argmax(r) for r in rows]
+        assert out.tolist() == want and feed.tolist() == want, (cols, vec)
+
+
+def test_a_row_that_does_not_start_on_16_bytes_is_read_column_by_column():
+    """What the launcher passes as ``vec``: a row view one element in, or rows whose stride
+    is not a whole number of runs, are read a column at a time."""
+    rows = np.zeros((2, 40), np.float16)
+    assert CudaTensorOps._runs_fit(rows, np.int64(40))
+    assert not CudaTensorOps._runs_fit(rows[:, 1:], np.int64(40))
+    assert not CudaTensorOps._runs_fit(np.zeros((2, 41), np.float16), np.int64(41))
+    assert CudaTensorOps._runs_fit(np.zeros((1, 41), np.float16), np.int64(0))

@@ -6,8 +6,9 @@ Only the memory-touching primitives are here; the rules are in ``base.py``. Choi
   uint16, so it is exact and does not depend on CuPy having bfloat16 kernels. CuPy must
   still be able to *hold* a bfloat16 array; if it cannot, adopt/zeros raise
   ``EngineUnavailable`` saying so (CuPy 14 can).
-- ``argmax_rows`` is one hand-written kernel (one 1024-thread block per row, NaN skipped, ties
-  to the lowest index) writing int32 ids; they come back in ONE synchronous copy of exactly
+- ``argmax_rows`` is one hand-written kernel (one 1024-thread block per row, read in 16-byte
+  runs where the rows start on 16 bytes, NaN skipped, ties to the lowest index) writing int32
+  ids; they come back in ONE synchronous copy of exactly
   ``4 * rows`` bytes on the engine's stream, inside ``sanctioned_readback("token_id")`` and
   recorded ``ledger.record_readback("token_id", 4 * rows)``. An all-NaN row yields -1, which
   the base turns into an ``InputError`` after the (already counted) readback.
@@ -171,6 +172,15 @@ class CudaTensorOps(TensorOps):
         module = ARGMAX_MODULES[dtype_name(logits2d.dtype)]
         return module.load(self.device_id)[module.instances[instance]]
 
+    @staticmethod
+    def _runs_fit(x: Any, row_stride: np.int64) -> bool:
+        """Whether every row the argmax kernels read of ``x`` starts on 16 bytes, so they
+        read it in 16-byte runs (``lk_block_argmax``'s ``vec``)."""
+        data = x.data  # a CuPy array's memory pointer; a host array stands in for one in tests
+        address = data.ptr if hasattr(data, "ptr") else x.__array_interface__["data"][0]
+        rows = int(x.shape[0])
+        return address % 16 == 0 and (rows <= 1 or int(row_stride) * x.itemsize % 16 == 0)
+
     def _kernel_rows(self, logits2d: Any, rows: int) -> tuple[Any, np.int64, np.int32]:
         """The first ``rows`` rows as the argmax kernels read them (on the stream): their bits,
         the row stride in elements (a contiguous copy where the layout does not allow one)
@@ -191,7 +201,8 @@ class CudaTensorOps(TensorOps):
             x, row_stride, cols = self._kernel_rows(logits2d, rows)
             out = self.cp.empty((rows,), dtype=self.cp.int32)
             fn((rows,), (ARGMAX_BLOCK,), (x, row_stride, cols, out,
-                                          np.uint64(0) if feed is None else feed))
+                                          np.uint64(0) if feed is None else feed,
+                                          np.int32(self._runs_fit(x, row_stride))))
         return out
 
     def _accept(self, logits2d: Any, drafts: np.ndarray, fed: Any = None,
@@ -208,6 +219,8 @@ class CudaTensorOps(TensorOps):
         with self.on_stream():
             first = np.uint64(0) if head is None else self._kernel_rows(head, 1)[0]
             x, row_stride, cols = self._kernel_rows(logits2d if own else head, max(own, 1))
+            vec = self._runs_fit(x, row_stride) and (head is None
+                                                     or self._runs_fit(first, np.int64(0)))
             if fed is not None:  # the pending token first, unless a head row stands for it
                 dev_drafts = fed.reshape(-1)[own - width:]
             elif width:
@@ -216,7 +229,7 @@ class CudaTensorOps(TensorOps):
                 dev_drafts = scratch["no_drafts"]
             fn((rows,), (ARGMAX_BLOCK,), (x, row_stride, cols, first, dev_drafts,
                                           np.int32(width), scratch["best"], scratch["done"],
-                                          scratch["out"]))
+                                          scratch["out"], np.int32(vec)))
             with sanctioned_readback("accept_count", "token_id"):
                 scratch["out"].get(stream=self.stream, out=scratch["host"], blocking=False)
             scratch["event"].record(self.stream)

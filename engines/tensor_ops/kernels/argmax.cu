@@ -39,21 +39,54 @@ LK_ARGMAX_TAG(lk_argmax_int64, long long, long long, p[j])
 LK_ARGMAX_TAG(lk_argmax_bool, unsigned char, int, (int)p[j])
 #undef LK_ARGMAX_TAG
 
+struct alignas(16) lk_argmax_run { unsigned int words[4]; };  // one 16-byte load
+
 // One block of B = LK_ARGMAX_BLOCK threads per row. Thread t scans columns j = t, t + B, ...
 // ascending, LK_ARGMAX_UNROLL at a time (every load of a group issued before its compares, so
 // a row of a vocabulary's width is read in a few round trips, not one per column), keeping
-// the first maximum it sees; a tree then keeps (larger value, else lower index). NaN (v != v) is
-// skipped; a row with no non-NaN value yields -1. Every scan order and tree gives the same
-// answer: the lowest index of the row's largest value, which every thread returns.
+// the first maximum it sees; a tree then keeps (larger value, else lower index). With `vec`
+// (the row starts on 16 bytes) thread t scans 16-byte runs r = t, t + B, ... instead, each
+// run's columns ascending, LK_ARGMAX_UNROLL runs loaded at once (SmolLM2's 49152 float16
+// logits: 6 runs a thread, one round trip), then the columns past the last whole run one
+// at a time. NaN (v != v) is skipped; a row with no non-NaN value yields -1. Every scan order
+// and tree gives the same answer: the lowest index of the row's largest value, which every
+// thread returns.
+template <typename D>
+__device__ __forceinline__ void lk_argmax_keep(typename D::key v, long long j,
+                                               typename D::key& bv, int& bi) {
+    if (!(v != v) && (bi < 0 || v > bv)) { bv = v; bi = (int)j; }
+}
+
 template <typename D>
 __device__ __forceinline__ int lk_block_argmax(const typename D::value* __restrict__ p,
-                                               int cols) {
+                                               int cols, int vec) {
     typedef typename D::key lk_key;
+    typedef typename D::value lk_value;
+    constexpr int V = 16 / sizeof(lk_value);
     __shared__ lk_key best_v[LK_ARGMAX_BLOCK];
     __shared__ int best_i[LK_ARGMAX_BLOCK];
     lk_key bv = (lk_key)0;
     int bi = -1;
-    for (long long base = threadIdx.x; base < cols;
+    const long long runs = vec ? cols / V : 0;  // whole 16-byte runs, read as such
+    for (long long base = threadIdx.x; base < runs;
+         base += (long long)LK_ARGMAX_BLOCK * LK_ARGMAX_UNROLL) {
+        lk_argmax_run w[LK_ARGMAX_UNROLL];
+#pragma unroll
+        for (int u = 0; u < LK_ARGMAX_UNROLL; ++u) {
+            const long long r = base + (long long)u * LK_ARGMAX_BLOCK;
+            if (r < runs) w[u] = reinterpret_cast<const lk_argmax_run*>(p)[r];
+        }
+#pragma unroll
+        for (int u = 0; u < LK_ARGMAX_UNROLL; ++u) {
+            const long long r = base + (long long)u * LK_ARGMAX_BLOCK;
+            if (r < runs) {
+                const lk_value* q = reinterpret_cast<const lk_value*>(&w[u]);
+#pragma unroll
+                for (int e = 0; e < V; ++e) lk_argmax_keep<D>(D::load(q, e), r * V + e, bv, bi);
+            }
+        }
+    }
+    for (long long base = runs * V + threadIdx.x; base < cols;
          base += (long long)LK_ARGMAX_BLOCK * LK_ARGMAX_UNROLL) {
         lk_key v[LK_ARGMAX_UNROLL];
 #pragma unroll
@@ -64,7 +97,7 @@ __device__ __forceinline__ int lk_block_argmax(const typename D::value* __restri
 #pragma unroll
         for (int u = 0; u < LK_ARGMAX_UNROLL; ++u) {
             const long long j = base + (long long)u * LK_ARGMAX_BLOCK;
-            if (j < cols && !(v[u] != v[u]) && (bi < 0 || v[u] > bv)) { bv = v[u]; bi = (int)j; }
+            if (j < cols) lk_argmax_keep<D>(v[u], j, bv, bi);
         }
     }
     best_v[threadIdx.x] = bv;
@@ -91,8 +124,8 @@ __device__ __forceinline__ int lk_block_argmax(const typename D::value* __restri
 template <typename D>
 __global__ void lockstep_argmax_rows(const typename D::value* __restrict__ x,
                                      long long row_stride, int cols, int* __restrict__ out,
-                                     long long* __restrict__ out64) {
-    const int best = lk_block_argmax<D>(x + (long long)blockIdx.x * row_stride, cols);
+                                     long long* __restrict__ out64, int vec) {
+    const int best = lk_block_argmax<D>(x + (long long)blockIdx.x * row_stride, cols, vec);
     if (threadIdx.x == 0) {
         out[blockIdx.x] = best;
         if (out64) out64[blockIdx.x] = best;
@@ -104,16 +137,17 @@ __global__ void lockstep_argmax_rows(const typename D::value* __restrict__ x,
 // prefix where they equal the drafts (out[0], the accepted n), writes the argmax of row n (the
 // bonus token, -1 for an all-NaN row) to out[1], and puts *done back to 0 for the next launch.
 // With head (a shifted round) row 0 is that row and row r > 0 is x's row r - 1; else row r
-// is x's row r.
+// is x's row r. vec: every row (the head's too) starts on 16 bytes.
 template <typename D>
 __global__ void lockstep_accept_rows(const typename D::value* __restrict__ x,
                                      long long row_stride, int cols,
                                      const typename D::value* __restrict__ head,
                                      const long long* __restrict__ drafts, int width,
-                                     int* best, unsigned int* done, int* __restrict__ out) {
+                                     int* best, unsigned int* done, int* __restrict__ out,
+                                     int vec) {
     __shared__ bool last;
     const long long r = head ? (long long)blockIdx.x - 1 : (long long)blockIdx.x;
-    const int mine = lk_block_argmax<D>(r < 0 ? head : x + r * row_stride, cols);
+    const int mine = lk_block_argmax<D>(r < 0 ? head : x + r * row_stride, cols, vec);
     if (threadIdx.x == 0) {
         best[blockIdx.x] = mine;
         __threadfence();
