@@ -445,3 +445,24 @@ def test_the_shims_conversions_are_numpys(tmp_path):
         numbers = ~np.isnan(want)
         assert np.array_equal(got[numbers].view(np.uint32), want[numbers].view(np.uint32))
         assert np.isnan(got[~numbers]).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", ["int64", "int32"])
+def test_gather_is_onnx_gather_in_one_launch(fused, dtype, index_dtype):
+    """``gather_wrap`` against numpy's take with ONNX's rule (an index below zero counts from
+    the end), bit for bit: an embedding row by token ids, rotary rows by positions, a middle
+    axis, a 0-d index; an index outside [-extent, extent) wraps instead of reading past the
+    table."""
+    rng = np.random.default_rng(12)
+    table = _rand(rng, (2, 7, 5), dtype)
+    host = to_host(table)
+    cases = [(0, np.array([[1, 0, -1]])), (1, np.array([[6, -7, 3], [0, 2, -2]])),
+             (2, np.array(4)), (2, np.array([-5, 1]))]
+    for axis, idx in cases:
+        idx = idx.astype(index_dtype)
+        got = fused.gather(table, to_device(idx), axis, stream=None)
+        want = np.take(host, np.where(idx < 0, idx + host.shape[axis], idx), axis=axis)
+        assert to_host(got).shape == want.shape and to_host(got).tobytes() == want.tobytes()
+    wrapped = fused.gather(table, to_device(np.array([9, -10], index_dtype)), 1, stream=None)
+    assert to_host(wrapped).tobytes() == np.take(host, [2, 4], axis=1).tobytes()

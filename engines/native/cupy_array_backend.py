@@ -275,6 +275,12 @@ class CupyArrayBackend:
             fused = self._fused = get_fused_kernels(self.device_id, self.programs)
         return fused
 
+    def loaded_fused_kernels(self):
+        """The fused kernels if a plan has compiled them (``fused_kernels``), else None: a
+        node outside the fused domain (Gather) uses them only then, so it never loads a
+        module mid-forward."""
+        return getattr(self, "_fused", None)
+
     # -- introspection -----------------------------------------------------------------------
     @property
     def transposed_weights(self) -> int:

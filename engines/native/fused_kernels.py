@@ -1,6 +1,7 @@
 """The CUDA kernels of the ``lockstep.fused`` nodes (``ops/fused.py``), one launch per node:
 the norm, prologue-GEMV, SwiGLU, rotary, cache-write and attention families
-(``engines/native/launch``), one object a device.
+(``engines/native/launch``), one object a device; and Gather's (an ONNX node every
+forward runs three times: the embedding and the rotary tables).
 
 Written against the executor's prelude (storage types with ``lk_load``/``lk_store``), so a
 storage type added there is one more instance here. ``lk_round(T, v)`` rounds a float
@@ -16,6 +17,7 @@ the current allocator on the stream the node passes, no host synchronisation).
 from __future__ import annotations
 
 from engines.native.launch.attention import AttentionKernels
+from engines.native.launch.gather import GatherKernels
 from engines.native.launch.kv_write import KvWriteKernels
 from engines.native.launch.norm import NormKernels
 from engines.native.launch.prologue_gemv import PrologueGemvKernels
@@ -25,7 +27,7 @@ from engines.native.program_module import program_family
 
 
 class FusedKernels(NormKernels, PrologueGemvKernels, SwigluKernels, RotaryKernels,
-                   KvWriteKernels, AttentionKernels):
+                   KvWriteKernels, AttentionKernels, GatherKernels):
     """The fused nodes' modules of one device, and their launchers."""
 
 

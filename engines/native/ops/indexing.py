@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from engines.native.cupy_array_backend import CupyArrayBackend
+
 from .base import Kernel, host_ints, norm_axis
 
 
 class Gather(Kernel):
-    """Negative indices count from the end; indices may be device or host values."""
+    """Negative indices count from the end; indices may be device or host values. On a
+    device whose plan compiled the fused kernels, device data and indices take one launch
+    (``launch/gather.py``) where the array path makes four."""
 
     def setup(self) -> None:
         self.axis = self.attr("axis", 0)
@@ -15,6 +19,12 @@ class Gather(Kernel):
     def __call__(self, be, data, indices):
         xp = be.xp
         axis = norm_axis(self.axis, data.ndim, self)
+        kernels = be.loaded_fused_kernels() if isinstance(be, CupyArrayBackend) else None
+        if kernels is not None and isinstance(data, xp.ndarray) \
+                and isinstance(indices, xp.ndarray):
+            got = kernels.gather(data, indices, axis, stream=be.stream)
+            if got is not None:
+                return (got,)
         extent = data.shape[axis]
         idx = xp.where(indices < 0, indices + extent, indices)
         return (xp.take(data, idx, axis=axis),)
