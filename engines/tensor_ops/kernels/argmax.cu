@@ -121,10 +121,12 @@ __device__ __forceinline__ int lk_block_argmax(const typename D::value* __restri
 
 // Each row's argmax into out (and, when given, out64: the same ids as int64, a next forward's
 // tokens feed, with no cast launched after this kernel).
+// __launch_bounds__: a 1024-thread block leaves 64 registers a thread; the compiler keeps the
+// kernels within them (16-byte runs in flight take registers) rather than fail the launch.
 template <typename D>
-__global__ void lockstep_argmax_rows(const typename D::value* __restrict__ x,
-                                     long long row_stride, int cols, int* __restrict__ out,
-                                     long long* __restrict__ out64, int vec) {
+__global__ void __launch_bounds__(LK_ARGMAX_BLOCK) lockstep_argmax_rows(
+        const typename D::value* __restrict__ x, long long row_stride, int cols,
+        int* __restrict__ out, long long* __restrict__ out64, int vec) {
     const int best = lk_block_argmax<D>(x + (long long)blockIdx.x * row_stride, cols, vec);
     if (threadIdx.x == 0) {
         out[blockIdx.x] = best;
@@ -139,12 +141,10 @@ __global__ void lockstep_argmax_rows(const typename D::value* __restrict__ x,
 // With head (a shifted round) row 0 is that row and row r > 0 is x's row r - 1; else row r
 // is x's row r. vec: every row (the head's too) starts on 16 bytes.
 template <typename D>
-__global__ void lockstep_accept_rows(const typename D::value* __restrict__ x,
-                                     long long row_stride, int cols,
-                                     const typename D::value* __restrict__ head,
-                                     const long long* __restrict__ drafts, int width,
-                                     int* best, unsigned int* done, int* __restrict__ out,
-                                     int vec) {
+__global__ void __launch_bounds__(LK_ARGMAX_BLOCK) lockstep_accept_rows(
+        const typename D::value* __restrict__ x, long long row_stride, int cols,
+        const typename D::value* __restrict__ head, const long long* __restrict__ drafts,
+        int width, int* best, unsigned int* done, int* __restrict__ out, int vec) {
     __shared__ bool last;
     const long long r = head ? (long long)blockIdx.x - 1 : (long long)blockIdx.x;
     const int mine = lk_block_argmax<D>(r < 0 ? head : x + r * row_stride, cols, vec);
