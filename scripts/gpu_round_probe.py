@@ -38,6 +38,8 @@ def shape_package(folder: Path, layers: int | None = None) -> Path:
     shape = dict(SHAPE, layers=layers or SHAPE["layers"])
     return build_llama(folder, LlamaConfig(**shape, dtype="float16", precision="mixed"),
                        [PHRASE * 3], name="smollm2_shape_float16")
+
+
 SPENT: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # label -> [ns, calls]
 PREFILL: list[bool] = []  # non-empty while a prefill forward runs
 

@@ -56,10 +56,10 @@ from engines.native.bf16_plan import Bf16Plan, model_uses_bf16
 from engines.native.capacity_cache import CapacityCells, capacity_plan
 from engines.native.cupy_array_backend import CupyArrayBackend
 from engines.native.forward_programs import ForwardPrograms, programs_requested
-from engines.native.launch.prologue_gemv import wide_verify_requested
 from engines.native.graph_slots import (CaptureError, CupyGraphDevice, GraphSlots,
                                         forward_positions, graphs_default)
 from engines.native.kernel_launch import plain_launches
+from engines.native.launch.prologue_gemv import wide_verify_requested
 from engines.native.plan import Plan
 from engines.native.prefill_graphs import PrefillGraphs, budget_for
 from engines.native.step_memo import memo_enabled

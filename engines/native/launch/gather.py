@@ -44,4 +44,3 @@ class GatherKernels(KernelFamily):
                          (data, indices, out, i64(outer), i64(extent), i64(indices.size),
                           i64(inner)), stream)
         return out
-
