@@ -13,7 +13,9 @@ turns, with CUDA events (median of ``REPEATS`` turns of ``REPLAYS`` steps):
 
 each in four modes: 0 the waits alone, 1 with the activations' round trip through L2, 2 with
 the weights read after the wait, 3 with the next stage's weights in registers before it.
-Mode 3's best is what such a kernel costs before its arithmetic; the floor is the bytes
+First, with no bytes: the barrier alone at ``SMALL_GRIDS`` blocks, and a launch of one block
+and of a block a multiprocessor (what 151 launches cost before any work). Mode 3's best is
+what such a kernel costs before its arithmetic; the floor is the bytes
 over a device-to-device copy's bandwidth, as ``lockstep bench`` measures it. Printed, and
 written to ``$OUT/persistent_bound.json``. Usage (repo root, CUDA machine with CuPy):
 ``python scripts/gpu_persistent_bound.py``.
@@ -38,6 +40,7 @@ REPEATS = int(os.environ.get("REPEATS", 5))
 REPLAYS = int(os.environ.get("REPLAYS", 20))
 THREADS = [int(t) for t in os.environ.get("THREADS", "128 256 512").split()]
 SLEEP_NS = [int(t) for t in os.environ.get("SLEEP_NS", "0 64").split()]
+SMALL_GRIDS = [int(t) for t in os.environ.get("SMALL_GRIDS", "1 8 33 66").split()]
 MODES = (0, 1, 2, 3)
 MODULE = CudaModule(Path(__file__).parent, "persistent_bound.cu",
                     ("lk_bound_persistent", "lk_bound_launch"), options=("-std=c++17",))
@@ -166,6 +169,18 @@ def main() -> int:
               f"{timed['ms']:.4f} ms ({entry['x_floor']:.2f}x floor) {timed['turns']}",
               flush=True)
 
+    # what a stage costs before any bytes: a grid barrier by grid size (from a block to a
+    # multiprocessor's most), and a launch replayed from a graph with one block and with a
+    # block a multiprocessor (151 of them at 2 us would already be 0.30 ms, over 4x the floor)
+    for blocks in SMALL_GRIDS:
+        row("persistent", blocks, THREADS[0], 0, {"sleep_ns": 0},
+            time_ms(cp, lambda: bound.launch_persistent(blocks, THREADS[0], 0, 0, stream),
+                    stream))
+    for blocks in (1, bound.sms):
+        for dependent in (False, True):
+            graph = graph_of(cp, bound, blocks, THREADS[0], 0, dependent, stream)
+            row("launches", blocks, THREADS[0], 0, {"dependent": dependent},
+                time_ms(cp, lambda: graph.launch(stream), stream))
     for threads in THREADS:
         most = bound.resident(threads)
         grids = sorted({bound.sms, most * bound.sms})
