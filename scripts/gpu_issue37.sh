@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 37's GPU work as named steps, so each device call is one short command and a call
 # that ends early (a machine taken back, a step past its time) still leaves every finished
-# step's evidence under $OUT/<step>/ (log.txt, the step's JSON, rc.txt).
+# step's evidence under $OUT/<step>/ (log.txt, the step's JSON, rc.txt), packed as
+# $OUT/<step>.tgz when the step ends (a device call brings back at most 8 files).
 #
 #   OUT=$OUT bash scripts/gpu_issue37.sh STEP [STEP ...]
 #
@@ -59,6 +60,8 @@ run_step() {
   echo "$rc" > "$OUT/$name/rc.txt"
   tail -n 40 "$OUT/$name/log.txt"
   echo "== $name: rc $rc, $(( $(date +%s) - t0 )) s (limit $limit)"
+  # a call brings back at most 8 files: each step's folder as one archive
+  tar -C "$OUT" -czf "$OUT/$name.tgz" "$name" && rm -rf "${OUT:?}/$name"
   return 0
 }
 

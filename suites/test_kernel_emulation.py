@@ -389,6 +389,19 @@ def test_wide_verify_blocks_give_the_narrow_blocks_bits(monkeypatch, dtype):
     assert _norm_prologues(emulated(PrologueGemvKernels), dtype) == narrow
 
 
+def test_a_verification_takes_the_wide_blocks_unless_switched_off(monkeypatch):
+    # on by default (the H200's VERIFY replay 8% shorter); LOCKSTEP_WIDE_VERIFY=off gives
+    # the narrow blocks back
+    def blocks() -> list:
+        launches: list = []
+        _norm_prologues(emulated(PrologueGemvKernels, record=launches), "float16")
+        return [launch.block for launch in launches]
+    monkeypatch.delenv(WIDE_ENV, raising=False)
+    assert blocks() == [(256,), (256,)]
+    monkeypatch.setenv(WIDE_ENV, "off")
+    assert blocks() == [(128,), (128,)]
+
+
 def test_a_wide_block_that_maps_its_columns_as_a_narrow_one_is_caught(tmp_path, monkeypatch):
     planted = _planted(tmp_path, PrologueGemvKernels, "gemv_vec.cuh",
                        "const long long n = blk * (WARPS / team) + warp / team;\n"

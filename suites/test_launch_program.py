@@ -20,6 +20,7 @@ from engines.native.emulation.host_device import (HOST_ALLOCATORS, NO_SIDE_STREA
 from engines.native.fused_kernels import FusedKernels
 from engines.native.cuda_kernels import CudaKernels
 from engines.native.kernel_launch import KernelLauncher
+from engines.native.launch.prologue_gemv import WIDE_ENV
 from engines.native.launch_recorder import ProgramRecorder, kernel_names, recording
 from engines.native.program_deferral import ProgramDeferral, deferring
 from engines.native.launch_program import Launch, LaunchProgram, programmable
@@ -186,10 +187,12 @@ def test_a_deferred_forward_runs_as_one_program_with_its_launches_bits(eager, dt
     assert [to_host(v).tobytes() for v in outs] == want
 
 
-def test_a_deferral_splits_around_what_a_program_cannot_run():
+def test_a_deferral_splits_around_what_a_program_cannot_run(monkeypatch):
     """With today's 256-thread attention (no program runs it) each attention launch is made
     in its place, what comes before it first: a lone q/k/v GEMV as itself, the runs between
-    attentions as programs; the outputs are the plain launches'."""
+    attentions as programs; the outputs are the plain launches'. (The verification's wide
+    norm prologues, 256 threads too, are switched off: attention alone splits here.)"""
+    monkeypatch.setenv(WIDE_ENV, "off")
     case = _case("float16", 2, seed=5)
     plain = emulated(FusedKernels)
     want = [to_host(v).tobytes() for v in _forward(plain, emulated(CudaKernels), case)]

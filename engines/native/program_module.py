@@ -35,11 +35,14 @@ def program_family(family: type) -> type:
     """``family`` (a kernel family with attention's launchers) whose attention launches
     ``PROGRAM_BLOCK``-thread blocks, so a program can run them: other bits than the
     256-thread attention's (its orders over keys follow the block), the same in every
-    launch of the family."""
+    launch of the family. A verification's norm prologues keep ``PROGRAM_BLOCK`` threads
+    too (``WIDE_VERIFY`` off; their bits are the wide blocks')."""
     if not issubclass(family, AttentionKernels):
         return family
-    return type(f"{family.__name__}{PROGRAM_BLOCK}", (family,),
-                {"BLOCK": PROGRAM_BLOCK, "MODULE": attention_module(PROGRAM_BLOCK)})
+    fields = {"BLOCK": PROGRAM_BLOCK, "MODULE": attention_module(PROGRAM_BLOCK)}
+    if issubclass(family, PrologueGemvKernels):
+        fields["WIDE_VERIFY"] = False
+    return type(f"{family.__name__}{PROGRAM_BLOCK}", (family,), fields)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ assert PROLOGUE_ROWS <= 2 * GEMV_WARPS_PER_BLOCK  # lk_norm_prologue: two rows a
 # LOCKSTEP_WIDE_VERIFY=on: a GEMV with a norm prologue over more than one row (a
 # verification) runs in blocks of PROLOGUE_WIDE_WARPS warps, not GEMV_WARPS_PER_BLOCK:
 # every block normalises all the rows, so half as many blocks read and normalise them (a
-# column's bits are its team's, whichever block it falls to). Off by default until a GPU
-# A/B says it pays (the round probe's VERIFY replay with it on and off: docs/GPU.md).
+# column's bits are its team's, whichever block it falls to). On by default since the
+# H200's round probe (2026-12-05, docs/PERFORMANCE.md): a VERIFY replay 1.092 ms against
+# 1.190 with it off, the same tokens; =off gives the blocks of GEMV_WARPS_PER_BLOCK back.
 WIDE_ENV = "LOCKSTEP_WIDE_VERIFY"
 PROLOGUE_WIDE_WARPS = 8
 # (wide, narrow): a GEMV with a prologue in dtype `narrow` whose norm keeps its residual
@@ -31,8 +32,8 @@ PROLOGUE_PAIRS = tuple(sorted({(d, d) for d in FUSED_DTYPES}
 
 
 def wide_verify_requested() -> bool:
-    """``LOCKSTEP_WIDE_VERIFY``: on or off (``env_switch``; default off)."""
-    return switch(WIDE_ENV, default=False)
+    """``LOCKSTEP_WIDE_VERIFY``: on or off (``env_switch``; default on)."""
+    return switch(WIDE_ENV, default=True)
 
 
 def with_warps(name: str, warps: int) -> str:
@@ -67,11 +68,16 @@ class PrologueGemvKernels(KernelFamily):
                                     for warps in (GEMV_WARPS_PER_BLOCK, PROLOGUE_WIDE_WARPS)))],
                     GEMV_DEFINES | {"LK_PROLOGUE_ROWS": PROLOGUE_ROWS})
 
+    WIDE_VERIFY: bool | None = None  # None: LOCKSTEP_WIDE_VERIFY decides (program_family: off)
+
     def _warps(self, rows: int) -> int:
         """The warps of a norm prologue's block for ``rows`` rows: PROLOGUE_WIDE_WARPS for
-        more than one where ``LOCKSTEP_WIDE_VERIFY`` is on (read once per family)."""
+        more than one where ``WIDE_VERIFY``, else ``LOCKSTEP_WIDE_VERIFY``, says so (read
+        once per family)."""
         if rows == 1:
             return GEMV_WARPS_PER_BLOCK
+        if self.WIDE_VERIFY is not None:
+            return PROLOGUE_WIDE_WARPS if self.WIDE_VERIFY else GEMV_WARPS_PER_BLOCK
         wide = self.__dict__.get("_wide_verify")
         if wide is None:
             wide = self.__dict__["_wide_verify"] = wide_verify_requested()
