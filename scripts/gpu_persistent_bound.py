@@ -14,9 +14,12 @@ turns, with CUDA events (median of ``REPEATS`` turns of ``REPLAYS`` steps):
 each in four modes: 0 the waits alone, 1 with the activations' round trip through L2, 2 with
 the weights read after the wait, 3 with the next stage's weights in registers before it.
 First, with no bytes: the barrier alone at ``SMALL_GRIDS`` blocks, and a launch of one block
-and of a block a multiprocessor (what 151 launches cost before any work). Mode 3's best is
-what such a kernel costs before its arithmetic; the floor is the bytes
-over a device-to-device copy's bandwidth, as ``lockstep bench`` measures it. Printed, and
+and of a block a multiprocessor (what 151 launches cost before any work). Then dependent
+launches of one, two and the most blocks a multiprocessor in modes 1 to 3, each also with
+its stage asking L2 for the weights of the stage ``AHEAD`` after it (5: a layer ahead;
+weights depend on nothing computed, so they can be asked for any time). Mode 3's best is
+what such a kernel costs before its arithmetic; the floor is the bytes over a
+device-to-device copy's bandwidth, as ``lockstep bench`` measures it. Printed, and
 written to ``$OUT/persistent_bound.json``. Usage (repo root, CUDA machine with CuPy):
 ``python scripts/gpu_persistent_bound.py``.
 """
@@ -41,6 +44,7 @@ REPLAYS = int(os.environ.get("REPLAYS", 20))
 THREADS = [int(t) for t in os.environ.get("THREADS", "128 256 512").split()]
 SLEEP_NS = [int(t) for t in os.environ.get("SLEEP_NS", "0 64").split()]
 SMALL_GRIDS = [int(t) for t in os.environ.get("SMALL_GRIDS", "1 8 33 66").split()]
+AHEAD = [int(t) for t in os.environ.get("AHEAD", "5 10").split()]
 MODES = (0, 1, 2, 3)
 MODULE = CudaModule(Path(__file__).parent, "persistent_bound.cu",
                     ("lk_bound_persistent", "lk_bound_launch"), options=("-std=c++17",))
@@ -109,18 +113,21 @@ class Bound:
         self.cooperative.launch(self.persistent.kernel.ptr, (blocks, 1, 1), (threads, 1, 1), 0,
                                 stream.ptr, params)
 
-    def launch_chain(self, blocks: int, threads: int, mode: int, dependent: bool, stream):
-        """The stages as one launch each, on ``stream``."""
+    def launch_chain(self, blocks: int, threads: int, mode: int, dependent: bool, stream,
+                     ahead: int = 0):
+        """The stages as one launch each, on ``stream``; ``ahead``: each also asks L2 for
+        the weights of the stage that many after it."""
         for s in range(self.stages):
             args = (self.weights, self.start, self.cp.int32(s), self.cp.int32(self.stages),
-                    self.act, self.cp.int32(SMOLLM2.hidden), self.cp.int32(mode))
+                    self.act, self.cp.int32(SMOLLM2.hidden), self.cp.int32(mode),
+                    self.cp.int32(ahead))
             if not dependent:
                 self.single((blocks,), (threads,), args, stream=stream)
                 continue
             params = self._params([
                 ctypes.c_void_p(self.weights.data.ptr), ctypes.c_void_p(self.start.data.ptr),
                 ctypes.c_int(s), ctypes.c_int(self.stages), ctypes.c_void_p(self.act.data.ptr),
-                ctypes.c_int(SMOLLM2.hidden), ctypes.c_int(mode)])
+                ctypes.c_int(SMOLLM2.hidden), ctypes.c_int(mode), ctypes.c_int(ahead)])
             self.dependent.launch(self.single.kernel.ptr, (blocks, 1, 1), (threads, 1, 1), 0,
                                   stream.ptr, params)
 
@@ -141,9 +148,10 @@ def time_ms(cp, run, stream) -> dict:
     return {"ms": statistics.median(turns), "turns": [round(t, 4) for t in turns]}
 
 
-def graph_of(cp, bound: Bound, blocks: int, threads: int, mode: int, dependent: bool, stream):
+def graph_of(cp, bound: Bound, blocks: int, threads: int, mode: int, dependent: bool, stream,
+             ahead: int = 0):
     stream.begin_capture()
-    bound.launch_chain(blocks, threads, mode, dependent, stream)
+    bound.launch_chain(blocks, threads, mode, dependent, stream, ahead)
     return stream.end_capture()
 
 
@@ -181,6 +189,15 @@ def main() -> int:
             graph = graph_of(cp, bound, blocks, THREADS[0], 0, dependent, stream)
             row("launches", blocks, THREADS[0], 0, {"dependent": dependent},
                 time_ms(cp, lambda: graph.launch(stream), stream))
+    # weights asked into L2 AHEAD stages early (5: a layer), dependent launches of fewer
+    # blocks than the most resident, so the next launch's blocks find room beside them
+    for threads in THREADS[:2]:
+        for blocks in (bound.sms, 2 * bound.sms, bound.resident(threads) * bound.sms):
+            for mode in (1, 2, 3):
+                for ahead in (0, *AHEAD):
+                    graph = graph_of(cp, bound, blocks, threads, mode, True, stream, ahead)
+                    row("launches", blocks, threads, mode, {"dependent": True, "ahead": ahead},
+                        time_ms(cp, lambda: graph.launch(stream), stream))
     for threads in THREADS:
         most = bound.resident(threads)
         grids = sorted({bound.sms, most * bound.sms})

@@ -9,6 +9,9 @@
 // wait; 3: + the next stage's weights (up to LK_BOUND_REGS 16-byte runs a thread) loaded
 // into registers before the wait, as a persistent kernel would stream them, the rest after.
 // SLEEP: a waiting block polls the barrier word every SLEEP nanoseconds (0: a tight loop).
+// AHEAD (launches only; 0: none): before its wait, stage s also asks L2 for its share of
+// stage (s + AHEAD) % stages' weights, one 128-byte line at a time, so that a stage's reads
+// find L2 where an earlier stage asked for them (weights depend on nothing computed).
 #ifndef LK_BOUND_REGS
 #define LK_BOUND_REGS 4
 #endif
@@ -122,6 +125,15 @@ extern "C" __global__ void lk_bound_persistent(const lk_word4* __restrict__ w,
     }
 }
 
+// Ask L2 for this block's share of stage s's weights, a 128-byte line (8 runs) at a time.
+__device__ __forceinline__ void lk_bound_prefetch(const lk_word4* w, const long long* start,
+                                                  int s) {
+    long long lo, hi;
+    lk_bound_share(start, s, lo, hi);
+    for (long long i = lo + 8 * (long long)threadIdx.x; i < hi; i += 8 * (long long)blockDim.x)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(w + i));
+}
+
 // Stage s as a launch of its own (the launch chain's shape): the same work, the stream's
 // order in place of the barrier. Launched as a dependent launch (the driver may start it
 // while the kernel ahead runs), mode 3 loads its registers before griddepcontrol.wait, as
@@ -129,8 +141,9 @@ extern "C" __global__ void lk_bound_persistent(const lk_word4* __restrict__ w,
 // wait returns at once.
 extern "C" __global__ void lk_bound_launch(const lk_word4* __restrict__ w,
                                            const long long* start, int s, int stages,
-                                           float* act, int A, int mode) {
+                                           float* act, int A, int mode, int ahead) {
     __shared__ float red[32];
+    if (ahead > 0) lk_bound_prefetch(w, start, (s + ahead) % stages);
     const unsigned int held = mode == 3 ? lk_bound_hold(w, start, s, stages) : 0u;
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
