@@ -169,6 +169,9 @@ VARIANTS["loadeach"] = [("attention.cu", _K_BATCH, _K_EACH), ("attention.cu", _V
 VARIANTS["pointer"] = VARIANTS["loadeach"] + VARIANTS["pointer"]
 VARIANTS["before"] = VARIANTS["loadeach"] + VARIANTS["before"]
 VARIANTS["before37"] = VARIANTS["nokvprefetch"] + VARIANTS["vec1regs"] + VARIANTS["loadeach"]
+# 0f3f77c's two undone together, the batched loads kept (on the H200 before37 was 0.7192 ms
+# and loadeach 0.7645 against base 0.7117: whether the two cost now what they saved then)
+VARIANTS["no0f3f77c"] = VARIANTS["nokvprefetch"] + VARIANTS["vec1regs"]
 
 
 def apply(name: str, assign=setattr) -> None:
