@@ -172,6 +172,8 @@ VARIANTS["before37"] = VARIANTS["nokvprefetch"] + VARIANTS["vec1regs"] + VARIANT
 # 0f3f77c's two undone together, the batched loads kept (on the H200 before37 was 0.7192 ms
 # and loadeach 0.7645 against base 0.7117: whether the two cost now what they saved then)
 VARIANTS["no0f3f77c"] = VARIANTS["nokvprefetch"] + VARIANTS["vec1regs"]
+# the attention's batches of 4 runs, not 8 (fewer registers, two round trips a key row)
+VARIANTS["rka4"] = [("attention.cu", "#define LK_RKA_RUNS 8\n", "#define LK_RKA_RUNS 4\n")]
 
 
 def apply(name: str, assign=setattr) -> None:
