@@ -396,6 +396,7 @@ def test_a_verification_takes_the_wide_blocks_unless_switched_off(monkeypatch):
         launches: list = []
         _norm_prologues(emulated(PrologueGemvKernels, record=launches), "float16")
         return [launch.block for launch in launches]
+
     monkeypatch.delenv(WIDE_ENV, raising=False)
     assert blocks() == [(256,), (256,)]
     monkeypatch.setenv(WIDE_ENV, "off")

@@ -36,7 +36,7 @@ def program_family(family: type) -> type:
     ``PROGRAM_BLOCK``-thread blocks, so a program can run them: other bits than the
     256-thread attention's (its orders over keys follow the block), the same in every
     launch of the family. A verification's norm prologues keep ``PROGRAM_BLOCK`` threads
-    too (``WIDE_VERIFY`` off; their bits are the wide blocks')."""
+    too (``WIDE_VERIFY`` off: the same bits, since a column's are its team's)."""
     if not issubclass(family, AttentionKernels):
         return family
     fields = {"BLOCK": PROGRAM_BLOCK, "MODULE": attention_module(PROGRAM_BLOCK)}
