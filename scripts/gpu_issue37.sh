@@ -20,7 +20,7 @@
 #   suites     the GPU suites alone (scripts/gpu_run.sh with LOCKSTEP_SUITES_ONLY=1)
 #
 # Environment: OUT (required), GGUF (default SmolLM2-135M-Instruct.Q4_1.gguf), VARIANTS
-# (default base,before37,loadeach,nokvprefetch,vec1regs), BUDGET (bench seconds, default
+# (default base,no0f3f77c,nokvprefetch,rka4), BUDGET (bench seconds, default
 # 450), LIMIT_<STEP> (a step's timeout in seconds, e.g. LIMIT_BOUND=150).
 # Every step installs .whl/ into /tmp/site first (once a machine) and sets the cache folders
 # and LOCKSTEP_COMMIT from .stage/commit (written here by `git rev-parse --short HEAD`).
@@ -29,7 +29,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 : "${OUT:?set OUT to the folder the evidence goes to}"
 GGUF=${GGUF:-SmolLM2-135M-Instruct.Q4_1.gguf}
-VARIANTS=${VARIANTS:-base,before37,loadeach,nokvprefetch,vec1regs}
+VARIANTS=${VARIANTS:-base,no0f3f77c,nokvprefetch,rka4}
 BUDGET=${BUDGET:-450}
 RANDOM_PACKAGE=/tmp/lockstep-rand-smollm2
 
