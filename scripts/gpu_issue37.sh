@@ -16,6 +16,8 @@
 #   round      scripts/gpu_round_probe.py 7 128 with LOCKSTEP_WIDE_VERIFY off, then on
 #   bench      scripts/gpu_bench_floor.sh on /tmp/smollm2.gguf (float16 and bfloat16, W = 7,
 #              hf-cuda beside, $BUDGET seconds)
+#   pass       scripts/gpu_pass_probe.py 7 on the bench's float16 conversion (after bench, on
+#              the same machine): the grounded pass's wall against its forwards' device time
 #   program    scripts/gpu_program_probe.py with MIN_BLOCKS="6 8" (a call of its own)
 #   suites     the GPU suites alone (scripts/gpu_run.sh with LOCKSTEP_SUITES_ONLY=1)
 #
@@ -108,6 +110,8 @@ while [ $# -gt 0 ]; do
     bench)
       run_step bench $(( BUDGET + 60 )) env WIDTH=7 DTYPES="float16 bfloat16" PEERS=hf-cuda \
         BUDGET="$BUDGET" OUT="$OUT/bench" bash scripts/gpu_bench_floor.sh /tmp/smollm2.gguf ;;
+    pass)
+      run_step pass 240 env OUT="$OUT/pass" python3 scripts/gpu_pass_probe.py 7 ;;
     program)
       run_step program 500 env MIN_BLOCKS="6 8" OUT="$OUT/program" \
         python3 scripts/gpu_program_probe.py ;;

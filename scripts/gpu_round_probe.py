@@ -80,6 +80,58 @@ def device_ms(sync, session, tokens, phase: str, repeats: int = 50) -> float:
     return 1e3 * (time.perf_counter() - t0) / repeats
 
 
+def install_timers(engine, sync) -> None:
+    """Wrap each piece of a round with ``timed`` (the prefill's calls left out), and time
+    how long the accept waits for the verification's device work before it starts."""
+    from engines.native import graph_slots
+    from engines.workflow.prompt_lookup import PromptLookupProposer
+    from engines.workflow.session import DecodeSession
+    from engines.workflow.state import DecodeState
+
+    ops = type(engine.tensor_ops)  # made again for every decode (reset_ledger)
+    timed(DecodeSession, "forward")
+    forward = DecodeSession.forward  # the timed one, called with PREFILL set for a prefill
+
+    def forward_of_phase(self, tokens, phase):
+        if phase == "prefill":
+            PREFILL.append(True)
+            try:
+                return forward(self, tokens, phase)
+            finally:
+                PREFILL.clear()
+        return forward(self, tokens, phase)
+    DecodeSession.forward = forward_of_phase
+    timed(DecodeSession, "_run")
+    timed(DecodeSession, "rollback")
+    timed(DecodeState, "absorb")
+    timed(DecodeState, "feeds")
+    timed(PromptLookupProposer, "propose")
+    timed(PromptLookupProposer, "after_round")
+    timed(engine, "run_component", "engine.run_component")
+    timed(graph_slots.GraphSlots, "run", "slots.run")
+    timed(graph_slots.SlotState, "holds", "slot.holds")
+    timed(graph_slots.SlotState, "replay", "slot.replay")
+    timed(graph_slots.SlotState, "run", "slot.run (not held: signature, capture, eager)")
+    timed(graph_slots.CupyGraphDevice, "copy_many", "device.copy_many")
+    timed(graph_slots.CupyGraphDevice, "launch", "device.launch (graph)")
+    timed(type(engine), "publish_memory", "engine.publish_memory")
+    timed(type(engine), "_device_empties", "engine._device_empties")
+    timed(ops, "adopt", "ops.adopt")
+    timed(ops, "adopt_feeds", "ops.adopt_feeds")
+    timed(ops, "slice_axis", "ops.slice_axis")
+    timed(ops, "accept_drafts", "ops.accept_drafts (after the wait)")
+    waits = SPENT["wait: device time left at the accept"]
+    real_accept = ops.accept_drafts
+
+    def accept(*args, **kwargs):
+        t = time.perf_counter_ns()
+        sync()
+        waits[0] += time.perf_counter_ns() - t
+        waits[1] += 1
+        return real_accept(*args, **kwargs)
+    ops.accept_drafts = accept
+
+
 def verify_launch_ab(engine, session, sync, width: int, turns: int = 3) -> dict:
     """A VERIFY replay's device ms with plain launches (the engine's choice since run 14,
     when dependent launches made a 5-row replay 10% slower) against dependent ones, at
@@ -104,13 +156,10 @@ def verify_launch_ab(engine, session, sync, width: int, turns: int = 3) -> dict:
 
 
 def main(width: int = 8, tokens: int = 128) -> dict:
-    from engines.native import graph_slots
     from engines.registry import get_engine_class
     from engines.workflow import greedy_decode
     from engines.workflow import speculative as spec_mod
-    from engines.workflow.prompt_lookup import PromptLookupProposer
     from engines.workflow.session import DecodeSession
-    from engines.workflow.state import DecodeState
     from suites.lookup_support import with_prompt_lookup
 
     root = Path(tempfile.mkdtemp(prefix="round-probe-"))
@@ -141,48 +190,7 @@ def main(width: int = 8, tokens: int = 128) -> dict:
                 out[f"{loop}_shifted_rounds"] = sum(run.shifted_per_round)
         out["spec_ms_per_token_by_loop"] = {k: statistics.median(v) for k, v in loops.items()}
 
-        ops = type(engine.tensor_ops)  # made again for every decode (reset_ledger)
-        timed(DecodeSession, "forward")
-        forward = DecodeSession.forward  # the timed one, called with PREFILL set for a prefill
-
-        def forward_of_phase(self, tokens, phase):
-            if phase == "prefill":
-                PREFILL.append(True)
-                try:
-                    return forward(self, tokens, phase)
-                finally:
-                    PREFILL.clear()
-            return forward(self, tokens, phase)
-        DecodeSession.forward = forward_of_phase
-        timed(DecodeSession, "_run")
-        timed(DecodeSession, "rollback")
-        timed(DecodeState, "absorb")
-        timed(DecodeState, "feeds")
-        timed(PromptLookupProposer, "propose")
-        timed(PromptLookupProposer, "after_round")
-        timed(engine, "run_component", "engine.run_component")
-        timed(graph_slots.GraphSlots, "run", "slots.run")
-        timed(graph_slots.SlotState, "holds", "slot.holds")
-        timed(graph_slots.SlotState, "replay", "slot.replay")
-        timed(graph_slots.SlotState, "run", "slot.run (not held: signature, capture, eager)")
-        timed(graph_slots.CupyGraphDevice, "copy_many", "device.copy_many")
-        timed(graph_slots.CupyGraphDevice, "launch", "device.launch (graph)")
-        timed(type(engine), "publish_memory", "engine.publish_memory")
-        timed(type(engine), "_device_empties", "engine._device_empties")
-        timed(ops, "adopt", "ops.adopt")
-        timed(ops, "adopt_feeds", "ops.adopt_feeds")
-        timed(ops, "slice_axis", "ops.slice_axis")
-        timed(ops, "accept_drafts", "ops.accept_drafts (after the wait)")
-        waits = SPENT["wait: device time left at the accept"]
-        real_accept = ops.accept_drafts
-
-        def accept(*args, **kwargs):
-            t = time.perf_counter_ns()
-            sync()
-            waits[0] += time.perf_counter_ns() - t
-            waits[1] += 1
-            return real_accept(*args, **kwargs)
-        ops.accept_drafts = accept
+        install_timers(engine, sync)
         t0 = time.perf_counter()
         result = spec_mod.speculative_decode(engine, prompt, tokens, width, ignore_eos=True)
         wall = time.perf_counter() - t0
