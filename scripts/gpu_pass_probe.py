@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.gpu_round_probe import SPENT, device_ms, install_timers  # noqa: E402
+from scripts.spec_loop_counts import counts  # noqa: E402
 
 PACKAGE = os.environ.get("PACKAGE", "/tmp/lockstep-lookup/smollm2-static-float16-lookup7")
 TOKENS = int(os.environ.get("TOKENS", 128))
@@ -47,16 +48,6 @@ def passes(engine, prompts: dict, width: int, speculative: bool) -> dict:
     wall = 1e3 * (time.perf_counter() - t0)
     return {"wall_ms": wall, "prefill_ms": sum(1e3 * r.step_s[0] for r in runs),
             "tokens": sum(len(r.tokens) for r in runs), "runs": runs}
-
-
-def forwards(runs) -> dict:
-    """The speculative pass's target forwards by kind, summed over its decodes."""
-    led = [r.ledger for r in runs]
-    return {"decode": sum(x.forwards["decode"] for x in led),
-            "verify": sum(x.forwards["verify"] for x in led),
-            "rounds": sum(len(r.widths_per_round) for r in runs),
-            "shifted_rounds": sum(x.shifted_verifications for x in led),
-            "accepted": sum(x.accepted for x in led)}
 
 
 def main(width: int = 7) -> dict:
@@ -89,20 +80,21 @@ def main(width: int = 7) -> dict:
         out["x_greedy"] = out["greedy"]["wall_ms"] / out["speculative"]["wall_ms"]
         install_timers(engine, sync)
         probed = passes(engine, prompts, width, True)
-        counts = forwards(probed.pop("runs"))
+        kinds = counts(probed.pop("runs"))  # the target's forwards by kind, summed
+        rounds = kinds["shifted_rounds"] + kinds["classic_rounds"]
         pieces = {k: (round(v[0] / 1e6, 3), v[1]) for k, v in sorted(SPENT.items())}
         session = DecodeSession(engine)  # its forwards are timed too: after the snapshot
         session.forward(next(iter(prompts.values())), "prefill")
         primary = device_ms(sync, session, [5], "decode")
         verify = device_ms(sync, session, [5] * (width + 1), "verify")
-        device = counts["decode"] * primary + counts["verify"] * verify
+        device = kinds["decode"] * primary + kinds["verify"] * verify
         after_prefills = probed["wall_ms"] - probed["prefill_ms"]
         out["probed_pass"] = {
-            **{k: round(v, 3) for k, v in probed.items()}, **counts,
+            **{k: round(v, 3) for k, v in probed.items()}, **kinds, "rounds": rounds,
             "device_ms_primary": primary, "device_ms_verify": verify,
             "forwards_device_ms": device, "after_prefills_ms": after_prefills,
             "unaccounted_ms": after_prefills - device,
-            "unaccounted_ms_per_round": (after_prefills - device) / max(counts["rounds"], 1),
+            "unaccounted_ms_per_round": (after_prefills - device) / max(rounds, 1),
             "pieces_ms": {k: v[0] for k, v in pieces.items()},
             "pieces_calls": {k: v[1] for k, v in pieces.items()}}
     finally:
