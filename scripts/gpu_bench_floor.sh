@@ -23,7 +23,8 @@
 #   2026-12-04-h200), TOKENS (128), REPEATS (5: at 3 the speculative repeats fell in two
 #   clusters 16% apart and the median took either, docs/evidence/2026-12-05-h200; the bench
 #   step then takes about 265 s of the call), WARMUP (1), PROMPT_SETS (grounded,free),
-#   BUDGET (seconds for the whole call, 450),
+#   BUDGET (seconds for the whole call, 450), BENCH_LIMIT (the table's seconds, 330: more
+#   where ort-cuda joins, about 5.6 ms a token),
 #   LOCKSTEP_COMMIT (the commit records name). A CPU dry run of every step:
 #   ENGINE=native-host PEERS= DTYPES=float16 TOKENS=4 REPEATS=1 PROMPT_SETS=FILE.jsonl
 # Writes to $OUT: summary.txt (every step's exit status, time and last lines),
@@ -128,7 +129,7 @@ echo "engines: $ENGINE${PEERS_HERE:+,$PEERS_HERE} (asked: $ENGINE,$PEERS); basel
   >> "$SUMMARY"
 
 # 2. ONE table: greedy beside speculative on both prompt sets, the peers greedy beside them
-step bench 330 "$PY" -m harness.cli bench --mode speculative --width "$WIDTH" \
+step bench "${BENCH_LIMIT:-330}" "$PY" -m harness.cli bench --mode speculative --width "$WIDTH" \
   --engines "$ENGINE${PEERS_HERE:+,$PEERS_HERE}" --baseline "$BASELINE" --packages "$PACKAGES" \
   --prompts "$PROMPT_SETS" --max-new-tokens "$TOKENS" --repeats "$REPEATS" --warmup "$WARMUP" \
   --pipelined --json "$OUT/bench-lookup.json"

@@ -15,7 +15,8 @@
 #   profile    scripts/gpu_kernel_profile.py 7 with dependent launches off (kernel by kernel)
 #   round      scripts/gpu_round_probe.py 7 128 with LOCKSTEP_WIDE_VERIFY off, then on
 #   bench      scripts/gpu_bench_floor.sh on /tmp/smollm2.gguf (float16 and bfloat16, W = 7,
-#              hf-cuda beside, $BUDGET seconds)
+#              $PEERS beside: ort-cuda where scripts/gpu_staged_suites.sh's `ort` installed
+#              onnxruntime-gpu into /tmp/site-ort; $BUDGET seconds, the table $BENCH_LIMIT)
 #   pass       scripts/gpu_pass_probe.py 7 on the bench's float16 conversion (after bench, on
 #              the same machine): the grounded pass's wall against its forwards' device time
 #   program    scripts/gpu_program_probe.py with MIN_BLOCKS="6 8" (a call of its own)
@@ -23,7 +24,8 @@
 #
 # Environment: OUT (required), GGUF (default SmolLM2-135M-Instruct.Q4_1.gguf), VARIANTS
 # (default base,no0f3f77c,nokvprefetch,rka4), BUDGET (bench seconds, default
-# 450), LIMIT_<STEP> (a step's timeout in seconds, e.g. LIMIT_BOUND=150).
+# 450), BENCH_LIMIT (the bench table's seconds, default 330), PEERS (default
+# hf-cuda,ort-cuda: those available join), LIMIT_<STEP> (a step's timeout in seconds, e.g. LIMIT_BOUND=150).
 # Every step installs .whl/ into /tmp/site first (once a machine) and sets the cache folders
 # and LOCKSTEP_COMMIT from .stage/commit (written here by `git rev-parse --short HEAD`).
 set -uo pipefail
@@ -33,6 +35,8 @@ cd "$REPO"
 GGUF=${GGUF:-SmolLM2-135M-Instruct.Q4_1.gguf}
 VARIANTS=${VARIANTS:-base,no0f3f77c,nokvprefetch,rka4}
 BUDGET=${BUDGET:-450}
+PEERS=${PEERS:-hf-cuda,ort-cuda}  # ort-cuda joins where /tmp/site-ort holds onnxruntime-gpu
+BENCH_LIMIT=${BENCH_LIMIT:-330}
 RANDOM_PACKAGE=/tmp/lockstep-rand-smollm2
 
 prepare() {
@@ -108,8 +112,9 @@ while [ $# -gt 0 ]; do
     round)
       run_step round 220 bash -c round_both ;;
     bench)
-      run_step bench $(( BUDGET + 60 )) env WIDTH=7 DTYPES="float16 bfloat16" PEERS=hf-cuda \
-        BUDGET="$BUDGET" OUT="$OUT/bench" bash scripts/gpu_bench_floor.sh /tmp/smollm2.gguf ;;
+      run_step bench $(( BUDGET + 60 )) env WIDTH=7 DTYPES="float16 bfloat16" PEERS="$PEERS" \
+        BUDGET="$BUDGET" BENCH_LIMIT="$BENCH_LIMIT" OUT="$OUT/bench" \
+        bash scripts/gpu_bench_floor.sh /tmp/smollm2.gguf ;;
     pass)
       run_step pass 240 env OUT="$OUT/pass" python3 scripts/gpu_pass_probe.py 7 ;;
     program)

@@ -27,6 +27,12 @@ BG=/tmp/lockstep-bg
 mkdir -p "$OUT" /tmp/stage "$BG"
 export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/cupy-cache} PY
 export LOCKSTEP_CACHE=${LOCKSTEP_CACHE:-/tmp/lockstep-fixtures}
+# the commit the records name (.stage/commit, written here by `git rev-parse --short HEAD`;
+# the device's copy of the tree has no .git)
+for f in .stage/commit /tmp/stage/commit; do
+  [ -z "${LOCKSTEP_COMMIT:-}" ] && [ -f "$f" ] && LOCKSTEP_COMMIT=$(cat "$f")
+done
+export LOCKSTEP_COMMIT=${LOCKSTEP_COMMIT:-unknown}
 status=0
 if compgen -G ".stage/*" > /dev/null; then cp .stage/* /tmp/stage/ || status=1; fi
 if compgen -G ".whl/*.whl" > /dev/null && [ ! -f /tmp/site/.lockstep-wheels ]; then
