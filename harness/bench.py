@@ -140,6 +140,9 @@ class BenchRow:
     baseline: str = ""
     ratio: float | None = None  # tokens_per_s_median / the baseline's, same package and mode
     decode_ratio: float | None = None  # decode_tokens_per_s / the baseline's
+    # tokens_per_s_median / each compared engine's (the baseline first, then compare_to),
+    # same package, prompts and mode; an engine not measured there has no entry
+    ratios: dict[str, float] = field(default_factory=dict)
     # with --profile: where one more (untimed) decode's time went (harness.decode_profile)
     profile: dict[str, Any] | None = None
     # speculative rows (harness.bench_speculation): one pass's rounds, and against greedy
@@ -198,6 +201,7 @@ class BenchPlan:
     pipelined: bool = False  # greedy decodes queue each next forward before the id is read
     interleave: bool = False  # every package's engines loaded at once, timed in one rotation
     profile: bool = False  # one more decode of each measured row, profiled (not timed)
+    compare_to: tuple[str, ...] = ()  # engines each row is divided by too, beside the baseline
 
     @property
     def total_decodes(self) -> int:
@@ -229,7 +233,8 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
                ignore_eos: bool = False, warmup_steps: int = WARMUP_STEPS,
                pipelined: bool = False, interleave: bool = False,
                profile: bool = False,
-               prompt_sets: Sequence[str | Path] | None = None) -> BenchPlan:
+               prompt_sets: Sequence[str | Path] | None = None,
+               compare_to: Sequence[str | type[Engine]] = ()) -> BenchPlan:
     """Validate a benchmark request and resolve its packages; nothing is timed yet.
 
     ``engines`` are names (or ``Engine`` subclasses); the baseline joins them when missing,
@@ -242,7 +247,9 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
     ``ignore_eos`` times exactly ``max_new_tokens`` tokens (either mode); ``warmup_steps``
     decode steps of each timed decode are left out of the steady decode median;
     ``interleave`` times every package's engines in one rotation (``run_bench``);
-    ``profile`` decodes each measured row once more, profiled (``harness.decode_profile``)."""
+    ``profile`` decodes each measured row once more, profiled (``harness.decode_profile``);
+    ``compare_to`` names engines each row's tokens/s is divided by too (``BenchRow.ratios``),
+    joining the engines when missing, as the baseline does: one table, a ratio to every peer."""
     if mode not in MODES:
         raise InputError("unknown mode", field="mode", value=mode,
                          remedy=f"use one of: {', '.join(MODES)}")
@@ -278,6 +285,13 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
                          value=baseline if isinstance(baseline, str) else base_name,
                          remedy=f"use the listed {base_name!r} as the baseline, or give one "
                                 f"class a `name` of its own")
+    compared = resolve_engine_list(list(compare_to), field="compare_to") if compare_to else {}
+    for name, cls in compared.items():
+        if entries.setdefault(name, cls) is not cls:
+            raise InputError(f"the compared engine {name!r} and an engine of the list are two "
+                             f"different classes of one name", field="compare_to", value=name,
+                             remedy=f"compare to the listed {name!r}, or give one class a "
+                                    f"`name` of its own")
 
     if prompt is not None and prompt_sets:
         raise InputError("give a prompt or prompt sets, not both", field="prompt_sets",
@@ -319,7 +333,8 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
         targets += [BenchTarget(package, tuple(ids), w, label, name) for name, ids in chosen]
     return BenchPlan(tuple(entries.items()), tuple(targets), mode, repeats, warmup,
                      max_new_tokens, base_name, ignore_eos, warmup_steps, pipelined,
-                     interleave, profile)
+                     interleave, profile,
+                     tuple(name for name in compared if name != base_name))
 
 
 # -- the floor -------------------------------------------------------------------------------
@@ -473,10 +488,20 @@ def _failure(exc: BaseException, cls: type[Engine], plan: BenchPlan) -> tuple[st
     return ERROR, reason
 
 
-def attach_ratios(rows: Sequence[BenchRow], baseline: str) -> list[BenchRow]:
+def attach_ratios(rows: Sequence[BenchRow], baseline: str,
+                  compare_to: Sequence[str] = ()) -> list[BenchRow]:
     """Set each measured row's ratio to the baseline's median tokens/s of the same package,
     prompts and mode (and its decode ratio to the baseline's steady decode tokens/s); where
-    the baseline was not measured there, the ratios stay None and the reason says why."""
+    the baseline was not measured there, the ratios stay None and the reason says why.
+    ``ratios`` holds the same quotient for the baseline and every ``compare_to`` engine
+    measured there (an engine's own row states why it was not)."""
+    measured = {(r.engine, r.package, r.prompt_set, r.mode): r for r in rows
+                if r.measured and r.tokens_per_s_median}
+    for row in rows:
+        row.ratios = {} if not row.measured else {
+            name: row.tokens_per_s_median / ref.tokens_per_s_median
+            for name in dict.fromkeys((baseline, *compare_to))
+            if (ref := measured.get((name, row.package, row.prompt_set, row.mode)))}
     base = {(r.package, r.prompt_set, r.mode): r for r in rows if r.engine == baseline}
     for row in rows:
         row.baseline = baseline
@@ -652,7 +677,7 @@ def run_bench(plan: BenchPlan, on_decode: Callable[[int, str], None] | None = No
             for engines in built.values():
                 engines.close()
             thaw()
-    return attach_ratios(rows, plan.baseline)
+    return attach_ratios(rows, plan.baseline, plan.compare_to)
 
 
 def _groups(plan: BenchPlan) -> list[tuple[BenchTarget, ...]]:
@@ -848,6 +873,7 @@ def write_json(rows: Sequence[BenchRow], path: Path, plan: BenchPlan | None = No
             "max_new_tokens": plan.max_new_tokens, "ignore_eos": plan.ignore_eos,
             "pipelined": plan.pipelined, "interleave": plan.interleave,
             "warmup_steps": plan.warmup_steps, "baseline": plan.baseline,
+            "compare_to": list(plan.compare_to),
             "engines": [n for n, _ in plan.engines],
             "packages": list(dict.fromkeys(t.package.spec.name for t in plan.targets)),
             "prompt_sets": list(dict.fromkeys(t.prompt_set for t in plan.targets))},

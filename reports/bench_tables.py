@@ -37,6 +37,7 @@ class BenchRowFile(BaseModel):
     ratio: float | None = None
     decode_ratio: float | None = None
     baseline: str | None = None
+    ratios: dict[str, float] = {}  # to the baseline and each compared engine (--compare-to)
     accept_rate: float | None = None  # speculative rows (layout 3)
     greedy_ratio: float | None = None
     same_tokens: bool | None = None
@@ -57,6 +58,7 @@ class BenchTable(BaseModel):
     caption: str
     machine: str
     rows: list[BenchRowFile]
+    compare_to: list[str] = []  # the engines beside the baseline, a ratio column each
 
 
 def load_bench(path: str | os.PathLike) -> BenchTable:
@@ -84,8 +86,10 @@ def load_bench(path: str | os.PathLike) -> BenchTable:
         raise LockstepError(f"{path.name} has bench layout {parsed.format}; this lockstep "
                             f"reads up to {FORMAT}", field="--bench format",
                             value=parsed.format, remedy="render it with a newer lockstep")
+    compare = [str(name) for name in (parsed.settings or {}).get("compare_to") or ()]
     return BenchTable(name=path.name, caption=_caption(parsed.settings),
-                      machine=_machine(parsed.environment), rows=parsed.rows)
+                      machine=_machine(parsed.environment), rows=parsed.rows,
+                      compare_to=compare)
 
 
 def _caption(settings: dict[str, Any] | None) -> str:
@@ -102,7 +106,8 @@ def _caption(settings: dict[str, Any] | None) -> str:
     if settings.get("warmup_steps") is not None:
         parts.append(f"steady decode after {settings['warmup_steps']} warm-up steps")
     if settings.get("baseline"):
-        parts.append(f"ratio to {settings['baseline']} in this run")
+        to = ", ".join([settings["baseline"], *(settings.get("compare_to") or ())])
+        parts.append(f"ratio to {to} in this run")
     return ", ".join(parts)
 
 

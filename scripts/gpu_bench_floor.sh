@@ -8,7 +8,8 @@
 #      questions), native-cuda greedy (the pipelined loop) and speculative (prompt-lookup at
 #      WIDTH), with the accept rate, x greedy and same tokens on the speculative row; hf-cuda
 #      (built in each package's own dtype, bfloat16 included) and ort-cuda (where its provider
-#      was brought) greedy beside them; every row names its dtype; ratios to hf-cuda;
+#      was brought) greedy beside them; every row names its dtype; ratios to hf-cuda and,
+#      with --compare-to, to ort-cuda (a column each);
 #   3. the parity records: `lockstep run --mode speculative --width WIDTH` on native-cuda over
 #      the same packages, prompts and token count (each cell's greedy stream beside its
 #      speculative one, both judged by the oracle, the float32 twin on ort-cpu): grounded on
@@ -125,12 +126,15 @@ print(','.join(n for n in sys.argv[1].split(',') if n and a(n).ok))" "$1"
 PEERS_HERE=$(available "$PEERS")
 BASELINE=$ENGINE
 [[ ",$PEERS_HERE," == *",hf-cuda,"* ]] && BASELINE=hf-cuda
-echo "engines: $ENGINE${PEERS_HERE:+,$PEERS_HERE} (asked: $ENGINE,$PEERS); baseline $BASELINE" \
-  >> "$SUMMARY"
+# every other peer a ratio column of its own (bench --compare-to): both ratios from one table
+COMPARE=$(tr ',' '\n' <<< "$PEERS_HERE" | grep -vx -e "$BASELINE" -e '' | paste -sd, -)
+echo "engines: $ENGINE${PEERS_HERE:+,$PEERS_HERE} (asked: $ENGINE,$PEERS); baseline\
+ $BASELINE${COMPARE:+, compared to $COMPARE}" >> "$SUMMARY"
 
 # 2. ONE table: greedy beside speculative on both prompt sets, the peers greedy beside them
 step bench "${BENCH_LIMIT:-330}" "$PY" -m harness.cli bench --mode speculative --width "$WIDTH" \
-  --engines "$ENGINE${PEERS_HERE:+,$PEERS_HERE}" --baseline "$BASELINE" --packages "$PACKAGES" \
+  --engines "$ENGINE${PEERS_HERE:+,$PEERS_HERE}" --baseline "$BASELINE" \
+  ${COMPARE:+--compare-to "$COMPARE"} --packages "$PACKAGES" \
   --prompts "$PROMPT_SETS" --max-new-tokens "$TOKENS" --repeats "$REPEATS" --warmup "$WARMUP" \
   --pipelined --json "$OUT/bench-lookup.json"
 cp "$W/bench/log.txt" "$OUT/bench-lookup.txt" 2>/dev/null

@@ -156,6 +156,49 @@ def test_ratio_uses_the_baseline_of_the_same_package_and_mode():
     assert "baseline base not measured (not in this run)" in rows[-1].reason
 
 
+def test_compared_engines_join_the_run_and_every_row_has_a_ratio_to_each():
+    """``compare_to``: one table, a ratio to the baseline and to every compared engine, each
+    the row's median tokens/s over that engine's of the same package, prompts and mode."""
+    rows = by_engine(hb.bench(["native-host"], [SMALL], repeats=1, max_new_tokens=NEW,
+                              compare_to=["onnx-reference", "ort-cpu"], bandwidth=FAKE_BW))
+    assert set(rows) == {"native-host", "ort-cpu", "onnx-reference"}  # the compared joined
+    medians = {name: r.tokens_per_s_median for name, r in rows.items()}
+    for name, row in rows.items():
+        assert row.ratios == {to: medians[name] / medians[to] for to in ("ort-cpu",
+                                                                         "onnx-reference")}
+        assert row.ratio == row.ratios["ort-cpu"]  # the baseline's, as before
+    plan = hb.plan_bench(["native-host"], [SMALL], compare_to=["ort-cpu", "onnx-reference"])
+    assert plan.baseline == "ort-cpu" and plan.compare_to == ("onnx-reference",)
+
+
+def test_a_ratio_to_a_compared_engine_exists_only_where_it_was_measured():
+    def row(engine, mode, median, status=hb.OK):
+        return hb.BenchRow("a", engine, mode, status, tokens_per_s=[median] if median else [],
+                           tokens_per_s_median=median)
+
+    rows = hb.attach_ratios([row("base", "greedy", 100.0), row("peer", "greedy", 25.0),
+                             row("x", "greedy", 50.0), row("x", "chained/w2", 80.0),
+                             row("base", "chained/w2", 40.0), row("peer", "chained/w2", None,
+                                                                 hb.UNAVAILABLE),
+                             row("gone", "greedy", None, hb.ERROR)], "base", ("peer",))
+    ratios = [(r.engine, r.mode, r.ratios) for r in rows]
+    assert ratios == [("base", "greedy", {"base": 1.0, "peer": 4.0}),
+                      ("peer", "greedy", {"base": 0.25, "peer": 1.0}),
+                      ("x", "greedy", {"base": 0.5, "peer": 2.0}),
+                      ("x", "chained/w2", {"base": 2.0}),
+                      ("base", "chained/w2", {"base": 1.0}),
+                      ("peer", "chained/w2", {}), ("gone", "greedy", {})]
+
+
+def test_a_compared_engine_and_a_listed_one_of_one_name_are_refused():
+    class Other(OrtCpuEngine):
+        name = "native-host"
+
+    with pytest.raises(InputError) as err:
+        hb.plan_bench(["native-host"], [SMALL], compare_to=[Other])
+    assert err.value.field == "compare_to" and err.value.value == "native-host"
+
+
 def test_unavailable_engines_are_rows_with_their_reason():
     rows = by_engine(hb.bench([MissingEngine, RefusingEngine, "native-host"], [SMALL],
                               repeats=1, max_new_tokens=NEW, bandwidth=FAKE_BW))
@@ -342,6 +385,34 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys, monkeypatch):
         assert "n/a" in text and f"native-cuda ({SMALL}): unavailable" in text
     rows = {r["engine"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["ort-cpu"]["ratio"] == 1.0 and rows["native-host"]["ratio"] > 0
+
+
+def test_cli_compare_to_adds_a_ratio_column_per_engine_and_keeps_them_in_the_json(
+        tmp_path, capsys, monkeypatch):
+    from harness.cli import main
+
+    monkeypatch.setenv("COLUMNS", "250")
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--engines", "native-host", "--packages", SMALL, "--repeats", "1",
+                 "--max-new-tokens", str(NEW), "--compare-to", "no-such-engine",
+                 "--json", str(out)]) == 2  # refused before anything is timed
+    refusal = capsys.readouterr()
+    assert "--compare-to" in refusal.err and "no-such-engine" in refusal.err
+    assert not out.exists()
+    status = main(["bench", "--engines", "native-host", "--packages", SMALL, "--repeats", "1",
+                   "--max-new-tokens", str(NEW), "--compare-to", "onnx-reference",
+                   "--json", str(out)])
+    assert status == 0
+    text = capsys.readouterr().out
+    assert "x onnx-reference" in text and "ratio to ort-cpu, onnx-reference in this run" in text
+    data = json.loads(out.read_text())
+    assert data["settings"]["compare_to"] == ["onnx-reference"]
+    rows = {r["engine"]: r for r in data["rows"]}
+    assert rows["onnx-reference"]["ratios"]["onnx-reference"] == 1.0
+    native = rows["native-host"]
+    assert native["ratios"]["onnx-reference"] == pytest.approx(
+        native["tokens_per_s_median"] / rows["onnx-reference"]["tokens_per_s_median"])
+    assert f"{native['ratios']['onnx-reference']:.2f}x" in text
 
 
 def test_cli_interleave_reaches_the_plan_and_the_title(tmp_path, capsys, monkeypatch):

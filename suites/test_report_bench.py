@@ -68,6 +68,28 @@ def test_each_bench_row_is_a_table_row_with_the_files_figures(bench_file):
     assert "ratio to ort-cpu" in caption and "pipelined" not in caption
 
 
+def test_a_compared_engine_is_a_column_of_ratios_and_named_in_the_caption(tmp_path):
+    """``lockstep bench --compare-to``: each compared engine's ratios are a column of the
+    table, every row's cell the file's ratio to that engine (empty where none)."""
+    from harness.cli import main
+
+    path = tmp_path / "bench.json"
+    assert main(["bench", "--engines", "native-host", "--packages", PACKAGE, "--repeats", "1",
+                 "--max-new-tokens", "3", "--ignore-eos", "--compare-to", "native-host",
+                 "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    dom = parse(render_report([], bench=[path]))
+    section = next(_find(dom, lambda n: n.attrs.get("id") == "speed"))
+    heads = [_texts(th) for th in _find(section, lambda n: n.tag == "th")]
+    assert heads[-2:] == ["x native-host", "note"]
+    cells = list(_find(section, lambda n: "bench-compare" in n.attrs.get("class", "")))
+    assert [c.attrs["data-to"] for c in cells] == ["native-host"] * len(data["rows"])
+    for cell, row in zip(cells, data["rows"]):
+        assert _texts(cell).strip() == f"{row['ratios']['native-host']:.2f}x"
+    caption = _texts(next(_find(section, lambda n: "bench-caption" in n.attrs.get("class", ""))))
+    assert "ratio to ort-cpu, native-host in this run" in caption
+
+
 def test_no_bench_file_no_speed_section():
     assert 'id="speed"' not in render_report([])
 

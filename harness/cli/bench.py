@@ -53,7 +53,8 @@ def bench_table(rows, plan) -> Table:
     """One line per (engine, package, prompts, mode): the dtype it computed in, median
     tokens/s of the whole decode and its spread over the repeats ((max - min) / median), the
     prefill, the steady decode (ms a token and tokens/s), the floor and how far above it,
-    and the ratio to the baseline's median tokens/s; in speculative mode also the tokens a
+    and the ratio to the baseline's median tokens/s (and to each ``--compare-to`` engine's, a
+    column each); in speculative mode also the tokens a
     round (or plain step), the accept rate, the speed over the same engine's greedy row and
     whether the tokens are the greedy ones. Reasons are printed below the table."""
     speculative = plan.mode == "speculative"
@@ -64,11 +65,12 @@ def bench_table(rows, plan) -> Table:
     steps = plan.warmup_steps
     table = Table(title=f"lockstep bench: {plan.mode}, {plan.max_new_tokens} new tokens{eos}, "
                         f"median of {plan.repeats}, steady decode after {steps} warm-up "
-                        f"step{'s' if steps != 1 else ''}, ratio to {plan.baseline} in this run")
+                        f"step{'s' if steps != 1 else ''}, ratio to "
+                        f"{', '.join((plan.baseline, *plan.compare_to))} in this run")
     names = ["engine", "package"] + (["prompts"] if sets else []) + ["mode", "dtype"]
     columns = names + ["tok/s", "spread", "prefill ms", "decode ms/tok", "decode tok/s"]
     columns += ["tok/step", "accept", "x greedy", "same"] if speculative else []
-    columns += ["floor ms/tok", "x floor", "ratio"]
+    columns += ["floor ms/tok", "x floor", "ratio"] + [f"x {name}" for name in plan.compare_to]
     for i, col in enumerate(columns):
         # the package name folds on a narrow terminal; names and numbers never break
         table.add_column(col, justify="left" if i < len(names) else "right",
@@ -87,8 +89,12 @@ def bench_table(rows, plan) -> Table:
                           _same(r.same_tokens)]
             cells += [_ms(r.floor_ms), _times(r.x_floor),
                       "–" if r.ratio is None else f"{r.ratio:.2f}x"]
+            cells += [_num(r.ratios.get(name), ".2f") + ("x" if name in r.ratios else "")
+                      for name in plan.compare_to]
         else:
-            cells = ["–"] * (len(columns) - len(own) - 1) + [SHORT.get(r.status, r.status)]
+            short = SHORT.get(r.status, r.status)
+            cells = ["–"] * (len(columns) - len(own) - 1 - len(plan.compare_to)) + [short] \
+                + [short] * len(plan.compare_to)
         table.add_row(*own, *cells, style=STYLE.get(r.status) or None)
     return table
 
@@ -169,10 +175,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default=REFERENCE_ENGINE,
                    help=f"the engine every ratio is taken against (default {REFERENCE_ENGINE}); "
                         f"it joins --engines when missing")
+    p.add_argument("--compare-to", metavar="ENGINES",
+                   help="comma list of further engines each row is divided by too, a column "
+                        "each beside the baseline's ratio (e.g. the baseline hf-cuda, "
+                        "--compare-to ort-cuda: both ratios from one table); each joins "
+                        "--engines when missing")
     json_output(p, "the rows")
     # library names -> options (harness.cli.main); --engines is checked before the bench
     p.set_defaults(func=run, fields={"package": "--packages", "engine": "--baseline",
                                      "baseline": "--baseline", "width": "--width",
+                                     "compare_to": "--compare-to",
                                      "max_new_tokens": "--max-new-tokens",
                                      "prompt_sets": "--prompts"})
 
@@ -221,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
                       else args.warmup_steps, pipelined=args.pipelined,
                       interleave=args.interleave, profile=args.profile,
                       prompt_sets=name_list(args.prompts, "--prompts") if args.prompts is not None
-                      else None)
+                      else None,
+                      compare_to=engine_list(args.compare_to, "--compare-to") or ())
 
     with CellProgress("bench", unit="decodes") as progress:  # on stderr; plain lines in CI
         progress.plan(plan.total_decodes)
