@@ -25,7 +25,8 @@
 # Environment: OUT (required), GGUF (default SmolLM2-135M-Instruct.Q4_1.gguf), VARIANTS
 # (default base,no0f3f77c,nokvprefetch,rka4), BUDGET (bench seconds, default
 # 450), BENCH_LIMIT (the bench table's seconds, default 330), PEERS (default
-# hf-cuda,ort-cuda: those available join), LIMIT_<STEP> (a step's timeout in seconds, e.g. LIMIT_BOUND=150).
+# hf-cuda,ort-cuda: those available join), LIMIT_<STEP> (a step's timeout in seconds, e.g.
+# LIMIT_BOUND=150).
 # Every step installs .whl/ into /tmp/site first (once a machine) and sets the cache folders
 # and LOCKSTEP_COMMIT from .stage/commit (written here by `git rev-parse --short HEAD`).
 set -uo pipefail

@@ -54,9 +54,9 @@ def bench_table(rows, plan) -> Table:
     tokens/s of the whole decode and its spread over the repeats ((max - min) / median), the
     prefill, the steady decode (ms a token and tokens/s), the floor and how far above it,
     and the ratio to the baseline's median tokens/s (and to each ``--compare-to`` engine's, a
-    column each); in speculative mode also the tokens a
-    round (or plain step), the accept rate, the speed over the same engine's greedy row and
-    whether the tokens are the greedy ones. Reasons are printed below the table."""
+    column each); in speculative mode also the tokens a round (or plain step), the accept
+    rate, the speed over the same engine's greedy row and whether the tokens are the greedy
+    ones. Reasons are printed below the table."""
     speculative = plan.mode == "speculative"
     sets = any(t.prompt_set != "first" for t in plan.targets)
     eos = ", eos ignored" if plan.ignore_eos else ""
