@@ -162,8 +162,9 @@ for i in "${!SETS[@]}"; do
 done
 tar czf "$OUT/parity.tgz" -C "$W" $(cd "$W" && ls -d parity-* 2>/dev/null) 2>/dev/null
 first=$(basename "${SETS[0]}" .jsonl)
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 echo "report: lockstep report parity-$first/evidence --no-catch-matrix --title" \
-  "'lockstep H200 ${LOCKSTEP_COMMIT:-}: prompt lookup' --bench bench-lookup.json" \
+  "'lockstep ${card:-CPU} ${LOCKSTEP_COMMIT:-}: prompt lookup' --bench bench-lookup.json" \
   "-o report.html (after tar xzf parity.tgz)" >> "$SUMMARY"
 echo "gpu_bench_floor status $status, $(( $(date +%s) - START )) s" >> "$SUMMARY"
 cat "$SUMMARY"
