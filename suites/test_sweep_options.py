@@ -184,7 +184,7 @@ RULES: dict[str, str] = {
     "bench --engines": "engines", "bench --packages": "packages", "bench --mode": "choice",
     "bench --prompts": "prompt-sets", "bench --width": "int", "bench --repeats": "int",
     "bench --warmup": "int", "bench --max-new-tokens": "int", "bench --warmup-steps": "int",
-    "bench --baseline": "engine", "bench --json": "file-out",
+    "bench --baseline": "engine", "bench --compare-to": "engines", "bench --json": "file-out",
     "bench-forward --engines": "engines", "bench-forward --packages": "packages",
     "bench-forward --prefill": "lengths", "bench-forward --rows": "lengths",
     "bench-forward --prefix": "int", "bench-forward --repeats": "int",
