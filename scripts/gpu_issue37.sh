@@ -13,7 +13,8 @@
 #   variants   a random SmolLM2-shaped float16 package (built once a machine), then
 #              scripts/gpu_kernel_variants.py over $VARIANTS (tokens compared, replays timed)
 #   profile    scripts/gpu_kernel_profile.py 7 with dependent launches off (kernel by kernel)
-#   round      scripts/gpu_round_probe.py 7 128 with LOCKSTEP_WIDE_VERIFY off, then on
+#   round      scripts/gpu_round_probe.py 7 128 with LOCKSTEP_WIDE_VERIFY in $ROUND_ORDER
+#              (default off on off on: each setting twice, in turns)
 #   bench      scripts/gpu_bench_floor.sh on /tmp/smollm2.gguf (float16 and bfloat16, W = 7,
 #              $PEERS beside: ort-cuda where scripts/gpu_staged_suites.sh's `ort` installed
 #              onnxruntime-gpu into /tmp/site-ort; $BUDGET seconds, the table $BENCH_LIMIT)
@@ -23,10 +24,10 @@
 #   suites     the GPU suites alone (scripts/gpu_run.sh with LOCKSTEP_SUITES_ONLY=1)
 #
 # Environment: OUT (required), GGUF (default SmolLM2-135M-Instruct.Q4_1.gguf), VARIANTS
-# (default base,no0f3f77c,nokvprefetch,rka4), BUDGET (bench seconds, default
-# 450), BENCH_LIMIT (the bench table's seconds, default 330), PEERS (default
-# hf-cuda,ort-cuda: those available join), LIMIT_<STEP> (a step's timeout in seconds, e.g.
-# LIMIT_BOUND=150).
+# (default base,no0f3f77c,nokvprefetch,rka4), BUDGET (bench seconds, default 450),
+# BENCH_LIMIT (the bench table's seconds, default 330), PEERS (default hf-cuda,ort-cuda:
+# those available join), ROUND_ORDER (default "off on off on"), LIMIT_<STEP> (a step's
+# timeout in seconds, e.g. LIMIT_BOUND=150).
 # Every step installs .whl/ into /tmp/site first (once a machine) and sets the cache folders
 # and LOCKSTEP_COMMIT from .stage/commit (written here by `git rev-parse --short HEAD`).
 set -uo pipefail
@@ -39,6 +40,7 @@ BUDGET=${BUDGET:-450}
 PEERS=${PEERS:-hf-cuda,ort-cuda}  # ort-cuda joins where /tmp/site-ort holds onnxruntime-gpu
 BENCH_LIMIT=${BENCH_LIMIT:-330}
 RANDOM_PACKAGE=/tmp/lockstep-rand-smollm2
+ROUND_ORDER=${ROUND_ORDER:-off on off on}
 
 prepare() {
   if [ ! -f /tmp/site/.lockstep-wheels ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -78,17 +80,20 @@ variants() {
   VARIANTS=$VARIANTS ROUNDS=5 python3 scripts/gpu_kernel_variants.py "$RANDOM_PACKAGE"
 }
 
+# the switch off and on in turns, twice: the first probe of a machine runs its host pieces
+# slower throughout (2026-12-05, H100), so one run of each mixed the switch with warm-up
 round_both() {
-  local wide
-  for wide in off on; do
-    mkdir -p "$OUT/round/wide-$wide"
-    echo "-- LOCKSTEP_WIDE_VERIFY=$wide"
-    LOCKSTEP_WIDE_VERIFY=$wide OUT=$OUT/round/wide-$wide python3 scripts/gpu_round_probe.py 7 128 \
-      || return 1
+  local wide turn=0
+  for wide in $ROUND_ORDER; do
+    turn=$(( turn + 1 ))
+    mkdir -p "$OUT/round/wide-$wide-$turn"
+    echo "-- LOCKSTEP_WIDE_VERIFY=$wide (turn $turn)"
+    LOCKSTEP_WIDE_VERIFY=$wide OUT=$OUT/round/wide-$wide-$turn \
+      python3 scripts/gpu_round_probe.py 7 128 || return 1
   done
 }
 
-export OUT VARIANTS RANDOM_PACKAGE
+export OUT VARIANTS RANDOM_PACKAGE ROUND_ORDER
 export -f variants round_both  # timeout runs them in a bash of its own
 prepare
 while [ $# -gt 0 ]; do
