@@ -278,20 +278,19 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
     # keyed by each class's own name; an unknown name fails here, listing the valid ones, and
     # one engine named twice (one spelling or two) is refused, as ``run_matrix`` refuses it
     entries = resolve_engine_list(engines, field="engines")
-    ((base_name, base_cls),) = resolve_engine_list([baseline], field="baseline").items()
-    if entries.setdefault(base_name, base_cls) is not base_cls:
-        raise InputError(f"the baseline {baseline!r} and an engine of the list are two "
-                         f"different classes named {base_name!r}", field="baseline",
-                         value=baseline if isinstance(baseline, str) else base_name,
-                         remedy=f"use the listed {base_name!r} as the baseline, or give one "
-                                f"class a `name` of its own")
-    compared = resolve_engine_list(list(compare_to), field="compare_to") if compare_to else {}
-    for name, cls in compared.items():
-        if entries.setdefault(name, cls) is not cls:
-            raise InputError(f"the compared engine {name!r} and an engine of the list are two "
-                             f"different classes of one name", field="compare_to", value=name,
-                             remedy=f"compare to the listed {name!r}, or give one class a "
-                                    f"`name` of its own")
+    # the baseline and the compared engines join the list; one name for two classes is refused
+    joined = {}
+    for option, given in (("baseline", [baseline]), ("compare_to", list(compare_to))):
+        joining = resolve_engine_list(given, field=option) if given else {}
+        for (name, cls), spelled in zip(joining.items(), given):
+            if entries.setdefault(name, cls) is not cls:
+                raise InputError(f"the {option} engine {name!r} and an engine of the list are "
+                                 f"two different classes of one name", field=option,
+                                 value=spelled if isinstance(spelled, str) else name,
+                                 remedy=f"use the listed {name!r}, or give one class a "
+                                        f"`name` of its own")
+        joined[option] = list(joining)
+    (base_name,) = joined["baseline"]
 
     if prompt is not None and prompt_sets:
         raise InputError("give a prompt or prompt sets, not both", field="prompt_sets",
@@ -334,7 +333,7 @@ def plan_bench(engines: Sequence[str | type[Engine]], packages: Sequence[Any],
     return BenchPlan(tuple(entries.items()), tuple(targets), mode, repeats, warmup,
                      max_new_tokens, base_name, ignore_eos, warmup_steps, pipelined,
                      interleave, profile,
-                     tuple(name for name in compared if name != base_name))
+                     tuple(name for name in joined["compare_to"] if name != base_name))
 
 
 # -- the floor -------------------------------------------------------------------------------
@@ -497,14 +496,13 @@ def attach_ratios(rows: Sequence[BenchRow], baseline: str,
     measured there (an engine's own row states why it was not)."""
     measured = {(r.engine, r.package, r.prompt_set, r.mode): r for r in rows
                 if r.measured and r.tokens_per_s_median}
-    for row in rows:
-        row.ratios = {} if not row.measured else {
-            name: row.tokens_per_s_median / ref.tokens_per_s_median
-            for name in dict.fromkeys((baseline, *compare_to))
-            if (ref := measured.get((name, row.package, row.prompt_set, row.mode)))}
     base = {(r.package, r.prompt_set, r.mode): r for r in rows if r.engine == baseline}
     for row in rows:
         row.baseline = baseline
+        row.ratios = {} if not row.measured else {
+            name: row.tokens_per_s_median / other.tokens_per_s_median
+            for name in dict.fromkeys((baseline, *compare_to))
+            if (other := measured.get((name, row.package, row.prompt_set, row.mode)))}
         ref = base.get((row.package, row.prompt_set, row.mode))
         if not row.measured:
             row.ratio = row.decode_ratio = None
@@ -514,7 +512,7 @@ def attach_ratios(rows: Sequence[BenchRow], baseline: str,
             note = f"no ratio: baseline {baseline} not measured ({why})"
             row.reason = f"{row.reason}; {note}" if row.reason else note
         else:
-            row.ratio = row.tokens_per_s_median / ref.tokens_per_s_median
+            row.ratio = row.ratios[baseline]
             if row.decode_tokens_per_s and ref.decode_tokens_per_s:
                 row.decode_ratio = row.decode_tokens_per_s / ref.decode_tokens_per_s
     return list(rows)

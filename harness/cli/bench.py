@@ -41,6 +41,10 @@ def _times(value: float | None) -> str:
     return f"{value:.0f}x" if value >= 100 else f"{value:.1f}x"
 
 
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
+
+
 def _share(value: float | None) -> str:
     return "–" if value is None else f"{value:.0%}"
 
@@ -85,16 +89,14 @@ def bench_table(rows, plan) -> Table:
                      _ms(r.decode_ms), _num(r.decode_tokens_per_s, ".1f")]
             if speculative:
                 cells += [_num(r.tokens_per_step, ".2f"), _share(r.accept_rate),
-                          "–" if r.greedy_ratio is None else f"{r.greedy_ratio:.2f}x",
+                          _ratio(r.greedy_ratio),
                           _same(r.same_tokens)]
-            cells += [_ms(r.floor_ms), _times(r.x_floor),
-                      "–" if r.ratio is None else f"{r.ratio:.2f}x"]
-            cells += [_num(r.ratios.get(name), ".2f") + ("x" if name in r.ratios else "")
-                      for name in plan.compare_to]
-        else:
-            short = SHORT.get(r.status, r.status)
-            cells = ["–"] * (len(columns) - len(own) - 1 - len(plan.compare_to)) + [short] \
-                + [short] * len(plan.compare_to)
+            cells += [_ms(r.floor_ms), _times(r.x_floor), _ratio(r.ratio)]
+            cells += [_ratio(r.ratios.get(name)) for name in plan.compare_to]
+        else:  # every ratio cell says why there is none
+            ratios = 1 + len(plan.compare_to)
+            cells = ["–"] * (len(columns) - len(own) - ratios) \
+                + [SHORT.get(r.status, r.status)] * ratios
         table.add_row(*own, *cells, style=STYLE.get(r.status) or None)
     return table
 
