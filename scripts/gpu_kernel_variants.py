@@ -80,8 +80,8 @@ VARIANTS["nokvprefetch"] = [("attention.cu",
                              "    lk_kv_prefetch<TO>(old_k, old_v, Hq, M, C, D, group);\n", "")]
 VARIANTS["vec1regs"] = [("gemv.cu", "    __shared__ float part[LK_GEMV_WARPS];\n",
                          "    __shared__ float part[LK_GEMV_ROWS * LK_GEMV_WARPS];\n"),
-                        ("gemv.cu", "lk_gemv_vec_block<T, 1, true>(",
-                         "lk_gemv_vec_block<T, LK_GEMV_ROWS, true>(")]
+                        ("gemv.cu", "lk_gemv_vec_block<T, 1, true, LK_GEMV_WARPS",
+                         "lk_gemv_vec_block<T, LK_GEMV_ROWS, true, LK_GEMV_WARPS")]
 # rotary_kv_attention's key row and value runs loaded a batch of LK_RKA_RUNS at a time, and
 # the row a slot was written by found by a subtraction over a run of positions (this
 # session's, issue 37), undone: a load each, waited for before the next, and a search
@@ -174,6 +174,14 @@ VARIANTS["before37"] = VARIANTS["nokvprefetch"] + VARIANTS["vec1regs"] + VARIANT
 VARIANTS["no0f3f77c"] = VARIANTS["nokvprefetch"] + VARIANTS["vec1regs"]
 # the attention's batches of 4 runs, not 8 (fewer registers, two round trips a key row)
 VARIANTS["rka4"] = [("attention.cu", "#define LK_RKA_RUNS 8\n", "#define LK_RKA_RUNS 4\n")]
+# weight runs in registers before the wait (issue 37, this stop) undone: in the one-row
+# GEMV, in the GEMVs with a prologue, in both (their runs asked into L2 instead, as before)
+_PRELOADS = "#define LK_GEMV_PRELOAD 4\n#define LK_PROLOGUE_PRELOAD 4\n"
+VARIANTS["novec1preload"] = [("gemv_vec.cuh", _PRELOADS,
+                               _PRELOADS.replace("GEMV_PRELOAD 4", "GEMV_PRELOAD 0"))]
+VARIANTS["noprologuepreload"] = [("gemv_vec.cuh", _PRELOADS,
+                                   _PRELOADS.replace("PROLOGUE_PRELOAD 4", "PROLOGUE_PRELOAD 0"))]
+VARIANTS["nopreload"] = [("gemv_vec.cuh", _PRELOADS, _PRELOADS.replace(" 4\n", " 0\n"))]
 
 
 def apply(name: str, assign=setattr) -> None:

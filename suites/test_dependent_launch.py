@@ -4,9 +4,9 @@ What the driver reads through ``cuLaunchKernelEx``'s config is the launch's grid
 shared memory and stream with one attribute, programmatic serialization on; a launcher made
 ``dependent`` sends every packed launch (and a step memo's replay) that way; the switch and
 the device's generation decide whether it is on. Above all, every kernel of the two modules
-so launched waits (``lk_grid_wait``) before anything but shared declarations and L2
-prefetches (weights, an old cache): a kernel that read or wrote first would race the kernel
-ahead of it. The GPU suite (``test_dependent_launch_cuda.py``) checks the bits on the device."""
+so launched waits (``lk_grid_wait``) before anything but shared declarations, L2
+prefetches (weights, an old cache) and weight runs loaded into registers (no kernel writes a
+weight): a kernel that read or wrote anything else first would race the kernel ahead of it. The GPU suite (``test_dependent_launch_cuda.py``) checks the bits on the device."""
 from __future__ import annotations
 
 import ctypes
@@ -158,14 +158,15 @@ def test_a_dependent_launcher_sends_every_packed_launch_through_the_entry(depend
 _BEFORE_WAIT = re.compile(r"^\s*(extern __shared__|__shared__|LK_DYNAMIC_SHARED\(|constexpr |"
                           r"\w+\* xs = "
                           r"reinterpret_cast<[^>]+>\(lk_\w+_smem\);|"
-                          r"(if \([\w &=!]+\) )?lk_(gemv3?|glu|kv)_prefetch(<[\w, ]+>)?\()")
+                          r"lk_preloaded<\w+> \w+;|"
+                          r"(if \([\w &=!]+\) )?lk_(gemv3?|glu|kv)_(prefetch|preload)(<[\w, ]+>)?\()")
 PLANTED = Path(__file__).resolve().parent / "kernels" / "planted_waits.cu"
 
 
 def kernels_waiting_late(source: str, kernels) -> list[str]:
     """The kernels named (defined in ``source`` as ``void NAME(``) whose body does something
-    before ``lk_grid_wait();`` other than declaring shared memory or asking L2 for weights,
-    never calls it, or is not there."""
+    before ``lk_grid_wait();`` other than declaring shared memory, asking L2 for weights or
+    loading weight runs into registers, never calls it, or is not there."""
     late = []
     for name in kernels:
         match = re.search(rf"\bvoid {name}\(", source)

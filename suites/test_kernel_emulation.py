@@ -6,8 +6,9 @@ the GEMV; ``norm_glu`` is ``norm_gemv`` over gate and up then SwiGLU; the rotati
 write and attention in one launch are the two launches; row i of an M-row launch is the
 one-row launch (batch invariance); the result does not depend on the order threads and
 blocks run in. Against a float64 numpy reference, the tolerance table's bound for the dtype.
-Planted: a barrier removed, a row-dependent accumulation, a barrier in a branch, each
-caught; the shim's float16 and bfloat16 conversions are numpy's and ml_dtypes'.
+Weight runs loaded into registers before the wait give the bits of runs loaded after it.
+Planted: a barrier removed, a row-dependent accumulation, a barrier in a branch, a
+preloaded run paired with the wrong activations, each caught; the shim's float16 and bfloat16 conversions are numpy's and ml_dtypes'.
 """
 from __future__ import annotations
 
@@ -354,12 +355,62 @@ def test_one_row_runs_gemv_vec1_with_a_row_of_many_s_bits(dtype):
 def test_a_one_row_gemv_with_another_team_is_caught(tmp_path):
     # gemv_vec1 runs its columns with two warps a column where gemv_vec runs one
     planted = _planted(tmp_path, GemvKernels, "gemv.cu",
-                       "lk_gemv_vec_block<T, 1, true>(x, w, out, M, K, N, w_nstep, w_kstep, vec, "
-                       "team,",
-                       "lk_gemv_vec_block<T, 1, true>(x, w, out, M, K, N, w_nstep, w_kstep, vec, "
-                       "2 * team,")
+                       "x, w, out, M, K, N, w_nstep, w_kstep, vec, team, blockIdx.x, part, &pre",
+                       "x, w, out, M, K, N, w_nstep, w_kstep, vec, 2 * team, blockIdx.x, part, "
+                       "&pre")
     many, ones, _ = _one_row_and_many(planted, "float16")
     assert any(many[i].tobytes() != ones[i].reshape(-1).tobytes() for i in range(5))
+
+
+_PRELOAD_DEFINES = "#define LK_GEMV_PRELOAD 4\n#define LK_PROLOGUE_PRELOAD 4\n"
+
+
+def _preloading(tmp_path, family, runs: int):
+    """``family`` whose threads load ``runs`` weight runs into registers before the wait."""
+    return _planted(tmp_path / f"p{runs}", family, "gemv_vec.cuh", _PRELOAD_DEFINES,
+                    _PRELOAD_DEFINES.replace(" 4\n", f" {runs}\n"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("runs", [1, 4])
+def test_weight_runs_loaded_before_the_wait_keep_every_bit(tmp_path, fused, dense, dtype, runs):
+    # at K = 1536 a thread holds several runs: the first preloaded, the rest loaded in the
+    # loop (1; 4 at float32's six runs a thread), or fewer than the registers hold (4 at
+    # float16's three): each product in its place
+    wide = 1536
+    rng = np.random.default_rng(17)
+    residual, delta = (_rand(rng, (1, 5, wide), dtype) for _ in range(2))
+    gain = to_device((1 + 0.1 * rng.standard_normal(wide)).astype(np_dtype(dtype)))
+    weights = [_rand(rng, (n, wide), dtype, 0.05) for n in (48, 16, 16)]
+    out = np.dtype(np_dtype(dtype))
+    prologue = emulated(_preloading(tmp_path, PrologueGemvKernels, runs))
+    total, normed = fused.add_rms_norm(residual, delta, gain, EPS, out, stream=None)
+    plain = dense.gemv_many(normed.reshape(5, wide), weights, stream=None)  # nothing preloaded
+    got = prologue.norm_gemv(residual, delta, gain, EPS, out, weights, stream=None)
+    assert all(_same(a.reshape(-1), b.reshape(-1)) for a, b in zip(got, (total, *plain)))
+    pair = [_rand(rng, (512, wide), dtype, 0.05) for _ in range(2)]  # teams of two warps
+    glu = prologue.norm_glu(residual, delta, gain, EPS, out, pair, out, out, stream=None)
+    gate, up = dense.gemv_many(normed.reshape(5, wide), pair, stream=None)
+    assert _same(glu[1].reshape(-1), fused.swiglu(gate, up, out, out, stream=None).reshape(-1))
+    one_row = emulated(_preloading(tmp_path, GemvKernels, runs))
+    x = normed.reshape(5, wide)
+    many = _rows(dense.gemv_rows(x, weights[0], stream=None), 5)  # gemv_vec: none preloaded
+    for i in (0, 4):
+        row = one_row.gemv_rows(to_device(to_host(x)[i:i + 1]), weights[0], stream=None)
+        assert to_host(row).reshape(-1).tobytes() == many[i].tobytes()
+
+
+def test_a_preloaded_run_paired_with_another_runs_activations_is_caught(tmp_path, dense):
+    # the planted bug: the preloaded runs taken in reverse against the activations' runs
+    planted = _planted(tmp_path, GemvKernels, "gemv_vec.cuh",
+                       "const long long c = tt + (long long)p * team_threads;",
+                       "const long long c = tt + (long long)(P - 1 - p) * team_threads;")
+    rng = np.random.default_rng(18)
+    x = _rand(rng, (1, 1536), "float32")
+    w = _rand(rng, (48, 1536), "float32", 0.05)
+    honest = to_host(dense.gemv_rows(x, w, stream=None))
+    got = to_host(emulated(planted).gemv_rows(x, w, stream=None))
+    assert got.tobytes() != honest.tobytes()
 
 
 def _norm_prologues(kernels, dtype: str, rows: int = 5) -> list[bytes]:

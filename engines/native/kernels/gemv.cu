@@ -93,15 +93,18 @@ __global__ void gemv_vec(const T* __restrict__ x, const T* __restrict__ w, T* __
 // arithmetic is the same in every instance, and this one, without the cases of 2 to 16
 // rows, takes 32 registers a thread where gemv_vec takes 84, so an SM holds 16 of its
 // blocks, not 6, and the head's 49,152 columns keep more weight bytes on their way.
+// Its first LK_GEMV_PRELOAD weight runs a thread are in registers before it waits.
 template <typename T>
 __global__ void gemv_vec1(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
                           long long M, long long K, long long N, long long w_nstep,
                           long long w_kstep, int vec, int team) {
     __shared__ float part[LK_GEMV_WARPS];
-    if (vec && w_kstep == 1 && w_nstep == K) lk_gemv_prefetch<T>(w, K, N, team, blockIdx.x);
+    lk_preloaded<LK_GEMV_PRELOAD> pre;
+    lk_gemv_preload<T, LK_GEMV_PRELOAD>(pre, vec && w_kstep == 1 && w_nstep == K, w, K, N,
+                                        team, blockIdx.x);
     lk_grid_wait();
-    lk_gemv_vec_block<T, 1, true>(x, w, out, M, K, N, w_nstep, w_kstep, vec, team,
-                                  blockIdx.x, part);
+    lk_gemv_vec_block<T, 1, true, LK_GEMV_WARPS, LK_GEMV_PRELOAD>(
+        x, w, out, M, K, N, w_nstep, w_kstep, vec, team, blockIdx.x, part, &pre);
 }
 
 // Up to three weights sharing x (a layer's q/k/v, or gate/up) in one launch: the first

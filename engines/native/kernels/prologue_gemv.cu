@@ -19,7 +19,9 @@ static_assert(LK_PROLOGUE_ROWS == 8, "LK_ROWS_8 lists the cases 1 to 8");
 // staged as TO in shared memory by every block (lk_norm_prologue), then up to three
 // GEMVs over the staged rows exactly as gemv_vec3 runs them (lk_gemv3): one launch where
 // the norm and the q/k/v (or gate/up, or the head) were two, the same bits. The block's
-// weight rows are asked into L2 first, so their reads from memory overlap the norm. WARPS:
+// weight rows are loaded first (a thread's first LK_PROLOGUE_PRELOAD runs into registers,
+// the rest asked into L2), so their reads from memory overlap the kernel ahead and the
+// norm. WARPS:
 // the block's warps (LK_GEMV_WARPS, or wider for several rows: fewer blocks normalise the
 // same rows; a column's bits are its team's either way), spelled in every instance.
 template <typename TI, typename TD, typename TO, int WARPS>
@@ -33,13 +35,15 @@ __global__ void norm_gemv(
     LK_DYNAMIC_SHARED(unsigned char, lk_prologue_smem);
     __shared__ float part[LK_GEMV_ROWS * WARPS];
     TO* xs = reinterpret_cast<TO*>(lk_prologue_smem);
-    lk_gemv3_prefetch<TO, WARPS>(w0, w1, w2, K, N0, N1, N2, team0, team1, team2, blocks0,
-                                 blocks1);
+    lk_preloaded<LK_PROLOGUE_PRELOAD> pre;
+    lk_gemv3_preload<TO, LK_PROLOGUE_PRELOAD, WARPS>(pre, w0, w1, w2, K, N0, N1, N2, team0,
+                                                     team1, team2, blocks0, blocks1);
     lk_grid_wait();
     lk_norm_prologue<TI, TD, TO>(res, delta, gain, sum_out, xs, M, K, eps);
     __syncthreads();
-    lk_gemv3<TO, LK_PROLOGUE_ROWS, WARPS>(xs, w0, w1, w2, out0, out1, out2, M, K, N0, N1, N2,
-                                          team0, team1, team2, blocks0, blocks1, part);
+    lk_gemv3<TO, LK_PROLOGUE_ROWS, WARPS, LK_PROLOGUE_PRELOAD>(
+        xs, w0, w1, w2, out0, out1, out2, M, K, N0, N1, N2, team0, team1, team2, blocks0,
+        blocks1, part, &pre);
 }
 
 // The gate or up column this warp's team of norm_glu computes (gate in the block's first
@@ -51,20 +55,16 @@ __device__ __forceinline__ long long lk_glu_column(long long N, int team) {
     return n < N ? n : -1;
 }
 
-// Ask L2 for the weight row of this warp's column (lk_gemv_prefetch for norm_glu's split):
-// a hint only, issued before the kernel waits for the one ahead.
-template <typename TO, int WARPS>
-__device__ __forceinline__ void lk_glu_prefetch(
-        const TO* __restrict__ wg, const TO* __restrict__ wu, long long K, long long N,
-        int team) {
-    constexpr int V = 16 / sizeof(TO);
+// The weight row of this warp's column (lk_gemv_preload for norm_glu's split): the
+// thread's first P runs into registers, the rest asked into L2, before the kernel waits.
+template <typename TO, int WARPS, int P>
+__device__ __forceinline__ void lk_glu_preload(
+        lk_preloaded<P>& pre, const TO* __restrict__ wg, const TO* __restrict__ wu,
+        long long K, long long N, int team) {
     const long long n = lk_glu_column<WARPS>(N, team);
-    if (n < 0) return;
-    const TO* wr = ((threadIdx.x >> 5) < WARPS / 2 ? wg : wu) + n * K;
+    const TO* wr = ((threadIdx.x >> 5) < WARPS / 2 ? wg : wu) + (n < 0 ? 0 : n) * K;
     const int tt = ((threadIdx.x >> 5) % team) * 32 + (threadIdx.x & 31);
-    for (long long c = tt; c < K / V; c += 32 * team) {
-        lk_prefetch_l2(wr + c * V);
-    }
+    lk_preload_runs<TO, P>(pre, n >= 0, wr, K, tt, 32 * team);
 }
 
 // RMSNorm (after the residual add when delta is given) of M <= LK_PROLOGUE_ROWS rows of K
@@ -76,8 +76,9 @@ __device__ __forceinline__ void lk_glu_prefetch(
 // up) then swiglu: one launch where there were two, and SwiGLU computed once an element,
 // where swiglu_gemv's every block computes it for every row.
 #define LK_GLU_CASE(r) case r: \
-    lk_gemv_vec_chunk<TO, r, true, WARPS>(xs, wr, staged, K, WARPS, 1, warp, 0, valid, tt, \
-                                          team * 32, warp, team, lane, part); \
+    lk_gemv_vec_chunk<TO, r, true, WARPS, LK_PROLOGUE_PRELOAD>( \
+        xs, wr, staged, K, WARPS, 1, warp, 0, valid, tt, team * 32, warp, team, lane, part, \
+        &pre); \
     break;
 template <typename TI, typename TO, typename TC, int WARPS>
 __global__ void norm_glu(
@@ -90,7 +91,8 @@ __global__ void norm_glu(
     __shared__ TO staged[LK_PROLOGUE_ROWS * WARPS];
     constexpr int HALF = WARPS / 2;
     TO* xs = reinterpret_cast<TO*>(lk_prologue_smem);
-    lk_glu_prefetch<TO, WARPS>(wg, wu, K, N, team);
+    lk_preloaded<LK_PROLOGUE_PRELOAD> pre;
+    lk_glu_preload<TO, WARPS, LK_PROLOGUE_PRELOAD>(pre, wg, wu, K, N, team);
     lk_grid_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pairs = HALF / team;
