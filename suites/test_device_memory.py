@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engines.device_memory import CountingAllocator, driver_free_bytes
+from engines.device_memory import CountingAllocator, MemoryTally, driver_free_bytes
 from engines.ledger import Ledger
 
 pytestmark = pytest.mark.claim("flat_memory")
@@ -128,6 +128,33 @@ def test_scope_uses_the_thread_local_switch(alloc):
     with alloc.scope() as a:
         assert a is alloc and cuda.local == [alloc.malloc]
     assert cuda.local == [] and cuda.allocator == "default"
+
+
+def _tallied(tally):
+    memory = SimpleNamespace(UnownedMemory=FakeUnownedMemory, MemoryPointer=FakeMemoryPointer)
+    return CountingAllocator(FakePool(), memory=memory, cuda=FakeCuda(), tally=tally)
+
+
+def test_a_tally_is_the_sum_of_its_allocators_counts():
+    # a device's graph pools (one per capture) add to one tally, read without visiting them
+    tally = MemoryTally()
+    pools = [_tallied(tally) for _ in range(3)]
+    untallied = _tallied(None)
+    held = [pools[i % 3].malloc(8 * (i + 1)) for i in range(7)] + [untallied.malloc(1000)]
+
+    def summed():
+        snaps = [a.snapshot() for a in pools]
+        return (sum(s["live_allocations"] for s in snaps), sum(s["live_bytes"] for s in snaps))
+
+    assert tally.counts() == summed() == (7, 8 * 28)
+    view = held[2] + 4  # a slice keeps its allocation live
+    del held[1:4]
+    gc.collect()
+    assert tally.counts() == summed() == (5, 8 * (28 - 2 - 4))
+    del view, held
+    gc.collect()
+    assert tally.counts() == summed() == (0, 0)
+    assert untallied.live_allocations == 0
 
 
 def test_publish_writes_the_ledger(alloc):

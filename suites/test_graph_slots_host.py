@@ -10,6 +10,8 @@ The same lifecycle on CUDA is ``suites/test_graph_slots.py`` (marker ``gpu``).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from engines.backends.native_host import NativeHostEngine
+from engines.device_memory import MemoryTally
 from engines.errors import InputError
 from engines.ledger import Ledger
 from engines.native.array_backend import NumpyArrayBackend
@@ -149,6 +152,33 @@ class Harness:
 
 def zeros_state():
     return np.zeros((1, 4), np.float32)
+
+
+class TalliedDevice(FakeDevice):
+    """A device whose pools add every buffer to one tally, as CupyGraphDevice's do."""
+
+    def __init__(self):
+        super().__init__()
+        self.tally = MemoryTally()
+
+    def empty_like(self, value, allocator):
+        self.tally.add(1, 0)
+        return super().empty_like(value, allocator)
+
+
+def test_the_slots_live_counts_are_the_devices_tally_where_it_keeps_one():
+    # read in constant time on every forward: the same counts the sum over the pools gives
+    tallied, summed = Harness(TalliedDevice()), Harness()
+    for harness in (tallied, summed):
+        harness.run(GraphSlot.PRIMARY, toy_feeds([1], 0, zeros_state()))
+        harness.run(GraphSlot.VERIFY, toy_feeds([1, 2], 1, zeros_state()))
+    assert tallied.slots.live() == tallied.device.tally.counts() == summed.slots.live()
+    assert tallied.slots.live()[0] == 6  # three feeds a capture, two captures
+    tallied.device.tally.add(2, 64)  # read from the tally, not summed over the pools
+    assert tallied.slots.live() == (8, 64)
+    # prefill graphs on another device add pools the tally does not hold: summed instead
+    tallied.slots.prefill = SimpleNamespace(device=FakeDevice(), live=lambda: (5, 0))
+    assert tallied.slots.live() == (11, 0)
 
 
 # -- signatures and phases ---------------------------------------------------------------------

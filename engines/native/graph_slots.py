@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from engines.cuda_support import import_cupy
-from engines.device_memory import CountingAllocator
+from engines.device_memory import CountingAllocator, MemoryTally
 from engines.ledger import GraphSlotCounters
 from engines.native.batched_copy import BatchedCopy
 
@@ -388,6 +388,12 @@ class GraphSlots:
             self.prefill.close()
 
     def live(self) -> tuple[int, int]:
+        """(allocations, bytes) live from every pool of the slots and the prefill graphs:
+        the device's tally where it keeps one and makes the prefill graphs' pools too
+        (every pool it makes adds to it), else the sum over the pools."""
+        tally = getattr(self.device, "tally", None)
+        if tally is not None and getattr(self.prefill, "device", self.device) is self.device:
+            return tally.counts()
         pairs = [state.live() for state in self.states.values()]
         if self.prefill is not None:
             pairs.append(self.prefill.live())
@@ -410,6 +416,7 @@ class CupyGraphDevice:
         self.stream = stream
         self.device_id = int(device_id)
         self._device = self.cp.cuda.Device(self.device_id)
+        self.tally = MemoryTally()  # every pool new_allocator makes adds to it
 
     def accepts(self, value: Any) -> bool:
         """Only non-empty arrays on this device can be copied into a static buffer."""
@@ -419,7 +426,8 @@ class CupyGraphDevice:
 
     def new_allocator(self):
         with self._device:
-            return CountingAllocator(pool=self.cp.cuda.MemoryPool(), device_id=self.device_id)
+            return CountingAllocator(pool=self.cp.cuda.MemoryPool(), device_id=self.device_id,
+                                     tally=self.tally)
 
     def empty_like(self, value: Any, allocator: Any):
         with self._device, self.stream, allocator.scope():
