@@ -6,7 +6,8 @@ shared memory and stream with one attribute, programmatic serialization on; a la
 the device's generation decide whether it is on. Above all, every kernel of the two modules
 so launched waits (``lk_grid_wait``) before anything but shared declarations, L2
 prefetches (weights, an old cache) and weight runs loaded into registers (no kernel writes a
-weight): a kernel that read or wrote anything else first would race the kernel ahead of it. The GPU suite (``test_dependent_launch_cuda.py``) checks the bits on the device."""
+weight): a kernel that read or wrote anything else first would race the kernel ahead of it.
+The GPU suite (``test_dependent_launch_cuda.py``) checks the bits on the device."""
 from __future__ import annotations
 
 import ctypes
@@ -159,7 +160,8 @@ _BEFORE_WAIT = re.compile(r"^\s*(extern __shared__|__shared__|LK_DYNAMIC_SHARED\
                           r"\w+\* xs = "
                           r"reinterpret_cast<[^>]+>\(lk_\w+_smem\);|"
                           r"lk_preloaded<\w+> \w+;|"
-                          r"(if \([\w &=!]+\) )?lk_(gemv3?|glu|kv)_(prefetch|preload)(<[\w, ]+>)?\()")
+                          r"(if \([\w &=!]+\) )?"
+                          r"lk_(gemv3?|glu|kv)_(prefetch|preload)(<[\w, ]+>)?\()")
 PLANTED = Path(__file__).resolve().parent / "kernels" / "planted_waits.cu"
 
 

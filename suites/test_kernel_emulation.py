@@ -8,7 +8,8 @@ one-row launch (batch invariance); the result does not depend on the order threa
 blocks run in. Against a float64 numpy reference, the tolerance table's bound for the dtype.
 Weight runs loaded into registers before the wait give the bits of runs loaded after it.
 Planted: a barrier removed, a row-dependent accumulation, a barrier in a branch, a
-preloaded run paired with the wrong activations, each caught; the shim's float16 and bfloat16 conversions are numpy's and ml_dtypes'.
+preloaded run paired with the wrong activations, each caught; the shim's float16 and
+bfloat16 conversions are numpy's and ml_dtypes'.
 """
 from __future__ import annotations
 
