@@ -17,7 +17,8 @@ static_assert(LK_GEMV_ROWS == 16, "LK_ROWS_16 lists the cases 1 to 16");
 // ahead: weights are written by no kernel, so under a dependent launch they travel from
 // memory while the kernel ahead still runs, and after the wait only the activations are
 // read. 4 runs cover a thread's share of SmolLM2's float16 and bfloat16 weights (K = 576
-// or 1536, teams of 1 or 2 warps); the runs past them are asked into L2 instead.
+// with teams of 1 or 2 warps: 3 runs at most; K = 1536 with 2: 3); the runs past them are
+// asked into L2 instead.
 #define LK_GEMV_PRELOAD 4
 #define LK_PROLOGUE_PRELOAD 4
 
