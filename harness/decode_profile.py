@@ -69,11 +69,12 @@ def host_functions(profiler: cProfile.Profile, rows: int = HOST_ROWS) -> list[Ho
             for func, (_, calls, own, cum, _) in ranked]
 
 
-def graph_replay_ms(engine, cupy, replays: int = REPLAYS) -> float | None:
-    """Device ms of one replay of the engine's captured PRIMARY graph (None: it has none),
+def graph_replay_ms(engine, cupy, replays: int = REPLAYS,
+                    slot: GraphSlot = GraphSlot.PRIMARY) -> float | None:
+    """Device ms of one replay of the engine's captured ``slot`` graph (None: it has none),
     launched ``replays`` times back to back on its stream between two CUDA events."""
     slots = getattr(engine, "slots", None)
-    graph = slots[GraphSlot.PRIMARY].graph if isinstance(slots, GraphSlots) else None
+    graph = slots[slot].graph if isinstance(slots, GraphSlots) else None
     if graph is None:
         return None
     for _ in range(10):

@@ -1,8 +1,9 @@
 """Kernel source variants timed side by side on one device (issue 12's bfloat16 gap): each
 variant patches the kernels' .cu files as the modules read them (text substitutions that
 must each match once in their file), and a fresh process per variant builds native-cuda on
-every package, checks its greedy tokens against the first variant's (a variant may change speed,
-never a bit), and times the PRIMARY replay with CUDA events, the packages alternating.
+every package, checks its greedy tokens, and the argmax of a VERIFY_ROWS-row verification,
+against the first variant's (a variant may change speed, never a bit), and times the PRIMARY
+and VERIFY replays with CUDA events, the packages alternating.
 
 Diagnostic only: what a change to the kernels buys before it lands; the figures issue 12 is
 judged on come from ``lockstep bench``.
@@ -14,7 +15,8 @@ Environment: VARIANTS (comma list of names below, default all; "base" is the tre
 is, "before" the kernels before run 17's bfloat16 changes, the others one change undone),
 PDL_OFF (comma list of variants also timed with LOCKSTEP_DEPENDENT_LAUNCH=off), ROUNDS
 (replay timings a package per variant, default 5), TOKENS (greedy tokens compared, default
-32), REPLAYS (replays a timing, default 200).
+32), VERIFY_ROWS (the verification's rows, default 8: the bench's W = 7). A timing is the
+mean of 200 back-to-back replays (``harness.decode_profile.REPLAYS``).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 TOKENS = int(os.environ.get("TOKENS", "32"))
+VERIFY_ROWS = int(os.environ.get("VERIFY_ROWS", "8"))  # the bench's W = 7 verification
 
 # The tree before the bfloat16 step was cut (run 17), as three undoings of it: the rounding
 # in integers (not the hardware's cvt), rotary_kv_attention's keys and values converted
@@ -93,7 +96,10 @@ _K_BATCH = """\
                 lk_vec16 kv[LK_RKA_RUNS];
 #pragma unroll
                 for (int b = 0; b < LK_RKA_RUNS; ++b) {
-                    if (c0 + b * V < D) kv[b] = *reinterpret_cast<const lk_vec16*>(kr + c0 + b * V);
+                    if (c0 + b * V < D)
+                        kv[b] = LK_RKA_PRELOAD_KEYS && j == tid && c0 == 0
+                                    ? pre.k[b]
+                                    : *reinterpret_cast<const lk_vec16*>(kr + c0 + b * V);
                 }
 #pragma unroll
                 for (int b = 0; b < LK_RKA_RUNS; ++b) {
@@ -123,7 +129,10 @@ _V_BATCH = """\
 #pragma unroll
             for (int b = 0; b < LK_RKA_RUNS; ++b) {
                 const long long j = j0 + b * (long long)groups;
-                if (j < L) vv[b] = *reinterpret_cast<const lk_vec16*>(vh_old + j * D + c * V);
+                if (j < L)
+                    vv[b] = LK_RKA_PRELOAD_VALUES && j0 == g
+                                ? pre.v[b]
+                                : *reinterpret_cast<const lk_vec16*>(vh_old + j * D + c * V);
             }
 #pragma unroll
             for (int b = 0; b < LK_RKA_RUNS; ++b) {
@@ -182,6 +191,13 @@ VARIANTS["novec1preload"] = [("gemv_vec.cuh", _PRELOADS,
 VARIANTS["noprologuepreload"] = [("gemv_vec.cuh", _PRELOADS,
                                    _PRELOADS.replace("PROLOGUE_PRELOAD 4", "PROLOGUE_PRELOAD 0"))]
 VARIANTS["nopreload"] = [("gemv_vec.cuh", _PRELOADS, _PRELOADS.replace(" 4\n", " 0\n"))]
+# rotary_kv_attention's cache runs in registers before the wait (issue 37, 2026-12-05):
+# the tree loads the key runs alone; none, the value runs alone, or both
+_RKA = "#define LK_RKA_PRELOAD_KEYS 1\n#define LK_RKA_PRELOAD_VALUES 0\n"
+VARIANTS["norkapreload"] = [("attention.cu", _RKA, _RKA.replace("KEYS 1", "KEYS 0"))]
+VARIANTS["rkavalues"] = [("attention.cu", _RKA,
+                          _RKA.replace("KEYS 1", "KEYS 0").replace("VALUES 0", "VALUES 1"))]
+VARIANTS["rkaboth"] = [("attention.cu", _RKA, _RKA.replace("VALUES 0", "VALUES 1"))]
 
 
 def apply(name: str, assign=setattr) -> None:
@@ -202,10 +218,32 @@ def apply(name: str, assign=setattr) -> None:
     assign(cuda_module, "read_text", lambda path: patched.get(path) or read(path))
 
 
+def _digest(ids) -> str:
+    return hashlib.sha256(json.dumps([int(i) for i in ids]).encode()).hexdigest()[:16]
+
+
+def verify_ids(engine, prompt: list[int]) -> list[int]:
+    """A verification of VERIFY_ROWS tokens after ``prompt``'s prefill, run three times at
+    the same position (eager, captured, replayed: the VERIFY slot then holds its graph); the
+    last one's argmax a row."""
+    from engines.workflow.session import DecodeSession
+
+    session = DecodeSession(engine)
+    session.forward(prompt, "prefill")
+    start, fed = session.position, [prompt[i % len(prompt)] for i in range(VERIFY_ROWS)]
+    for _ in range(3):
+        session.position = start
+        logits = session.forward(fed, "verify")["logits"]
+    rows = logits.reshape(VERIFY_ROWS, logits.shape[-1])
+    return list(engine.tensor_ops.argmax_rows(rows, VERIFY_ROWS))
+
+
 def child(name: str, paths: list[str]) -> dict:
-    """One variant in this process: tokens and replay timings per package."""
+    """One variant in this process: tokens and PRIMARY and VERIFY replay timings per
+    package."""
     apply(name)
     from engines.cuda_support import import_cupy
+    from engines.native.graph_slots import GraphSlot
     from engines.package import load_package
     from engines.registry import get_engine_class
     from engines.workflow import greedy_decode
@@ -220,13 +258,16 @@ def child(name: str, paths: list[str]) -> dict:
         prompt = list(package.spec.prompts[0])
         for _ in range(3):  # eager, recorded, replayed
             tokens = greedy_decode(engine, prompt, TOKENS, ignore_eos=True).tokens
+        verified = verify_ids(engine, prompt)
         engine.synchronize()
         engines[path] = engine
-        digest = hashlib.sha256(json.dumps(list(tokens)).encode()).hexdigest()[:16]
-        result[path] = {"tokens": digest, "ms": []}
+        result[path] = {"tokens": _digest(tokens), "ms": [],
+                        "verify_tokens": _digest(verified), "verify_ms": []}
     for _ in range(ROUNDS):
         for path, engine in engines.items():
             result[path]["ms"].append(graph_replay_ms(engine, cp))
+            result[path]["verify_ms"].append(graph_replay_ms(engine, cp,
+                                                             slot=GraphSlot.VERIFY))
     for engine in engines.values():
         engine.close()
     return result
@@ -249,16 +290,19 @@ def main(paths: list[str]) -> int:
     if not results:
         return 1
     first = results[0]
-    print(f"\n{'variant':10} {'pdl':4} " + " ".join(f"{Path(p).name[-24:]:>26}" for p in paths)
-          + "  ratio last/first package")
     status = 0
-    for r in results:
-        medians = [statistics.median(r[p]["ms"]) for p in paths]
-        same = all(r[p]["tokens"] == first[p]["tokens"] for p in paths)
-        status |= 0 if same else 1
-        print(f"{r['variant']:10} {r['pdl']:4} "
-              + " ".join(f"{m:>20.4f} ms   " for m in medians)
-              + f"  {medians[-1] / medians[0]:.3f}" + ("" if same else "  TOKENS DIFFER"))
+    for slot, ms, ids in (("PRIMARY", "ms", "tokens"),
+                          (f"VERIFY ({VERIFY_ROWS} rows)", "verify_ms", "verify_tokens")):
+        print(f"\n{slot}\n{'variant':10} {'pdl':4} "
+              + " ".join(f"{Path(p).name[-24:]:>26}" for p in paths)
+              + "  ratio last/first package")
+        for r in results:
+            medians = [statistics.median(r[p][ms]) for p in paths]
+            same = all(r[p][ids] == first[p][ids] for p in paths)
+            status |= 0 if same else 1
+            print(f"{r['variant']:10} {r['pdl']:4} "
+                  + " ".join(f"{m:>20.4f} ms   " for m in medians)
+                  + f"  {medians[-1] / medians[0]:.3f}" + ("" if same else "  TOKENS DIFFER"))
     return status
 
 

@@ -481,6 +481,9 @@ def test_a_graph_replay_is_timed_back_to_back_between_two_events():
     slots[GraphSlot.PRIMARY].graph = SimpleNamespace(launch=launches.append)
     assert graph_replay_ms(engine, cupy, replays=50) == 2.0
     assert launches == ["stream-0"] * 60
+    assert graph_replay_ms(engine, cupy, slot=GraphSlot.VERIFY) is None  # none captured
+    slots[GraphSlot.VERIFY].graph = SimpleNamespace(launch=lambda s: launches.extend([s] * 3))
+    assert graph_replay_ms(engine, cupy, replays=10, slot=GraphSlot.VERIFY) == 6.0
     assert graph_replay_ms(SimpleNamespace(stream="s"), cupy) is None
 
 

@@ -159,16 +159,17 @@ def test_a_dependent_launcher_sends_every_packed_launch_through_the_entry(depend
 _BEFORE_WAIT = re.compile(r"^\s*(extern __shared__|__shared__|LK_DYNAMIC_SHARED\(|constexpr |"
                           r"\w+\* xs = "
                           r"reinterpret_cast<[^>]+>\(lk_\w+_smem\);|"
-                          r"lk_preloaded<\w+> \w+;|"
+                          r"lk_(rka_)?preloaded(<\w+>)? \w+;|"
                           r"(if \([\w &=!]+\) )?"
-                          r"lk_(gemv3?|glu|kv)_(prefetch|preload)(<[\w, ]+>)?\()")
+                          r"lk_(gemv3?|glu|kv|rka)_(prefetch|preload)(<[\w, ]+>)?\()")
 PLANTED = Path(__file__).resolve().parent / "kernels" / "planted_waits.cu"
 
 
 def kernels_waiting_late(source: str, kernels) -> list[str]:
     """The kernels named (defined in ``source`` as ``void NAME(``) whose body does something
     before ``lk_grid_wait();`` other than declaring shared memory, asking L2 for weights or
-    loading weight runs into registers, never calls it, or is not there."""
+    loading weight runs (or, in attention, the old caches' runs: no kernel of a forward
+    writes those) into registers, never calls it, or is not there."""
     late = []
     for name in kernels:
         match = re.search(rf"\bvoid {name}\(", source)

@@ -25,6 +25,7 @@ from engines.native.cuda_kernels import CudaKernels
 from engines.native.emulation.cpu_module import CpuModule
 from engines.native.emulation.host_device import emulated, to_device, to_host
 from engines.native.fused_kernels import FusedKernels
+from engines.native.launch.attention import AttentionKernels
 from engines.native.launch.gemv import GemvKernels
 from engines.native.launch.prologue_gemv import WIDE_ENV, PrologueGemvKernels
 from engines.native.program_module import program_family
@@ -412,6 +413,57 @@ def test_a_preloaded_run_paired_with_another_runs_activations_is_caught(tmp_path
     honest = to_host(dense.gemv_rows(x, w, stream=None))
     got = to_host(emulated(planted).gemv_rows(x, w, stream=None))
     assert got.tobytes() != honest.tobytes()
+
+
+_RKA_DEFINES = "#define LK_RKA_PRELOAD_KEYS 1\n#define LK_RKA_PRELOAD_VALUES 0\n"
+
+
+def _attention_preloading(tmp_path, keys: int, values: int, *plants: tuple[str, str]):
+    """``AttentionKernels`` whose attention blocks load the old caches' key runs (``keys``)
+    and value runs (``values``) into registers before the wait, with ``plants`` (old, new)
+    of attention.cu replaced too."""
+    folder = kernel_folder(tmp_path / f"rka{keys}{values}{len(plants)}",
+                           ("attention.cu", _RKA_DEFINES,
+                            f"#define LK_RKA_PRELOAD_KEYS {keys}\n"
+                            f"#define LK_RKA_PRELOAD_VALUES {values}\n"))
+    source = folder / "attention.cu"
+    for old, new in plants:
+        text = source.read_text()
+        assert text.count(old) == 1, old
+        source.write_text(text.replace(old, new))
+    module = dataclasses.replace(AttentionKernels.MODULE, folder=folder)
+    return emulated(type("PreloadingAttention", (AttentionKernels,), {"MODULE": module}))
+
+
+def _attention_bytes(kernels, dtype: str) -> list[bytes]:
+    """The caches and output of rotary_kv_attention over a short case (two rows at 9) and a
+    long one (keys past a key a thread and past a batch of value runs: 300 slots read)."""
+    cases = (_attention_case(dtype, 2, 9), _attention_case(dtype, 2, 298, slots=320))
+    return [to_host(v).tobytes() for case in cases
+            for v in _rotary_kv_attention(kernels, case, dtype)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cache_runs_loaded_before_the_wait_keep_every_bit(tmp_path, fused, dtype):
+    # the tree loads the key runs alone (fused: every test above holds it to the two
+    # launches); values alone, both and neither give the same bytes
+    expected = _attention_bytes(fused, dtype)
+    for keys, values in ((0, 1), (1, 1), (0, 0)):
+        assert _attention_bytes(_attention_preloading(tmp_path, keys, values), dtype) \
+            == expected, (keys, values)
+
+
+def test_a_preloaded_cache_run_of_another_slot_is_caught(tmp_path, fused):
+    # the planted bugs: a thread's preloaded key row is its neighbour's slot; its preloaded
+    # value runs are the next key's
+    expected = _attention_bytes(fused, "float16")
+    wrong_key = ("const TO* kr = old_k + head + (long long)tid * D;",
+                 "const TO* kr = old_k + head + (long long)(tid ^ 1) * D;")
+    wrong_value = ("const long long j = g + b * (long long)groups;\n            if (j < C)",
+                   "const long long j = g + 1 + b * (long long)groups;\n            if (j < C)")
+    for keys, values, plant in ((1, 0, wrong_key), (0, 1, wrong_value)):
+        got = _attention_bytes(_attention_preloading(tmp_path, keys, values, plant), "float16")
+        assert got != expected, plant
 
 
 def _norm_prologues(kernels, dtype: str, rows: int = 5) -> list[bytes]:

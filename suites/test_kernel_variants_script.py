@@ -41,3 +41,19 @@ def test_a_variant_whose_text_is_gone_stops_with_its_name(monkeypatch):
     monkeypatch.setitem(variants.VARIANTS, "stale", [("prelude.cuh", "no such text", "x")])
     with pytest.raises(SystemExit, match="stale"):
         variants.apply("stale", monkeypatch.setattr)
+
+
+def test_the_verification_a_variant_times_is_the_width_the_bench_verifies(packages):
+    # VERIFY_ROWS ids, one a row, the same from a second engine; three verify forwards ran at
+    # one position (eager, captured and replayed on a device), after one prefill
+    from engines.package import load_package
+    from engines.registry import get_engine_class
+
+    package = load_package(packages["tiny_llama"].root)
+    prompt = list(package.spec.prompts[0])
+    engine = get_engine_class("native-host")(package)
+    ids = variants.verify_ids(engine, prompt)
+    vocab = package.spec.vocab_size
+    assert len(ids) == variants.VERIFY_ROWS == 8 and all(0 <= i < vocab for i in ids)
+    assert engine.ledger.forwards["verify"] == 3 and engine.ledger.forwards["prefill"] == 1
+    assert variants.verify_ids(get_engine_class("native-host")(package), prompt) == ids

@@ -344,6 +344,59 @@ __device__ __forceinline__ void lk_kv_prefetch(const TO* __restrict__ old_k,
     }
 }
 
+// Whether an attention block of rotary_kv_attention loads its threads' first key-row batch
+// (KEYS) and their first batch of value runs (VALUES) into registers before it waits for
+// the kernel ahead (lk_rka_preload), 1 or 0. With the keys alone a thread takes 119 to 123
+// registers (sm_90; 99 to 102 without): two 256-thread blocks a multiprocessor, as without;
+// with the values too, 157: one (gpu_kernel_variants' norkapreload, rkavalues and rkaboth
+// time the others).
+#define LK_RKA_PRELOAD_KEYS 1
+#define LK_RKA_PRELOAD_VALUES 0
+
+// What a thread of an attention block loaded before the wait: the first LK_RKA_RUNS runs of
+// key row j = threadIdx.x, and value run c of keys j = g, g + groups, ... (the first batch of
+// the value sum's loop), of the block's KV head.
+struct lk_rka_preloaded {
+    lk_vec16 k[LK_RKA_RUNS];
+    lk_vec16 v[LK_RKA_RUNS];
+};
+
+// Load lk_rka_preloaded's runs of the old caches (slots below C only) before the wait. Safe
+// because no kernel of a forward writes an old cache, so the kernel ahead (the only one a
+// dependent launch's prologue can overlap, as the instruction ahead in a launch program)
+// cannot: the old cache is the last forward's output, or a slot's static input filled
+// before its graph launches. The position is not read yet, so rows past it are loaded too
+// and not used. The scores and the value sum then take these runs where they would have
+// loaded the same bytes: the same products in the same order.
+template <typename TO>
+__device__ __forceinline__ void lk_rka_preload(lk_rka_preloaded& pre,
+                                               const TO* __restrict__ old_k,
+                                               const TO* __restrict__ old_v, long long Hq,
+                                               long long M, long long C, long long D,
+                                               long long group) {
+    if ((long long)blockIdx.x >= Hq * M) return;
+    constexpr int V = 16 / sizeof(TO);
+    const long long head = ((long long)blockIdx.x / M) / group * C * D;
+    const int tid = threadIdx.x;
+    if (LK_RKA_PRELOAD_KEYS && tid < C) {
+        const TO* kr = old_k + head + (long long)tid * D;
+#pragma unroll
+        for (int b = 0; b < LK_RKA_RUNS; ++b) {
+            if (b * V < D) pre.k[b] = *reinterpret_cast<const lk_vec16*>(kr + b * V);
+        }
+    }
+    const int runs = (int)(D / V);
+    const int groups = blockDim.x / runs;
+    const int c = tid % runs, g = tid / runs;
+    if (LK_RKA_PRELOAD_VALUES && g < groups) {
+#pragma unroll
+        for (int b = 0; b < LK_RKA_RUNS; ++b) {
+            const long long j = g + b * (long long)groups;
+            if (j < C) pre.v[b] = *reinterpret_cast<const lk_vec16*>(old_v + head + j * D + c * V);
+        }
+    }
+}
+
 // A decode's or verification's RotaryKVWrite and the Attention that reads its rotated
 // queries and its two caches, in one launch. Blocks [0, Hq * M) are attention's blocks
 // (head h, query m): the query row is rotated in the block (lk_rotary_at, rounded to TO as
@@ -371,6 +424,8 @@ __global__ void rotary_kv_attention(
         const long long* __restrict__ pos, long long C, long long group, int has_scale,
         float scale, TO* __restrict__ out) {
     lk_kv_prefetch<TO>(old_k, old_v, Hq, M, C, D, group);
+    lk_rka_preloaded pre;
+    lk_rka_preload<TO>(pre, old_k, old_v, Hq, M, C, D, group);
     lk_grid_wait();
     const long long att_blocks = Hq * M;
     if ((long long)blockIdx.x >= att_blocks) {
@@ -435,7 +490,10 @@ __global__ void rotary_kv_attention(
                 lk_vec16 kv[LK_RKA_RUNS];
 #pragma unroll
                 for (int b = 0; b < LK_RKA_RUNS; ++b) {
-                    if (c0 + b * V < D) kv[b] = *reinterpret_cast<const lk_vec16*>(kr + c0 + b * V);
+                    if (c0 + b * V < D)
+                        kv[b] = LK_RKA_PRELOAD_KEYS && j == tid && c0 == 0
+                                    ? pre.k[b]
+                                    : *reinterpret_cast<const lk_vec16*>(kr + c0 + b * V);
                 }
 #pragma unroll
                 for (int b = 0; b < LK_RKA_RUNS; ++b) {
@@ -472,7 +530,10 @@ __global__ void rotary_kv_attention(
 #pragma unroll
             for (int b = 0; b < LK_RKA_RUNS; ++b) {
                 const long long j = j0 + b * (long long)groups;
-                if (j < L) vv[b] = *reinterpret_cast<const lk_vec16*>(vh_old + j * D + c * V);
+                if (j < L)
+                    vv[b] = LK_RKA_PRELOAD_VALUES && j0 == g
+                                ? pre.v[b]
+                                : *reinterpret_cast<const lk_vec16*>(vh_old + j * D + c * V);
             }
 #pragma unroll
             for (int b = 0; b < LK_RKA_RUNS; ++b) {
