@@ -11,7 +11,8 @@
 #   join       join the parts into /tmp/smollm2.gguf, checking the sha256
 #   bound      scripts/gpu_persistent_bound.py: a persistent step's best case against launches
 #   variants   a random SmolLM2-shaped float16 package (built once a machine), then
-#              scripts/gpu_kernel_variants.py over $VARIANTS (tokens compared, replays timed)
+#              scripts/gpu_kernel_variants.py over $VARIANTS (tokens compared, the PRIMARY
+#              and VERIFY replays timed)
 #   profile    scripts/gpu_kernel_profile.py 7 with dependent launches off (kernel by kernel)
 #   round      scripts/gpu_round_probe.py 7 128 with LOCKSTEP_WIDE_VERIFY in $ROUND_ORDER
 #              (default off on off on: each setting twice, in turns)
@@ -24,7 +25,7 @@
 #   suites     the GPU suites alone (scripts/gpu_run.sh with LOCKSTEP_SUITES_ONLY=1)
 #
 # Environment: OUT (required), GGUF (default SmolLM2-135M-Instruct.Q4_1.gguf), VARIANTS
-# (default base,nopreload,novec1preload,noprologuepreload), BUDGET (bench seconds, default 450),
+# (default base,norkapreload,rkavalues,rkaboth), BUDGET (bench seconds, default 450),
 # BENCH_LIMIT (the bench table's seconds, default 330), PEERS (default hf-cuda,ort-cuda:
 # those available join), ROUND_ORDER (default "off on off on"), LIMIT_<STEP> (a step's
 # timeout in seconds, e.g. LIMIT_BOUND=150).
@@ -35,7 +36,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 : "${OUT:?set OUT to the folder the evidence goes to}"
 GGUF=${GGUF:-SmolLM2-135M-Instruct.Q4_1.gguf}
-VARIANTS=${VARIANTS:-base,nopreload,novec1preload,noprologuepreload}
+VARIANTS=${VARIANTS:-base,norkapreload,rkavalues,rkaboth}
 BUDGET=${BUDGET:-450}
 PEERS=${PEERS:-hf-cuda,ort-cuda}  # ort-cuda joins where /tmp/site-ort holds onnxruntime-gpu
 BENCH_LIMIT=${BENCH_LIMIT:-330}
