@@ -25,7 +25,7 @@
 #   suites     the GPU suites alone (scripts/gpu_run.sh with LOCKSTEP_SUITES_ONLY=1)
 #
 # Environment: OUT (required), GGUF (default SmolLM2-135M-Instruct.Q4_1.gguf), VARIANTS
-# (default base,norkapreload,rkavalues,rkaboth), BUDGET (bench seconds, default 450),
+# (default base,rkakeys,rkavalues,rkaboth), BUDGET (bench seconds, default 450),
 # BENCH_LIMIT (the bench table's seconds, default 330), PEERS (default hf-cuda,ort-cuda:
 # those available join), ROUND_ORDER (default "off on off on"), LIMIT_<STEP> (a step's
 # timeout in seconds, e.g. LIMIT_BOUND=150).
@@ -36,7 +36,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 : "${OUT:?set OUT to the folder the evidence goes to}"
 GGUF=${GGUF:-SmolLM2-135M-Instruct.Q4_1.gguf}
-VARIANTS=${VARIANTS:-base,norkapreload,rkavalues,rkaboth}
+VARIANTS=${VARIANTS:-base,rkakeys,rkavalues,rkaboth}
 BUDGET=${BUDGET:-450}
 PEERS=${PEERS:-hf-cuda,ort-cuda}  # ort-cuda joins where /tmp/site-ort holds onnxruntime-gpu
 BENCH_LIMIT=${BENCH_LIMIT:-330}

@@ -346,11 +346,11 @@ __device__ __forceinline__ void lk_kv_prefetch(const TO* __restrict__ old_k,
 
 // Whether an attention block of rotary_kv_attention loads its threads' first key-row batch
 // (KEYS) and their first batch of value runs (VALUES) into registers before it waits for
-// the kernel ahead (lk_rka_preload), 1 or 0. With the keys alone a thread takes 119 to 123
-// registers (sm_90; 99 to 102 without): two 256-thread blocks a multiprocessor, as without;
-// with the values too, 157: one (gpu_kernel_variants' norkapreload, rkavalues and rkaboth
-// time the others).
-#define LK_RKA_PRELOAD_KEYS 1
+// the kernel ahead (lk_rka_preload), 1 or 0. Both off: on the H100 (2026-12-05) the keys
+// alone made the PRIMARY replay 2.2% slower and the VERIFY one 2.1% (a thread's registers
+// 99 to 102 without, 119 to 123 with them; 157 with the values too), the values alone and
+// both slower still (gpu_kernel_variants' rkakeys, rkavalues and rkaboth).
+#define LK_RKA_PRELOAD_KEYS 0
 #define LK_RKA_PRELOAD_VALUES 0
 
 // What a thread of an attention block loaded before the wait: the first LK_RKA_RUNS runs of
