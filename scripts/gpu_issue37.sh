@@ -22,7 +22,9 @@
 #   pass       scripts/gpu_pass_probe.py 7 on the bench's float16 conversion (after bench, on
 #              the same machine): the grounded pass's wall against its forwards' device time
 #   program    scripts/gpu_program_probe.py with MIN_BLOCKS="6 8" (a call of its own)
-#   suites     the GPU suites alone (scripts/gpu_run.sh with LOCKSTEP_SUITES_ONLY=1)
+#   suites     the GPU suites alone (scripts/gpu_run.sh with LOCKSTEP_SUITES_ONLY=1), less
+#              what needs a staged package: the ort-cuda tests (gpu_staged_suites.sh's
+#              `ort`) and vLLM's field names (gpu_vllm.sh)
 #
 # Environment: OUT (required), GGUF (default SmolLM2-135M-Instruct.Q4_1.gguf), VARIANTS
 # (default base,rkakeys,rkavalues,rkaboth), BUDGET (bench seconds, default 450),
@@ -42,6 +44,9 @@ PEERS=${PEERS:-hf-cuda,ort-cuda}  # ort-cuda joins where /tmp/site-ort holds onn
 BENCH_LIMIT=${BENCH_LIMIT:-330}
 RANDOM_PACKAGE=/tmp/lockstep-rand-smollm2
 ROUND_ORDER=${ROUND_ORDER:-off on off on}
+# the suites step's selection: no timing prints, nothing that needs a staged package
+SUITES_EXPR="not print_decode_ms and not print_device_ms and not ort_cuda"
+SUITES_EXPR="$SUITES_EXPR and not test_the_fakes_have_vllms_field_names"
 
 prepare() {
   if [ ! -f /tmp/site/.lockstep-wheels ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -129,7 +134,7 @@ while [ $# -gt 0 ]; do
         python3 scripts/gpu_program_probe.py ;;
     suites)
       run_step suites 560 env LOCKSTEP_SUITES_ONLY=1 OUT="$OUT/suites" \
-        bash scripts/gpu_run.sh 'not print_decode_ms and not print_device_ms' ;;
+        bash scripts/gpu_run.sh "$SUITES_EXPR" ;;
     *)
       echo "unknown step $step (see the head of $0)" >&2
       exit 2 ;;
