@@ -2,8 +2,9 @@
 variant patches the kernels' .cu files as the modules read them (text substitutions that
 must each match once in their file), and a fresh process per variant builds native-cuda on
 every package, checks its greedy tokens, and the argmax of a VERIFY_ROWS-row verification,
-against the first variant's (a variant may change speed, never a bit), and times the PRIMARY
-and VERIFY replays with CUDA events, the packages alternating.
+against the first variant's (a variant may change speed, never a bit; an ablation, which
+cuts a phase to see what it costs, changes bits and is not held to them), and times the
+PRIMARY and VERIFY replays with CUDA events, the packages alternating.
 
 Diagnostic only: what a change to the kernels buys before it lands; the figures issue 12 is
 judged on come from ``lockstep bench``.
@@ -197,6 +198,25 @@ _RKA = "#define LK_RKA_PRELOAD_KEYS 0\n#define LK_RKA_PRELOAD_VALUES 0\n"
 VARIANTS["rkakeys"] = [("attention.cu", _RKA, _RKA.replace("KEYS 0", "KEYS 1"))]
 VARIANTS["rkavalues"] = [("attention.cu", _RKA, _RKA.replace("VALUES 0", "VALUES 1"))]
 VARIANTS["rkaboth"] = [("attention.cu", _RKA, _RKA.replace(" 0\n", " 1\n"))]
+# Ablations (issue 37): rotary_kv_attention, the profile's largest kernel, with one phase
+# cut, so the replays' difference is what that phase holds the step up by. The bits change
+# (the caches or the output hold what was never computed): timing only, their tokens are
+# not compared (ABLATIONS). cutcopy: no new-cache blocks' copy; cutattention: the attention
+# blocks end at their wait; cutscores, cutsoftmax, cutvalues: one phase of them left out.
+_RKA_STORE = "        lk_rotary_kv_store<TX, TC, TO>(v, xk,"
+_RKA_STAGE = "    __shared__ float qs[LK_RKA_MAX_D];\n"
+_RKA_SCORES = ("    for (long long j = tid; j < L; j += blockDim.x) {\n"
+               "        const long long hit = lk_written_row")
+_RKA_SOFTMAX = "    lk_softmax_block(s, L, mx, smem, tid, O, SC);\n"
+_RKA_VALUES = "    if (g < groups) {\n        float o[V];"
+VARIANTS["cutcopy"] = [("attention.cu", _RKA_STORE, "        if (v < 0) " + _RKA_STORE[8:])]
+VARIANTS["cutattention"] = [("attention.cu", _RKA_STAGE, "    if (C >= 0) return;\n" + _RKA_STAGE)]
+VARIANTS["cutscores"] = [("attention.cu", _RKA_SCORES,
+                          _RKA_SCORES.replace("j < L;", "j < L && C < 0;"))]
+VARIANTS["cutsoftmax"] = [("attention.cu", _RKA_SOFTMAX, "")]
+VARIANTS["cutvalues"] = [("attention.cu", _RKA_VALUES,
+                          _RKA_VALUES.replace("g < groups", "g < groups && C < 0"))]
+ABLATIONS = frozenset(("cutcopy", "cutattention", "cutscores", "cutsoftmax", "cutvalues"))
 
 
 def apply(name: str, assign=setattr) -> None:
@@ -292,16 +312,18 @@ def main(paths: list[str]) -> int:
     status = 0
     for slot, ms, ids in (("PRIMARY", "ms", "tokens"),
                           (f"VERIFY ({VERIFY_ROWS} rows)", "verify_ms", "verify_tokens")):
-        print(f"\n{slot}\n{'variant':10} {'pdl':4} "
+        print(f"\n{slot}\n{'variant':12} {'pdl':4} "
               + " ".join(f"{Path(p).name[-24:]:>26}" for p in paths)
               + "  ratio last/first package")
         for r in results:
             medians = [statistics.median(r[p][ms]) for p in paths]
             same = all(r[p][ids] == first[p][ids] for p in paths)
-            status |= 0 if same else 1
-            print(f"{r['variant']:10} {r['pdl']:4} "
+            cut = r["variant"] in ABLATIONS  # an ablation's bits are not the tree's
+            status |= 0 if same or cut else 1
+            print(f"{r['variant']:12} {r['pdl']:4} "
                   + " ".join(f"{m:>20.4f} ms   " for m in medians)
-                  + f"  {medians[-1] / medians[0]:.3f}" + ("" if same else "  TOKENS DIFFER"))
+                  + f"  {medians[-1] / medians[0]:.3f}"
+                  + ("" if same else "  ablation" if cut else "  TOKENS DIFFER"))
     return status
 
 
