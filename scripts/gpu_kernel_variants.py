@@ -198,6 +198,9 @@ _RKA = "#define LK_RKA_PRELOAD_KEYS 0\n#define LK_RKA_PRELOAD_VALUES 0\n"
 VARIANTS["rkakeys"] = [("attention.cu", _RKA, _RKA.replace("KEYS 0", "KEYS 1"))]
 VARIANTS["rkavalues"] = [("attention.cu", _RKA, _RKA.replace("VALUES 0", "VALUES 1"))]
 VARIANTS["rkaboth"] = [("attention.cu", _RKA, _RKA.replace(" 0\n", " 1\n"))]
+# its copying blocks' old cache runs loaded before the wait (off in the tree until measured)
+VARIANTS["rkacopy"] = [("attention.cu", "#define LK_RKA_PRELOAD_COPY 0\n",
+                        "#define LK_RKA_PRELOAD_COPY 1\n")]
 # Ablations (issue 37): rotary_kv_attention, the profile's largest kernel, with one phase
 # cut, so the replays' difference is what that phase holds the step up by. The bits change
 # (the caches or the output hold what was never computed): timing only, their tokens are
