@@ -202,23 +202,34 @@ VARIANTS["rkaboth"] = [("attention.cu", _RKA, _RKA.replace(" 0\n", " 1\n"))]
 VARIANTS["rkacopy"] = [("attention.cu", "#define LK_RKA_PRELOAD_COPY 0\n",
                         "#define LK_RKA_PRELOAD_COPY 1\n")]
 # Ablations (issue 37): rotary_kv_attention, the profile's largest kernel, with one phase
-# cut, so the replays' difference is what that phase holds the step up by. The bits change
-# (the caches or the output hold what was never computed): timing only, their tokens are
-# not compared (ABLATIONS). cutcopy: no new-cache blocks' copy; cutattention: the attention
-# blocks end at their wait; cutscores, cutsoftmax, cutvalues: one phase of them left out.
+# cut, so the replays' difference is what that phase holds the step up by. The bits change,
+# so their tokens are not compared (ABLATIONS); every output is still written, and finite,
+# or the decode that captures the graphs would stop at a NaN row. cutcopy: the copying
+# blocks store zeros where they copied the old caches (their loads cut); cutattention: the
+# attention blocks store zeros at their wait; cutscores: every score is 0 (the key loads and
+# products cut); cutsoftmax: the scores go to the value sum as they are; cutvalues: the
+# value sum is 0 (its loads and sums cut).
 _RKA_STORE = "        lk_rotary_kv_store<TX, TC, TO>(v, xk,"
+_RKA_COPIED = "LK_RKA_PRELOAD_COPY && pre.copied ? &pre.copy : 0);"
 _RKA_STAGE = "    __shared__ float qs[LK_RKA_MAX_D];\n"
-_RKA_SCORES = ("    for (long long j = tid; j < L; j += blockDim.x) {\n"
-               "        const long long hit = lk_written_row")
+_RKA_ZEROS = ("    if (C >= 0) {\n"
+              "        for (long long d = threadIdx.x; d < D; d += blockDim.x)\n"
+              "            lk_store(out, ((long long)blockIdx.x % M * Hq\n"
+              "                           + (long long)blockIdx.x / M) * D + d, 0.0f);\n"
+              "        return;\n"
+              "    }\n")
+_RKA_SCORE = "        float acc = 0.0f;\n        if (hit >= 0) {"
 _RKA_SOFTMAX = "    lk_softmax_block(s, L, mx, smem, tid, O, SC);\n"
-_RKA_VALUES = "    if (g < groups) {\n        float o[V];"
-VARIANTS["cutcopy"] = [("attention.cu", _RKA_STORE, "        if (v < 0) " + _RKA_STORE[8:])]
-VARIANTS["cutattention"] = [("attention.cu", _RKA_STAGE, "    if (C >= 0) return;\n" + _RKA_STAGE)]
-VARIANTS["cutscores"] = [("attention.cu", _RKA_SCORES,
-                          _RKA_SCORES.replace("j < L;", "j < L && C < 0;"))]
+_RKA_VALUES = "        for (long long j0 = g; j0 < L; j0 += LK_RKA_RUNS * (long long)groups) {"
+VARIANTS["cutcopy"] = [("attention.cu", _RKA_STORE,
+                        "        const lk_vec16 zero = {{0u, 0u, 0u, 0u}};\n" + _RKA_STORE),
+                       ("attention.cu", _RKA_COPIED, "&zero);")]
+VARIANTS["cutattention"] = [("attention.cu", _RKA_STAGE, _RKA_ZEROS + _RKA_STAGE)]
+VARIANTS["cutscores"] = [("attention.cu", _RKA_SCORE, _RKA_SCORE.replace(
+    "if (hit >= 0)", "if (C >= 0) {\n        } else if (hit >= 0)"))]
 VARIANTS["cutsoftmax"] = [("attention.cu", _RKA_SOFTMAX, "")]
 VARIANTS["cutvalues"] = [("attention.cu", _RKA_VALUES,
-                          _RKA_VALUES.replace("g < groups", "g < groups && C < 0"))]
+                          _RKA_VALUES.replace("j0 < L;", "j0 < L && C < 0;"))]
 ABLATIONS = frozenset(("cutcopy", "cutattention", "cutscores", "cutsoftmax", "cutvalues"))
 
 

@@ -57,3 +57,64 @@ def test_the_verification_a_variant_times_is_the_width_the_bench_verifies(packag
     assert len(ids) == variants.VERIFY_ROWS == 8 and all(0 <= i < vocab for i in ids)
     assert engine.ledger.forwards["verify"] == 3 and engine.ledger.forwards["prefill"] == 1
     assert variants.verify_ids(get_engine_class("native-host")(package), prompt) == ids
+
+
+def _ablated_attention(monkeypatch, name: str, fill: int) -> list[bytes]:
+    """rotary_kv_attention under variant ``name`` on the CPU emulator (SmolLM2's heads scaled
+    down, two rows at 9 of 32 slots), fresh buffers filled with the byte ``fill``: its two
+    caches' and its output's bytes."""
+    import numpy as np
+
+    from engines.native.emulation import host_device
+    from engines.native.emulation.host_device import emulated, to_device, to_host
+    from engines.native.launch.attention import AttentionKernels
+
+    pattern = host_device._garbage
+
+    def garbage(shape, dtype):
+        out = pattern(shape, dtype)
+        out.view(np.uint8)[...] = fill
+        return out
+
+    with monkeypatch.context() as patch:
+        patch.setattr(host_device, "_garbage", garbage)
+        variants.apply(name, patch.setattr)
+        kernels = emulated(AttentionKernels)
+        rng = np.random.default_rng(5)
+        f16 = np.float16
+
+        def rand(*shape):
+            return to_device(rng.standard_normal(shape).astype(f16))
+
+        angles = np.arange(9, 11)[:, None] * (1e-2 * np.arange(64)[None] + 0.1)
+        cos = to_device(np.cos(angles).astype(np.float32)[None, None])
+        sin = to_device(np.sin(angles).astype(np.float32)[None, None])
+        got = kernels.rotary_kv_attention(
+            rand(1, 6, 2, 64), rand(1, 2, 2, 64), cos, sin, "halves", np.dtype(np.float32),
+            None, None, np.dtype(f16), rand(1, 2, 32, 64), rand(1, 2, 32, 64),
+            rand(1, 2, 2, 64), to_device(np.arange(9, 11, dtype=np.int64)[None]), 2, 3, 0.125,
+            np.dtype(np.float32), stream=None)
+        assert got is not None
+        return [to_host(v).tobytes() for v in got]
+
+
+@pytest.mark.parametrize("name", sorted(variants.ABLATIONS))
+def test_an_ablation_writes_every_output_it_is_timed_on(monkeypatch, name):
+    # the decode that captures the graphs stops at a NaN row: an ablation whose caches or
+    # output keep what a fresh buffer held (0x7B or 0xFF, a NaN) could not be timed
+    import numpy as np
+
+    first, second = (_ablated_attention(monkeypatch, name, fill) for fill in (0x7B, 0xFF))
+    assert first == second
+    assert all(np.isfinite(np.frombuffer(b, np.float16)).all() for b in first)
+    assert first != _ablated_attention(monkeypatch, "base", 0x7B)  # it cut something
+
+
+def test_an_ablation_that_leaves_a_cache_unwritten_is_caught(monkeypatch):
+    # the planted one: the copying blocks store nothing (the first cutcopy, which the H100
+    # could not time: its decode met a NaN row)
+    monkeypatch.setitem(variants.VARIANTS, "storeless",
+                        [("attention.cu", "        lk_rotary_kv_store<TX, TC, TO>(v, xk,",
+                          "        if (v < 0) lk_rotary_kv_store<TX, TC, TO>(v, xk,")])
+    assert _ablated_attention(monkeypatch, "storeless", 0x7B) \
+        != _ablated_attention(monkeypatch, "storeless", 0xFF)
