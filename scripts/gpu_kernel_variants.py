@@ -230,6 +230,32 @@ VARIANTS["cutscores"] = [("attention.cu", _RKA_SCORE, _RKA_SCORE.replace(
 VARIANTS["cutsoftmax"] = [("attention.cu", _RKA_SOFTMAX, "")]
 VARIANTS["cutvalues"] = [("attention.cu", _RKA_VALUES,
                           _RKA_VALUES.replace("j0 < L;", "j0 < L && C < 0;"))]
+# attention.cu's block trees finished by every thread (the same sums in the same order, so
+# the same bits), not by thread 0 and read back after a third barrier: two barriers a tree,
+# no thread alone in a loop (issue 37: the softmax holds a step up by 1.3 us a layer)
+_TREE_SUM = """\
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < warps; ++w) total += smem[w];
+        smem[32] = total;
+    }
+    __syncthreads();
+    return smem[32];"""
+_TREE_MAX = """\
+    if (threadIdx.x == 0) {
+        float m = smem[0];
+        for (int w = 1; w < warps; ++w) m = fmaxf(m, smem[w]);
+        smem[32] = m;
+    }
+    __syncthreads();
+    return smem[32];"""
+VARIANTS["treeall"] = [
+    ("attention.cu", _TREE_SUM, "    float total = 0.0f;\n"
+                                "    for (int w = 0; w < warps; ++w) total += smem[w];\n"
+                                "    return total;"),
+    ("attention.cu", _TREE_MAX, "    float m = smem[0];\n"
+                                "    for (int w = 1; w < warps; ++w) m = fmaxf(m, smem[w]);\n"
+                                "    return m;")]
 ABLATIONS = frozenset(("cutcopy", "cutattention", "cutscores", "cutsoftmax", "cutvalues"))
 
 

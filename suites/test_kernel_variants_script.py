@@ -59,10 +59,13 @@ def test_the_verification_a_variant_times_is_the_width_the_bench_verifies(packag
     assert variants.verify_ids(get_engine_class("native-host")(package), prompt) == ids
 
 
-def _ablated_attention(monkeypatch, name: str, fill: int) -> list[bytes]:
+def _attention_under(monkeypatch, name: str, fill: int,
+                       descending: bool = False) -> list[bytes]:
     """rotary_kv_attention under variant ``name`` on the CPU emulator (SmolLM2's heads scaled
-    down, two rows at 9 of 32 slots), fresh buffers filled with the byte ``fill``: its two
-    caches' and its output's bytes."""
+    down, two rows at 200 of 256 slots: scores in seven warps), fresh buffers filled with
+    the byte ``fill``, threads in reverse order if ``descending``: its two caches' and its
+    output's bytes; then attention's over those caches, of two rows and of twelve (a
+    prefill's attention_rows)."""
     import numpy as np
 
     from engines.native.emulation import host_device
@@ -79,23 +82,28 @@ def _ablated_attention(monkeypatch, name: str, fill: int) -> list[bytes]:
     with monkeypatch.context() as patch:
         patch.setattr(host_device, "_garbage", garbage)
         variants.apply(name, patch.setattr)
-        kernels = emulated(AttentionKernels)
+        kernels = emulated(AttentionKernels, descending=descending)
         rng = np.random.default_rng(5)
         f16 = np.float16
 
         def rand(*shape):
             return to_device(rng.standard_normal(shape).astype(f16))
 
-        angles = np.arange(9, 11)[:, None] * (1e-2 * np.arange(64)[None] + 0.1)
+        angles = np.arange(200, 202)[:, None] * (1e-2 * np.arange(64)[None] + 0.1)
         cos = to_device(np.cos(angles).astype(np.float32)[None, None])
         sin = to_device(np.sin(angles).astype(np.float32)[None, None])
         got = kernels.rotary_kv_attention(
             rand(1, 6, 2, 64), rand(1, 2, 2, 64), cos, sin, "halves", np.dtype(np.float32),
-            None, None, np.dtype(f16), rand(1, 2, 32, 64), rand(1, 2, 32, 64),
-            rand(1, 2, 2, 64), to_device(np.arange(9, 11, dtype=np.int64)[None]), 2, 3, 0.125,
+            None, None, np.dtype(f16), rand(1, 2, 256, 64), rand(1, 2, 256, 64),
+            rand(1, 2, 2, 64), to_device(np.arange(200, 202, dtype=np.int64)[None]), 2, 3, 0.125,
             np.dtype(np.float32), stream=None)
         assert got is not None
-        return [to_host(v).tobytes() for v in got]
+        cache_k, cache_v = got[0], got[1]
+        plain = [kernels.attention(rand(1, 6, rows, 64), cache_k, cache_v,
+                                   to_device(np.arange(200, 200 + rows, dtype=np.int64)[None]),
+                                   2, 3, 0.125, np.dtype(np.float32), stream=None)
+                 for rows in (2, 12)]
+        return [to_host(v).tobytes() for v in (*got, *plain)]
 
 
 @pytest.mark.parametrize("name", sorted(variants.ABLATIONS))
@@ -104,10 +112,10 @@ def test_an_ablation_writes_every_output_it_is_timed_on(monkeypatch, name):
     # output keep what a fresh buffer held (0x7B or 0xFF, a NaN) could not be timed
     import numpy as np
 
-    first, second = (_ablated_attention(monkeypatch, name, fill) for fill in (0x7B, 0xFF))
+    first, second = (_attention_under(monkeypatch, name, fill) for fill in (0x7B, 0xFF))
     assert first == second
     assert all(np.isfinite(np.frombuffer(b, np.float16)).all() for b in first)
-    assert first != _ablated_attention(monkeypatch, "base", 0x7B)  # it cut something
+    assert first != _attention_under(monkeypatch, "base", 0x7B)  # it cut something
 
 
 def test_an_ablation_that_leaves_a_cache_unwritten_is_caught(monkeypatch):
@@ -116,5 +124,33 @@ def test_an_ablation_that_leaves_a_cache_unwritten_is_caught(monkeypatch):
     monkeypatch.setitem(variants.VARIANTS, "storeless",
                         [("attention.cu", "        lk_rotary_kv_store<TX, TC, TO>(v, xk,",
                           "        if (v < 0) lk_rotary_kv_store<TX, TC, TO>(v, xk,")])
-    assert _ablated_attention(monkeypatch, "storeless", 0x7B) \
-        != _ablated_attention(monkeypatch, "storeless", 0xFF)
+    assert _attention_under(monkeypatch, "storeless", 0x7B) \
+        != _attention_under(monkeypatch, "storeless", 0xFF)
+
+
+def test_trees_every_thread_finishes_keep_every_bit(monkeypatch):
+    # treeall: each block tree summed (and maxed) by every thread in thread 0's order
+    tree = _attention_under(monkeypatch, "base", 0x7B)
+    assert _attention_under(monkeypatch, "treeall", 0x7B) == tree
+    # threads run last to first: no thread reads a partial before every warp wrote it
+    assert _attention_under(monkeypatch, "treeall", 0x7B, descending=True) == tree
+    # the planted one: the warps' partials added last to first
+    monkeypatch.setitem(variants.VARIANTS, "backwards", [
+        ("attention.cu", variants._TREE_SUM,
+         "    float total = 0.0f;\n"
+         "    for (int w = warps - 1; w >= 0; --w) total += smem[w];\n"
+         "    return total;")])
+    assert _attention_under(monkeypatch, "backwards", 0x7B) != tree
+
+
+def test_the_issue_scripts_default_variants_are_all_defined():
+    # gpu_issue37.sh's variants step runs these on a device: a name the script does not
+    # define would cost a device call to find out
+    import re
+
+    text = (Path(variants.__file__).parent / "gpu_issue37.sh").read_text()
+    ablations = re.search(r"^ABLATIONS=([\w,]+)", text, re.MULTILINE).group(1)
+    default = re.search(r"^VARIANTS=\$\{VARIANTS:-([\w,$]+)\}", text, re.MULTILINE).group(1)
+    names = default.replace("$ABLATIONS", ablations).split(",")
+    assert names[0] == "base" and set(ablations.split(",")) == variants.ABLATIONS
+    assert [n for n in names if n not in variants.VARIANTS] == []
