@@ -60,7 +60,7 @@ def test_the_verification_a_variant_times_is_the_width_the_bench_verifies(packag
 
 
 def _attention_under(monkeypatch, name: str, fill: int,
-                       descending: bool = False) -> list[bytes]:
+                     descending: bool = False) -> list[bytes]:
     """rotary_kv_attention under variant ``name`` on the CPU emulator (SmolLM2's heads scaled
     down, two rows at 200 of 256 slots: scores in seven warps), fresh buffers filled with
     the byte ``fill``, threads in reverse order if ``descending``: its two caches' and its
