@@ -27,7 +27,7 @@
 #              `ort`) and vLLM's field names (gpu_vllm.sh)
 #
 # Environment: OUT (required), GGUF (default SmolLM2-135M-Instruct.Q4_1.gguf), VARIANTS
-# (default base,treeall,rkacopy,rkakeys,nokvprefetch and the ablations cutcopy,
+# (default base,treeall,rkakeys,nokvprefetch and the ablations cutcopy,
 # cutattention,cutscores,cutsoftmax,cutvalues), BUDGET (bench seconds, default 450),
 # BENCH_LIMIT (the bench table's seconds, default 330), PEERS (default hf-cuda,ort-cuda:
 # those available join), ROUND_ORDER (default "off on off on"), LIMIT_<STEP> (a step's
@@ -40,7 +40,7 @@ cd "$REPO"
 : "${OUT:?set OUT to the folder the evidence goes to}"
 GGUF=${GGUF:-SmolLM2-135M-Instruct.Q4_1.gguf}
 ABLATIONS=cutcopy,cutattention,cutscores,cutsoftmax,cutvalues  # gpu_kernel_variants.py's
-VARIANTS=${VARIANTS:-base,treeall,rkacopy,rkakeys,nokvprefetch,$ABLATIONS}
+VARIANTS=${VARIANTS:-base,treeall,rkakeys,nokvprefetch,$ABLATIONS}
 BUDGET=${BUDGET:-450}
 PEERS=${PEERS:-hf-cuda,ort-cuda}  # ort-cuda joins where /tmp/site-ort holds onnxruntime-gpu
 BENCH_LIMIT=${BENCH_LIMIT:-330}

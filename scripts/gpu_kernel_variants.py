@@ -198,19 +198,15 @@ _RKA = "#define LK_RKA_PRELOAD_KEYS 0\n#define LK_RKA_PRELOAD_VALUES 0\n"
 VARIANTS["rkakeys"] = [("attention.cu", _RKA, _RKA.replace("KEYS 0", "KEYS 1"))]
 VARIANTS["rkavalues"] = [("attention.cu", _RKA, _RKA.replace("VALUES 0", "VALUES 1"))]
 VARIANTS["rkaboth"] = [("attention.cu", _RKA, _RKA.replace(" 0\n", " 1\n"))]
-# its copying blocks' old cache runs loaded before the wait (off in the tree until measured)
-VARIANTS["rkacopy"] = [("attention.cu", "#define LK_RKA_PRELOAD_COPY 0\n",
-                        "#define LK_RKA_PRELOAD_COPY 1\n")]
 # Ablations (issue 37): rotary_kv_attention, the profile's largest kernel, with one phase
 # cut, so the replays' difference is what that phase holds the step up by. The bits change,
 # so their tokens are not compared (ABLATIONS); every output is still written, and finite,
 # or the decode that captures the graphs would stop at a NaN row. cutcopy: the copying
-# blocks store zeros where they copied the old caches (their loads cut); cutattention: the
+# blocks store zeros (their old cache loads and the new rows' rotation cut); cutattention: the
 # attention blocks store zeros at their wait; cutscores: every score is 0 (the key loads and
 # products cut); cutsoftmax: the scores go to the value sum as they are; cutvalues: the
 # value sum is 0 (its loads and sums cut).
 _RKA_STORE = "        lk_rotary_kv_store<TX, TC, TO>(v, xk,"
-_RKA_COPIED = "LK_RKA_PRELOAD_COPY && pre.copied ? &pre.copy : 0);"
 _RKA_STAGE = "    __shared__ float qs[LK_RKA_MAX_D];\n"
 _RKA_ZEROS = ("    if (C >= 0) {\n"
               "        for (long long d = threadIdx.x; d < D; d += blockDim.x)\n"
@@ -221,9 +217,14 @@ _RKA_ZEROS = ("    if (C >= 0) {\n"
 _RKA_SCORE = "        float acc = 0.0f;\n        if (hit >= 0) {"
 _RKA_SOFTMAX = "    lk_softmax_block(s, L, mx, smem, tid, O, SC);\n"
 _RKA_VALUES = "        for (long long j0 = g; j0 < L; j0 += LK_RKA_RUNS * (long long)groups) {"
-VARIANTS["cutcopy"] = [("attention.cu", _RKA_STORE,
-                        "        const lk_vec16 zero = {{0u, 0u, 0u, 0u}};\n" + _RKA_STORE),
-                       ("attention.cu", _RKA_COPIED, "&zero);")]
+VARIANTS["cutcopy"] = [("attention.cu", _RKA_STORE, (
+    "        if (C >= 0) {\n"
+    "            const lk_vec16 zero = {{0u, 0u, 0u, 0u}};\n"
+    "            if (v < runs_k) reinterpret_cast<lk_vec16*>(cache_k)[v] = zero;\n"
+    "            else if (v - runs_k < runs_v)\n"
+    "                reinterpret_cast<lk_vec16*>(cache_v)[v - runs_k] = zero;\n"
+    "            return;\n"
+    "        }\n") + _RKA_STORE)]
 VARIANTS["cutattention"] = [("attention.cu", _RKA_STAGE, _RKA_ZEROS + _RKA_STAGE)]
 VARIANTS["cutscores"] = [("attention.cu", _RKA_SCORE, _RKA_SCORE.replace(
     "if (hit >= 0)", "if (C >= 0) {\n        } else if (hit >= 0)"))]

@@ -416,21 +416,18 @@ def test_a_preloaded_run_paired_with_another_runs_activations_is_caught(tmp_path
 
 
 _RKA_DEFINES = "#define LK_RKA_PRELOAD_KEYS 0\n#define LK_RKA_PRELOAD_VALUES 0\n"
-_RKA_COPY = "#define LK_RKA_PRELOAD_COPY 0\n"
 
 
-def _attention_preloading(tmp_path, keys: int, values: int, *plants: tuple[str, str],
-                          copy: int = 0):
+def _attention_preloading(tmp_path, keys: int, values: int, *plants: tuple[str, str]):
     """``AttentionKernels`` whose attention blocks load the old caches' key runs (``keys``)
-    and value runs (``values``) into registers before the wait, and whose copying blocks
-    their old cache runs (``copy``), with ``plants`` (old, new) of attention.cu replaced
-    too."""
-    folder = kernel_folder(tmp_path / f"rka{keys}{values}{copy}{len(plants)}",
+    and value runs (``values``) into registers before the wait, with ``plants`` (old, new)
+    of attention.cu replaced too."""
+    folder = kernel_folder(tmp_path / f"rka{keys}{values}{len(plants)}",
                            ("attention.cu", _RKA_DEFINES,
                             f"#define LK_RKA_PRELOAD_KEYS {keys}\n"
                             f"#define LK_RKA_PRELOAD_VALUES {values}\n"))
     source = folder / "attention.cu"
-    for old, new in ((_RKA_COPY, _RKA_COPY.replace(" 0", f" {copy}")), *plants):
+    for old, new in plants:
         text = source.read_text()
         assert text.count(old) == 1, old
         source.write_text(text.replace(old, new))
@@ -454,8 +451,6 @@ def test_cache_runs_loaded_before_the_wait_keep_every_bit(tmp_path, fused, dtype
     for keys, values in ((1, 0), (0, 1), (1, 1)):
         assert _attention_bytes(_attention_preloading(tmp_path, keys, values), dtype) \
             == expected, (keys, values)
-    # the copying blocks' old cache runs loaded before the wait: the caches' bytes too
-    assert _attention_bytes(_attention_preloading(tmp_path, 0, 0, copy=1), dtype) == expected
 
 
 def test_a_preloaded_cache_run_of_another_slot_is_caught(tmp_path, fused):
@@ -469,11 +464,6 @@ def test_a_preloaded_cache_run_of_another_slot_is_caught(tmp_path, fused):
     for keys, values, plant in ((1, 0, wrong_key), (0, 1, wrong_value)):
         got = _attention_bytes(_attention_preloading(tmp_path, keys, values, plant), "float16")
         assert got != expected, plant
-    # a copying block's preloaded run is the next run of its cache
-    wrong_copy = ("pre.copy = reinterpret_cast<const lk_vec16*>(old_k)[v];",
-                  "pre.copy = reinterpret_cast<const lk_vec16*>(old_k)[v + 1];")
-    got = _attention_bytes(_attention_preloading(tmp_path, 0, 0, wrong_copy, copy=1), "float16")
-    assert got != expected
 
 
 def _norm_prologues(kernels, dtype: str, rows: int = 5) -> list[bytes]:

@@ -353,20 +353,12 @@ __device__ __forceinline__ void lk_kv_prefetch(const TO* __restrict__ old_k,
 #define LK_RKA_PRELOAD_KEYS 0
 #define LK_RKA_PRELOAD_VALUES 0
 
-// Whether a copying block of rotary_kv_attention (past the attention blocks) loads its
-// thread's old cache run before the wait (1) or after it (0). The run is stored after the
-// wait where this forward writes no row into it, so a copy is one store after the wait, not
-// a load and a store; the same bytes either way. Off until a device A/B (`rkacopy`).
-#define LK_RKA_PRELOAD_COPY 0
-
 // What a thread of an attention block loaded before the wait: the first LK_RKA_RUNS runs of
 // key row j = threadIdx.x, and value run c of keys j = g, g + groups, ... (the first batch of
-// the value sum's loop), of the block's KV head; of a copying block, its old cache run.
+// the value sum's loop), of the block's KV head.
 struct lk_rka_preloaded {
     lk_vec16 k[LK_RKA_RUNS];
     lk_vec16 v[LK_RKA_RUNS];
-    lk_vec16 copy;
-    bool copied;
 };
 
 // Load lk_rka_preloaded's runs of the old caches (slots below C only) before the wait. Safe
@@ -375,25 +367,14 @@ struct lk_rka_preloaded {
 // cannot: the old cache is the last forward's output, or a slot's static input filled
 // before its graph launches. The position is not read yet, so rows past it are loaded too
 // and not used. The scores and the value sum then take these runs where they would have
-// loaded the same bytes: the same products in the same order; a copying block stores its
-// run where it would have loaded it.
+// loaded the same bytes: the same products in the same order.
 template <typename TO>
 __device__ __forceinline__ void lk_rka_preload(lk_rka_preloaded& pre,
                                                const TO* __restrict__ old_k,
                                                const TO* __restrict__ old_v, long long Hq,
                                                long long M, long long C, long long D,
-                                               long long group, long long runs_k,
-                                               long long runs_v) {
-    pre.copied = false;
-    if ((long long)blockIdx.x >= Hq * M) {  // a copying block: run v of the old caches
-        const long long v = ((long long)blockIdx.x - Hq * M) * blockDim.x + threadIdx.x;
-        if (!LK_RKA_PRELOAD_COPY) return;
-        if (v < runs_k) pre.copy = reinterpret_cast<const lk_vec16*>(old_k)[v];
-        else if (v - runs_k < runs_v)
-            pre.copy = reinterpret_cast<const lk_vec16*>(old_v)[v - runs_k];
-        pre.copied = v < runs_k + runs_v;
-        return;
-    }
+                                               long long group) {
+    if ((long long)blockIdx.x >= Hq * M) return;
     constexpr int V = 16 / sizeof(TO);
     const long long head = ((long long)blockIdx.x / M) / group * C * D;
     const int tid = threadIdx.x;
@@ -444,7 +425,7 @@ __global__ void rotary_kv_attention(
         float scale, TO* __restrict__ out) {
     lk_kv_prefetch<TO>(old_k, old_v, Hq, M, C, D, group);
     lk_rka_preloaded pre;
-    lk_rka_preload<TO>(pre, old_k, old_v, Hq, M, C, D, group, runs_k, runs_v);
+    lk_rka_preload<TO>(pre, old_k, old_v, Hq, M, C, D, group);
     lk_grid_wait();
     const long long att_blocks = Hq * M;
     if ((long long)blockIdx.x >= att_blocks) {
@@ -452,8 +433,7 @@ __global__ void rotary_kv_attention(
         lk_rotary_kv_store<TX, TC, TO>(v, xk, Hk, kb, kh, km, kd, scaled_k, scale_k, cosv,
                                        sinv, M, D, cb, ch, cm, cd, sb, sh, sm, sd, pairs,
                                        old_k, cache_k, runs_k, old_v, new_v, cache_v,
-                                       runs_v, Hv, vb, vh, vm, pos, C,
-                                       LK_RKA_PRELOAD_COPY && pre.copied ? &pre.copy : 0);
+                                       runs_v, Hv, vb, vh, vm, pos, C);
         return;
     }
     __shared__ float qs[LK_RKA_MAX_D];

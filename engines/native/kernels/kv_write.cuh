@@ -41,8 +41,7 @@ __device__ __forceinline__ void lk_kv_write(const T* __restrict__ old,
 
 // The same for the 16-byte run v of the cache (V elements along D, which V divides): a copy
 // of the run, or the new row's run (its D axis contiguous, its start 16-byte aligned), each
-// element stored as row + 0 as lk_kv_write stores it. `loaded`: the old run, where the
-// caller read it already (else null: read here).
+// element stored as row + 0 as lk_kv_write stores it.
 template <typename T>
 __device__ __forceinline__ void lk_kv_write_vec(const T* __restrict__ old,
                                                 const T* __restrict__ nw,
@@ -50,14 +49,13 @@ __device__ __forceinline__ void lk_kv_write_vec(const T* __restrict__ old,
                                                 T* __restrict__ out, long long v,
                                                 long long H, long long C, long long D,
                                                 long long M, long long nb, long long nh,
-                                                long long nm, const lk_vec16* loaded = 0) {
+                                                long long nm) {
     constexpr int V = 16 / sizeof(T);
     const long long idx = v * V;
     long long b, h, d;
     const long long hit = lk_cache_slot(idx, H, C, D, pos, M, &b, &h, &d);
     if (hit < 0) {
-        reinterpret_cast<lk_vec16*>(out)[v] =
-            loaded ? *loaded : reinterpret_cast<const lk_vec16*>(old)[v];
+        reinterpret_cast<lk_vec16*>(out)[v] = reinterpret_cast<const lk_vec16*>(old)[v];
         return;
     }
     const lk_vec16 src = *reinterpret_cast<const lk_vec16*>(nw + b * nb + h * nh + hit * nm + d);

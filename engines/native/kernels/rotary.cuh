@@ -68,8 +68,7 @@ __device__ __forceinline__ void lk_rotary(
 // Run v of the two static caches a layer's write fills (runs [0, runs_k) the key cache, the
 // next runs_v the value cache): as kv_write2v writes them, a written key slot taking the key
 // row rotated in place (lk_rotary_at at that row, rounded to TO as the rotated keys were
-// stored, then + 0 as the write stores it). rotary_kv and rotary_kv_attention both run it;
-// `loaded`: run v of the old cache it belongs to, where the caller read it (else null).
+// stored, then + 0 as the write stores it). rotary_kv and rotary_kv_attention both run it.
 template <typename TX, typename TC, typename TO>
 __device__ __forceinline__ void lk_rotary_kv_store(
         long long v, const TX* __restrict__ xk, long long Hk, long long kb, long long kh,
@@ -80,11 +79,11 @@ __device__ __forceinline__ void lk_rotary_kv_store(
         const TO* __restrict__ old_k, TO* __restrict__ cache_k, long long runs_k,
         const TO* __restrict__ old_v, const TO* __restrict__ new_v, TO* __restrict__ cache_v,
         long long runs_v, long long Hv, long long vb, long long vh, long long vm,
-        const long long* __restrict__ pos, long long C, const lk_vec16* loaded = 0) {
+        const long long* __restrict__ pos, long long C) {
     if (v >= runs_k) {
         if (v - runs_k < runs_v) {
             lk_kv_write_vec<TO>(old_v, new_v, pos, cache_v, v - runs_k, Hv, C, D, M, vb, vh,
-                                vm, loaded);
+                                vm);
         }
         return;
     }
@@ -94,8 +93,7 @@ __device__ __forceinline__ void lk_rotary_kv_store(
     long long b, h, d;
     const long long hit = lk_cache_slot(e0, Hk, C, D, pos, M, &b, &h, &d);
     if (hit < 0) {
-        reinterpret_cast<lk_vec16*>(cache_k)[v] =
-            loaded ? *loaded : reinterpret_cast<const lk_vec16*>(old_k)[v];
+        reinterpret_cast<lk_vec16*>(cache_k)[v] = reinterpret_cast<const lk_vec16*>(old_k)[v];
         return;
     }
 #pragma unroll
